@@ -1,0 +1,83 @@
+//! Time as an input: the engine never reads the wall clock itself.
+//!
+//! Owns: the [`Clock`] trait, the system clock and a manual clock for tests.
+//!
+//! Invariants:
+//! - CLOCK-1: `now()` never goes backwards for a given clock.
+//! - CLOCK-2: apply and compaction take time only from the engine's `Clock` (house rule 5),
+//!   so a test that drives a [`ManualClock`] replays exactly.
+//!
+//! Contact points: `engine::Config::clock`; lease expiry and auto-compaction (later) read it.
+
+use std::time::{Duration, Instant};
+
+use crate::sync::{AtomicU64, Ordering};
+
+/// A monotonic source of time, measured from an arbitrary origin.
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    /// Returns the time elapsed since the clock's origin.
+    fn now(&self) -> Duration;
+}
+
+/// The operating system's monotonic clock.
+#[derive(Debug)]
+pub struct SystemClock {
+    origin: Instant,
+}
+
+impl SystemClock {
+    /// Returns a clock whose origin is now.
+    ///
+    /// ```
+    /// use kvd::Clock;
+    /// let clock = kvd::SystemClock::new();
+    /// assert!(clock.now() < std::time::Duration::from_secs(60));
+    /// ```
+    pub fn new() -> SystemClock {
+        SystemClock { origin: Instant::now() }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> SystemClock {
+        SystemClock::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+}
+
+/// A clock that moves only when told to; for tests.
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    nanos: AtomicU64,
+}
+
+impl ManualClock {
+    /// Returns a clock at time zero.
+    ///
+    /// ```
+    /// use kvd::Clock;
+    /// let clock = kvd::ManualClock::new();
+    /// clock.advance(std::time::Duration::from_secs(3));
+    /// assert_eq!(clock.now().as_secs(), 3);
+    /// ```
+    pub fn new() -> ManualClock {
+        ManualClock::default()
+    }
+
+    /// Moves the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        self.nanos.fetch_add(by, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Duration {
+        Duration::from_nanos(self.nanos.load(Ordering::SeqCst))
+    }
+}

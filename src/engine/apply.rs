@@ -1,0 +1,408 @@
+//! The apply thread: group commit of admitted writes, compaction steps between batches, and
+//! recovery on open.
+//!
+//! Each loop: take the first queued proposal (block if there is no compaction work), take
+//! up to `batch_requests_max - 1` more without waiting, apply them in order in one storage
+//! write transaction, commit, publish the revision, answer every request; then run one
+//! compaction step if a compaction is pending.
+//!
+//! Invariants:
+//! - APPLY-1: a request's answer is sent only after the commit holding it returned (durable
+//!   unless `unsafe_no_fsync`); if the commit fails, every request of the batch gets the
+//!   storage error and nothing of the batch is published.
+//! - APPLY-2: a Compaction is applied first in its batch, so the revision it compacts at is
+//!   already published: a reader at the published revision never meets a compaction above
+//!   it.
+//! - APPLY-3: apply is deterministic: the same requests in the same order give the same
+//!   history bytes; it reads no clock and no randomness.
+//!
+//! Contact points: `Engine` sends [`Proposal`]s; `mvcc::write` applies each request.
+
+use std::collections::VecDeque;
+
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+
+use super::Shared;
+use crate::api::{
+    CompactionRequest, CompactionResponse, DeleteRangeResponse, PutResponse, ResponseHeader,
+    Status, TxnRequest, TxnResponse, WriteRequest,
+};
+use crate::error::{Error, Result, StorageError};
+use crate::mvcc::compaction::CompactionJob;
+use crate::mvcc::read;
+use crate::mvcc::record::Record;
+use crate::mvcc::write::TxnWriter;
+use crate::mvcc::{Index, Revision};
+use crate::storage::{MetaKey, Snapshot, Store, WriteBatch};
+use crate::sync::{self, Arc};
+
+/// A message to the apply thread.
+#[derive(Debug)]
+pub enum Proposal {
+    /// A write to apply.
+    Write {
+        /// The request.
+        request: WriteRequest,
+        /// Where the answer goes.
+        reply: Sender<Result<WriteResponse>>,
+    },
+    /// A status query, answered between batches.
+    Status {
+        /// Where the answer goes.
+        reply: Sender<Result<Status>>,
+    },
+}
+
+/// The answer to a write.
+#[derive(Debug)]
+pub enum WriteResponse {
+    /// A Put's answer.
+    Put(PutResponse),
+    /// A DeleteRange's answer.
+    DeleteRange(DeleteRangeResponse),
+    /// A Txn's answer.
+    Txn(TxnResponse),
+    /// A Compaction's answer.
+    Compaction(CompactionResponse),
+}
+
+/// What open found on disk.
+pub struct Recovered {
+    /// The rebuilt index, compacted at the compaction revision.
+    pub index: Index,
+    /// The current revision (ENG-2: never below what was committed).
+    pub current: i64,
+    /// Requests applied so far.
+    pub applied_index: u64,
+    /// An interrupted compaction to resume.
+    pub jobs: Vec<CompactionJob>,
+}
+
+/// Rebuilds the index from the history and the meta table.
+pub fn recover(store: &Store) -> Result<Recovered, StorageError> {
+    let snapshot = store.snapshot()?;
+    let meta = |key| -> Result<i64, StorageError> {
+        Ok(snapshot.get_meta(key)?.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX)))
+    };
+    let finished = meta(MetaKey::FinishedCompactRevision)?;
+    let scheduled = meta(MetaKey::ScheduledCompactRevision)?;
+    let recorded_current = meta(MetaKey::CurrentRevision)?;
+    let applied_index = snapshot.get_meta(MetaKey::AppliedIndex)?.unwrap_or(0);
+    let mut index = Index::new();
+    let mut last_main = 1;
+    snapshot.scan_history(.., usize::MAX, |key, value| {
+        let rev = Revision::from_key(key);
+        let head = Record::decode_head(value)?;
+        index.restore(head.key, rev, head.tombstone, head.create_revision, head.version);
+        last_main = rev.main;
+        Ok(true)
+    })?;
+    let mut jobs = Vec::new();
+    if scheduled > finished {
+        index.compact(scheduled);
+        jobs.push(CompactionJob::new(scheduled));
+    } else if finished >= 0 {
+        index.compact(finished);
+    }
+    let current = last_main.max(recorded_current).max(scheduled).max(1);
+    Ok(Recovered { index, current, applied_index, jobs })
+}
+
+/// A compaction being carried out, with the callers waiting for its physical end.
+struct PendingCompaction {
+    job: CompactionJob,
+    waiters: Vec<(Sender<Result<WriteResponse>>, CompactionResponse)>,
+}
+
+/// The state of the apply thread.
+pub struct Applier {
+    shared: Arc<Shared>,
+    /// The revision of the last applied write, committed or not.
+    current: i64,
+    applied_index: u64,
+    compactions: VecDeque<PendingCompaction>,
+    /// A proposal held back to start the next batch (APPLY-2).
+    carried: Option<Proposal>,
+}
+
+/// What applying one request produced.
+enum Outcome {
+    Answer(Result<WriteResponse>),
+    /// A compaction was scheduled; a physical one is answered when its job ends.
+    Compaction { revision: i64, physical: bool, response: CompactionResponse },
+}
+
+impl Applier {
+    /// Returns the apply state after recovery.
+    pub fn new(
+        shared: Arc<Shared>,
+        current: i64,
+        applied_index: u64,
+        jobs: Vec<CompactionJob>,
+    ) -> Applier {
+        let compactions =
+            jobs.into_iter().map(|job| PendingCompaction { job, waiters: Vec::new() }).collect();
+        Applier { shared, current, applied_index, compactions, carried: None }
+    }
+
+    /// Runs until every sender is gone and the queue is drained. An unfinished compaction
+    /// resumes at the next open (COMPACT-2).
+    pub fn run(mut self, proposals: Receiver<Proposal>) {
+        loop {
+            let first = match self.carried.take() {
+                Some(p) => Some(p),
+                None if self.compactions.is_empty() => match proposals.recv() {
+                    Ok(p) => Some(p),
+                    Err(_) => return,
+                },
+                None => match proposals.try_recv() {
+                    Ok(p) => Some(p),
+                    Err(TryRecvError::Empty) => None,
+                    Err(TryRecvError::Disconnected) => return,
+                },
+            };
+            if let Some(first) = first {
+                let batch = self.gather(first, &proposals);
+                self.apply_batch(batch);
+            }
+            if !self.compactions.is_empty() {
+                self.compaction_step();
+            }
+        }
+    }
+
+    /// Takes up to a batch of proposals without waiting; a Compaction ends the batch before
+    /// it (APPLY-2).
+    fn gather(&mut self, first: Proposal, proposals: &Receiver<Proposal>) -> Vec<Proposal> {
+        let mut batch = vec![first];
+        while batch.len() < self.shared.config.batch_requests_max {
+            let Ok(next) = proposals.try_recv() else {
+                break;
+            };
+            if is_compaction(&next) {
+                self.carried = Some(next);
+                break;
+            }
+            batch.push(next);
+        }
+        batch
+    }
+
+    fn apply_batch(&mut self, batch: Vec<Proposal>) {
+        let mut writes = Vec::with_capacity(batch.len());
+        let mut statuses = Vec::new();
+        for proposal in batch {
+            match proposal {
+                Proposal::Write { request, reply } => writes.push((request, reply)),
+                Proposal::Status { reply } => statuses.push(reply),
+            }
+        }
+        if !writes.is_empty() {
+            self.apply_writes(writes);
+        }
+        for reply in statuses {
+            // A caller that gave up waiting is not an error of ours.
+            let _ = reply.send(self.status());
+        }
+    }
+
+    fn apply_writes(&mut self, writes: Vec<(WriteRequest, Sender<Result<WriteResponse>>)>) {
+        let shared = self.shared.clone();
+        let (before_current, before_applied) = (self.current, self.applied_index);
+        let committed = shared.store.write(|batch| {
+            let mut outcomes = Vec::with_capacity(writes.len());
+            for (request, _) in &writes {
+                outcomes.push(self.apply_one(batch, request)?);
+            }
+            batch.put_meta(MetaKey::CurrentRevision, u64::try_from(self.current).unwrap_or(0))?;
+            batch.put_meta(MetaKey::AppliedIndex, self.applied_index)?;
+            Ok(outcomes)
+        });
+        match committed {
+            Ok(outcomes) => {
+                self.shared.published.publish(self.current);
+                for ((_, reply), outcome) in writes.into_iter().zip(outcomes) {
+                    self.answer(reply, outcome);
+                }
+            }
+            Err(e) => {
+                // APPLY-1: nothing of the batch is published; the store is now poisoned.
+                self.current = before_current;
+                self.applied_index = before_applied;
+                for (_, reply) in writes {
+                    let _ = reply.send(Err(Error::Storage(e.clone())));
+                }
+            }
+        }
+    }
+
+    fn answer(&mut self, reply: Sender<Result<WriteResponse>>, outcome: Outcome) {
+        // A caller that gave up waiting is not an error of ours, hence the ignored sends.
+        match outcome {
+            Outcome::Answer(answer) => {
+                let _ = reply.send(answer);
+            }
+            Outcome::Compaction { revision, physical, response } => {
+                let mut waiters = Vec::new();
+                if physical {
+                    waiters.push((reply, response));
+                } else {
+                    let _ = reply.send(Ok(WriteResponse::Compaction(response)));
+                }
+                self.compactions.push_back(PendingCompaction { job: CompactionJob::new(revision), waiters });
+            }
+        }
+    }
+
+    /// Applies one request. An `Err` is a storage failure that aborts the batch; a refused
+    /// request is an `Ok(Outcome::Answer(Err(..)))` and changed nothing.
+    fn apply_one(
+        &mut self,
+        batch: &mut WriteBatch<'_>,
+        request: &WriteRequest,
+    ) -> Result<Outcome, StorageError> {
+        let shared = self.shared.clone();
+        let mut index = sync::write(&shared.index);
+        if let WriteRequest::Compaction(c) = request {
+            return self.apply_compaction(&mut index, batch, *c);
+        }
+        let mut writer = TxnWriter::new(&mut index, batch, self.current);
+        let answer = match request {
+            WriteRequest::Put(p) => match writer.check_put(p) {
+                Ok(()) => Ok(WriteResponse::Put(writer.put(p)?)),
+                Err(e) => Err(e),
+            },
+            WriteRequest::DeleteRange(d) => Ok(WriteResponse::DeleteRange(writer.delete_range(d)?)),
+            WriteRequest::Txn(t) => apply_txn(&mut writer, t)?.map(WriteResponse::Txn),
+            WriteRequest::Compaction(_) => Err(Error::InvalidArgument("unreachable".into())),
+        };
+        if writer.changed() {
+            self.current += 1;
+        }
+        if answer.is_ok() {
+            self.applied_index += 1;
+        }
+        Ok(Outcome::Answer(answer))
+    }
+
+    fn apply_compaction(
+        &mut self,
+        index: &mut Index,
+        batch: &mut WriteBatch<'_>,
+        req: CompactionRequest,
+    ) -> Result<Outcome, StorageError> {
+        if req.revision <= index.compact_revision {
+            return Ok(Outcome::Answer(Err(Error::Compacted)));
+        }
+        if req.revision > self.current {
+            return Ok(Outcome::Answer(Err(Error::FutureRevision)));
+        }
+        debug_assert!(req.revision <= self.shared.published.load(), "APPLY-2");
+        index.compact(req.revision);
+        batch.put_meta(MetaKey::ScheduledCompactRevision, u64::try_from(req.revision).unwrap_or(0))?;
+        self.applied_index += 1;
+        let response = CompactionResponse { header: ResponseHeader { revision: self.current } };
+        Ok(Outcome::Compaction { revision: req.revision, physical: req.physical, response })
+    }
+
+    fn compaction_step(&mut self) {
+        let shared = self.shared.clone();
+        let limit = shared.config.compaction_batch_records;
+        let Some(pending) = self.compactions.front_mut() else {
+            return;
+        };
+        let stepped = shared.store.write(|batch| {
+            let index = sync::read(&shared.index);
+            pending.job.step(&index, batch, limit)
+        });
+        match stepped {
+            Ok(false) => {}
+            Ok(true) => {
+                if let Some(done) = self.compactions.pop_front() {
+                    for (reply, response) in done.waiters {
+                        let _ = reply.send(Ok(WriteResponse::Compaction(response)));
+                    }
+                }
+            }
+            Err(e) => {
+                for pending in self.compactions.drain(..) {
+                    for (reply, _) in pending.waiters {
+                        let _ = reply.send(Err(Error::Storage(e.clone())));
+                    }
+                }
+            }
+        }
+    }
+
+    fn status(&self) -> Result<Status> {
+        let store = &self.shared.store;
+        let compact_revision = sync::read(&self.shared.index).compact_revision;
+        Ok(Status {
+            header: ResponseHeader { revision: self.shared.published.load() },
+            compact_revision,
+            db_size: store.file_size()?,
+            db_size_in_use: store.size_in_use()?,
+            applied_index: self.applied_index,
+        })
+    }
+}
+
+fn is_compaction(proposal: &Proposal) -> bool {
+    matches!(proposal, Proposal::Write { request: WriteRequest::Compaction(_), .. })
+}
+
+/// Decides, checks and runs a write Txn. The outer `Result` is a storage failure.
+fn apply_txn(
+    writer: &mut TxnWriter<'_, '_>,
+    req: &TxnRequest,
+) -> Result<Result<TxnResponse>, StorageError> {
+    let path = writer.txn_path(req)?;
+    if let Err(e) = writer.check_txn(req, &path) {
+        return Ok(Err(e));
+    }
+    match writer.txn(req, &path) {
+        Ok(response) => Ok(Ok(response)),
+        Err(Error::Storage(e)) => Err(e),
+        // Checks passed, so no other error can come after the first change (WRITE-2).
+        Err(other) => Ok(Err(other)),
+    }
+}
+
+/// Runs a Txn whose branches only read, at the published revision, in the caller's thread.
+pub fn read_only_txn(
+    index: &Index,
+    snapshot: &Snapshot,
+    req: &TxnRequest,
+    current: i64,
+) -> Result<TxnResponse> {
+    let mut succeeded = true;
+    for compare in &req.compare {
+        if !read::compare_holds(index, snapshot, compare, current)? {
+            succeeded = false;
+            break;
+        }
+    }
+    let branch = if succeeded { &req.success } else { &req.failure };
+    for op in branch {
+        if let crate::api::RequestOp::Range(r) = op
+            && r.revision != 0
+        {
+            if r.revision > current {
+                return Err(Error::FutureRevision);
+            }
+            if r.revision < index.compact_revision {
+                return Err(Error::Compacted);
+            }
+        }
+    }
+    let mut responses = Vec::with_capacity(branch.len());
+    for op in branch {
+        let crate::api::RequestOp::Range(r) = op else {
+            return Err(Error::InvalidArgument("read-only txn holds a write".into()));
+        };
+        let at = read::read_revision(r.revision, current, index.compact_revision)?;
+        let plan = read::plan_range(index, r, at);
+        responses.push(crate::api::ResponseOp::Range(read::finish_range(plan, snapshot, r, current)?));
+    }
+    Ok(TxnResponse { header: ResponseHeader { revision: current }, succeeded, responses })
+}

@@ -1,0 +1,417 @@
+//! The composition root: [`Engine`] opens a data directory, rebuilds the index, starts the
+//! apply thread, and serves reads in the caller's thread.
+//!
+//! Write path: a caller validates its request (`mvcc::validate`, the size limit), puts it on
+//! the bounded proposal channel (full → `TooManyRequests`), and waits. The apply thread
+//! (`engine::apply`) applies a batch of requests in one storage write transaction, commits it
+//! durably, publishes the new revision, and only then answers each request.
+//!
+//! Read path: load the published revision, take the index read lock, check the revision
+//! against the compaction revision, look up the revisions to read, open a storage snapshot,
+//! release the lock, fetch the records.
+//!
+//! Invariants:
+//! - ENG-1: a reader never sees a write before the commit that holds it is durable: readers
+//!   read at most the published revision, and the apply thread publishes only after commit.
+//! - ENG-2: the published revision never goes backwards, also across a restart.
+//! - ENG-3: a reader opens its storage snapshot while holding the index read lock, so the
+//!   records the index named cannot have been deleted by compaction (which needs the index
+//!   write lock first).
+//! - ENG-4: no storage snapshot outlives one request.
+//!
+//! Contact points: the public API of the crate.
+
+mod apply;
+mod publish;
+
+use std::path::Path;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Sender, TrySendError};
+
+use crate::api::{
+    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse,
+    HashKvResponse, PutRequest, PutResponse, RangeRequest, RangeResponse, ResponseHeader, Status,
+    TxnRequest, TxnResponse, WriteRequest,
+};
+use crate::clock::{Clock, SystemClock};
+use crate::error::{Error, Result, StorageError};
+use crate::mvcc::hash::HashState;
+use crate::mvcc::{Index, read, validate};
+use crate::storage::faults::Faults;
+use crate::storage::{CommitSync, Store, StoreOptions};
+use crate::sync::{Arc, RwLock};
+use apply::{Applier, Proposal, WriteResponse};
+pub use publish::Published;
+
+/// etcd's default `--max-request-bytes`.
+pub const MAX_REQUEST_BYTES_DEFAULT: usize = 1_572_864;
+/// etcd's default `--max-txn-ops`.
+pub const MAX_TXN_OPS_DEFAULT: usize = 128;
+/// Default bound of the queue of admitted, not yet applied writes (etcd's
+/// maxGapBetweenApplyAndCommitIndex).
+pub const PROPOSAL_QUEUE_LEN_DEFAULT: usize = 5_000;
+/// Default largest number of requests applied in one commit.
+pub const BATCH_REQUESTS_MAX_DEFAULT: usize = 1_024;
+/// Default number of history records a compaction step examines (etcd's batch limit).
+pub const COMPACTION_BATCH_RECORDS_DEFAULT: usize = 1_000;
+/// Default redb page cache.
+pub const CACHE_SIZE_BYTES_DEFAULT: usize = 256 << 20;
+/// How many times HashKV restarts when a compaction lands while it hashes.
+const HASH_RESTARTS_MAX: usize = 8;
+
+const _: () = assert!(BATCH_REQUESTS_MAX_DEFAULT <= PROPOSAL_QUEUE_LEN_DEFAULT);
+
+/// Settings of an [`Engine`].
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Largest request accepted, as etcd measures it (`--max-request-bytes`).
+    pub max_request_bytes: usize,
+    /// Largest number of operations in one Txn level (`--max-txn-ops`).
+    pub max_txn_ops: usize,
+    /// Writes admitted but not yet applied, at most; past that a write gets
+    /// `TooManyRequests`.
+    pub proposal_queue_len: usize,
+    /// Requests applied in one commit, at most.
+    pub batch_requests_max: usize,
+    /// History records a compaction step examines per commit.
+    pub compaction_batch_records: usize,
+    /// The storage page cache in bytes.
+    pub cache_size_bytes: usize,
+    /// Skip fsync on commits: a crash loses acknowledged writes. For benchmarks only.
+    pub unsafe_no_fsync: bool,
+    /// The source of time for everything the engine schedules.
+    pub clock: Arc<dyn Clock>,
+    /// Injected storage failures, for tests of the poisoned state. `None` in production.
+    pub faults: Option<Arc<Faults>>,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            max_request_bytes: MAX_REQUEST_BYTES_DEFAULT,
+            max_txn_ops: MAX_TXN_OPS_DEFAULT,
+            proposal_queue_len: PROPOSAL_QUEUE_LEN_DEFAULT,
+            batch_requests_max: BATCH_REQUESTS_MAX_DEFAULT,
+            compaction_batch_records: COMPACTION_BATCH_RECORDS_DEFAULT,
+            cache_size_bytes: CACHE_SIZE_BYTES_DEFAULT,
+            unsafe_no_fsync: false,
+            clock: Arc::new(SystemClock::new()),
+            faults: None,
+        }
+    }
+}
+
+impl Config {
+    fn validate(&self) -> Result<()> {
+        let positive = [
+            ("max_request_bytes", self.max_request_bytes),
+            ("max_txn_ops", self.max_txn_ops),
+            ("proposal_queue_len", self.proposal_queue_len),
+            ("batch_requests_max", self.batch_requests_max),
+            ("compaction_batch_records", self.compaction_batch_records),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(Error::InvalidArgument(format!("{name} must be at least 1")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// State shared by the apply thread and readers.
+#[derive(Debug)]
+struct Shared {
+    store: Store,
+    index: RwLock<Index>,
+    published: Published,
+    config: Config,
+}
+
+/// An open data directory serving etcd's KV semantics.
+///
+/// Reads run in the caller's thread; writes are applied in order by one apply thread.
+/// `Engine` is `Send + Sync`: share it with an `Arc`.
+#[derive(Debug)]
+pub struct Engine {
+    /// `None` once closed.
+    running: Option<Running>,
+}
+
+#[derive(Debug)]
+struct Running {
+    shared: Arc<Shared>,
+    proposals: Sender<Proposal>,
+    apply_thread: JoinHandle<()>,
+}
+
+impl Engine {
+    /// Opens the data directory `dir` (creating it if needed), rebuilds the index from the
+    /// history, resumes an interrupted compaction, and starts the apply thread.
+    ///
+    /// Fails with a locked error if another engine holds the directory.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// let second = kvd::Engine::open(dir.path(), kvd::Config::default());
+    /// assert!(second.unwrap_err().is_locked());
+    /// engine.close().unwrap();
+    /// ```
+    pub fn open(dir: impl AsRef<Path>, config: Config) -> Result<Engine> {
+        config.validate()?;
+        let options = StoreOptions {
+            cache_size_bytes: config.cache_size_bytes,
+            sync: if config.unsafe_no_fsync { CommitSync::UnsafeNoFsync } else { CommitSync::Durable },
+            row_tables: Vec::new(),
+            faults: config.faults.clone(),
+        };
+        let store = Store::open(dir.as_ref(), &options)?;
+        let recovered = apply::recover(&store)?;
+        let (sender, receiver) = crossbeam_channel::bounded(config.proposal_queue_len);
+        let shared = Arc::new(Shared {
+            store,
+            index: RwLock::new(recovered.index),
+            published: Published::new(recovered.current),
+            config,
+        });
+        let applier = Applier::new(shared.clone(), recovered.current, recovered.applied_index, recovered.jobs);
+        let apply_thread = std::thread::Builder::new()
+            .name("kvd-apply".into())
+            .spawn(move || applier.run(receiver))
+            .map_err(|e| StorageError::Io(format!("spawn apply thread: {e}")))?;
+        Ok(Engine { running: Some(Running { shared, proposals: sender, apply_thread }) })
+    }
+
+    /// Reads a key or a range (etcd's Range).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// engine.put(kvd::PutRequest::new("a/1", "x")).unwrap();
+    /// engine.put(kvd::PutRequest::new("a/2", "y")).unwrap();
+    /// let got = engine.range(&kvd::RangeRequest::prefix("a/")).unwrap();
+    /// assert_eq!(got.count, 2);
+    /// let old = engine.range(&kvd::RangeRequest { revision: 2, ..kvd::RangeRequest::prefix("a/") }).unwrap();
+    /// assert_eq!(old.kvs.len(), 1);
+    /// ```
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse> {
+        validate::check_range(req)?;
+        let shared = self.shared()?;
+        let current = shared.published.load();
+        let (plan, snapshot) = {
+            let index = crate::sync::read(&shared.index);
+            let at = read::read_revision(req.revision, current, index.compact_revision)?;
+            let plan = read::plan_range(&index, req, at);
+            // ENG-3: open the snapshot before the lock is released.
+            (plan, shared.store.snapshot()?)
+        };
+        Ok(read::finish_range(plan, &snapshot, req, current)?)
+    }
+
+    /// Writes a key (etcd's Put).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// let first = engine.put(kvd::PutRequest::new("k", "v1")).unwrap();
+    /// let second = engine.put(kvd::PutRequest { prev_kv: true, ..kvd::PutRequest::new("k", "v2") }).unwrap();
+    /// assert_eq!(second.header.revision, first.header.revision + 1);
+    /// assert_eq!(&second.prev_kv.unwrap().value[..], b"v1");
+    /// ```
+    pub fn put(&self, req: PutRequest) -> Result<PutResponse> {
+        validate::check_put(&req)?;
+        match self.submit(WriteRequest::Put(req))? {
+            WriteResponse::Put(r) => Ok(r),
+            _ => Err(mismatched()),
+        }
+    }
+
+    /// Deletes a key or a range (etcd's DeleteRange).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// engine.put(kvd::PutRequest::new("k", "v")).unwrap();
+    /// let deleted = engine.delete_range(kvd::DeleteRangeRequest::key("k")).unwrap();
+    /// assert_eq!(deleted.deleted, 1);
+    /// ```
+    pub fn delete_range(&self, req: DeleteRangeRequest) -> Result<DeleteRangeResponse> {
+        validate::check_delete(&req)?;
+        match self.submit(WriteRequest::DeleteRange(req))? {
+            WriteResponse::DeleteRange(r) => Ok(r),
+            _ => Err(mismatched()),
+        }
+    }
+
+    /// Runs a transaction (etcd's Txn). A read-only one is served in the caller's thread.
+    ///
+    /// ```
+    /// use kvd::{Compare, CompareResult, CompareTarget, PutRequest, RequestOp, TxnRequest};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// let create_if_absent = TxnRequest {
+    ///     compare: vec![Compare::new("lock", CompareResult::Equal, CompareTarget::Version(0))],
+    ///     success: vec![RequestOp::Put(PutRequest::new("lock", "me"))],
+    ///     failure: vec![],
+    /// };
+    /// assert!(engine.txn(create_if_absent.clone()).unwrap().succeeded);
+    /// assert!(!engine.txn(create_if_absent).unwrap().succeeded);
+    /// ```
+    pub fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
+        validate::check_txn(&req, self.shared()?.config.max_txn_ops)?;
+        if req.is_read_only() {
+            return self.read_only_txn(&req);
+        }
+        match self.submit(WriteRequest::Txn(req))? {
+            WriteResponse::Txn(r) => Ok(r),
+            _ => Err(mismatched()),
+        }
+    }
+
+    /// Compacts the history at `req.revision` (etcd's Compact); with `physical` the call
+    /// returns after the superseded records are deleted.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// engine.put(kvd::PutRequest::new("k", "v1")).unwrap();
+    /// engine.put(kvd::PutRequest::new("k", "v2")).unwrap();
+    /// engine.compact(kvd::CompactionRequest { revision: 3, physical: true }).unwrap();
+    /// let old = engine.range(&kvd::RangeRequest { revision: 2, ..kvd::RangeRequest::key("k") });
+    /// assert!(old.unwrap_err().is_compacted());
+    /// ```
+    pub fn compact(&self, req: CompactionRequest) -> Result<CompactionResponse> {
+        match self.submit(WriteRequest::Compaction(req))? {
+            WriteResponse::Compaction(r) => Ok(r),
+            _ => Err(mismatched()),
+        }
+    }
+
+    /// Hashes the history visible at `revision` (0 = current), as etcd's HashKV.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// engine.put(kvd::PutRequest::new("k", "v")).unwrap();
+    /// let a = engine.hash_kv(0).unwrap();
+    /// assert_eq!(a.hash_revision, 2);
+    /// assert_eq!(engine.hash_kv(2).unwrap().hash, a.hash);
+    /// ```
+    pub fn hash_kv(&self, revision: i64) -> Result<HashKvResponse> {
+        let shared = self.shared()?;
+        for _ in 0..HASH_RESTARTS_MAX {
+            let current = shared.published.load();
+            let compact = crate::sync::read(&shared.index).compact_revision;
+            let at = if revision <= 0 { current } else { revision };
+            if at > current {
+                return Err(Error::FutureRevision);
+            }
+            if at < compact {
+                return Err(Error::Compacted);
+            }
+            let mut state = HashState::new(at, compact);
+            while !state.is_done() {
+                let index = crate::sync::read(&shared.index);
+                if index.compact_revision != compact {
+                    break;
+                }
+                let snapshot = shared.store.snapshot()?;
+                state.step(&index, &snapshot)?;
+            }
+            if state.is_done() {
+                return Ok(HashKvResponse {
+                    header: ResponseHeader { revision: current },
+                    compact_revision: compact,
+                    hash_revision: at,
+                    hash: state.finish(),
+                });
+            }
+        }
+        Err(Error::InvalidArgument("compactions kept landing while hashing; retry".into()))
+    }
+
+    /// Returns the revisions, sizes and applied index.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// let status = engine.status().unwrap();
+    /// assert_eq!((status.header.revision, status.compact_revision), (1, -1));
+    /// assert!(status.db_size >= status.db_size_in_use);
+    /// ```
+    pub fn status(&self) -> Result<Status> {
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        self.send(Proposal::Status { reply })?;
+        answer.recv().map_err(|_| Error::Closed)?
+    }
+
+    /// Stops the apply thread after the queued writes and closes the database, returning
+    /// any error the database reports on the way.
+    pub fn close(mut self) -> Result<()> {
+        let Some(running) = self.running.take() else {
+            return Ok(());
+        };
+        let shared = running.stop();
+        match Arc::try_unwrap(shared) {
+            Ok(shared) => Ok(shared.store.close()?),
+            Err(_) => Err(Error::InvalidArgument("engine still shared at close".into())),
+        }
+    }
+
+    fn shared(&self) -> Result<&Shared> {
+        self.running.as_ref().map(|r| &*r.shared).ok_or(Error::Closed)
+    }
+
+    fn read_only_txn(&self, req: &TxnRequest) -> Result<TxnResponse> {
+        let shared = self.shared()?;
+        let current = shared.published.load();
+        let index = crate::sync::read(&shared.index);
+        let snapshot = shared.store.snapshot()?;
+        apply::read_only_txn(&index, &snapshot, req, current)
+    }
+
+    fn submit(&self, request: WriteRequest) -> Result<WriteResponse> {
+        if request.encoded_len() > self.shared()?.config.max_request_bytes {
+            return Err(Error::RequestTooLarge);
+        }
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        self.send(Proposal::Write { request, reply })?;
+        answer.recv().map_err(|_| Error::Closed)?
+    }
+
+    fn send(&self, proposal: Proposal) -> Result<()> {
+        let Some(running) = &self.running else {
+            return Err(Error::Closed);
+        };
+        match running.proposals.try_send(proposal) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(Error::TooManyRequests),
+            Err(TrySendError::Disconnected(_)) => Err(Error::Closed),
+        }
+    }
+}
+
+impl Running {
+    /// Closes the proposal channel and waits for the apply thread to drain it.
+    fn stop(self) -> Arc<Shared> {
+        drop(self.proposals);
+        // A panic in the apply thread has already been reported on stderr; the store is
+        // closed by the caller either way.
+        let _ = self.apply_thread.join();
+        self.shared
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Some(running) = self.running.take() {
+            running.stop();
+        }
+    }
+}
+
+fn mismatched() -> Error {
+    Error::InvalidArgument("apply thread answered with the wrong response kind".into())
+}

@@ -1,0 +1,184 @@
+//! The public error type, `kvd::Error`, and the per-layer errors it is built from.
+//!
+//! Owns: every error a caller of the engine can see, and its message.
+//!
+//! Invariants:
+//! - ERR-1: the `Display` text of every etcd-facing variant is etcd's client-visible message,
+//!   verbatim (`spec/etcd.md` §13); the Go client matches errors by this text.
+//! - ERR-2: operating errors (bad request, compacted revision, ...) change nothing; fatal
+//!   states (`Storage` with `is_poisoned()` or `is_corrupted()`) stop writes until the
+//!   operator reopens the data directory.
+//!
+//! Contact points: `storage` produces [`StorageError`]; the engine produces the rest; the
+//! server maps every variant to a gRPC status in one exhaustive match.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// A failure of the storage layer.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageError {
+    /// Another process (or another engine in this process) holds the data directory.
+    Locked {
+        /// The data directory.
+        dir: PathBuf,
+    },
+    /// The database bytes do not decode: a truncated or damaged file.
+    Corrupted(String),
+    /// An I/O error from the operating system or the database file.
+    Io(String),
+    /// An earlier I/O error left the database in an unknown state; it refuses writes until
+    /// it is reopened (redb repairs on open).
+    Poisoned(String),
+    /// The on-disk schema is newer than this build understands.
+    UnsupportedSchema {
+        /// The schema version found in the file.
+        found: u64,
+    },
+}
+
+impl fmt::Display for StorageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StorageError::Locked { dir } => write!(
+                f,
+                "kvd: data directory {} is in use by another kvd process (lock held)",
+                dir.display()
+            ),
+            StorageError::Corrupted(what) => write!(f, "kvd: database corrupted: {what}"),
+            StorageError::Io(what) => write!(f, "kvd: storage I/O error: {what}"),
+            StorageError::Poisoned(cause) => write!(
+                f,
+                "kvd: storage refused writes after an earlier I/O error ({cause}); \
+                 close and reopen the data directory to recover"
+            ),
+            StorageError::UnsupportedSchema { found } => {
+                write!(f, "kvd: database schema version {found} is newer than this build")
+            }
+        }
+    }
+}
+
+/// Every error the engine returns.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// The request's key (or a compare or op key) is empty.
+    KeyNotProvided,
+    /// `ignore_value`/`ignore_lease` on a missing key, or an empty Txn op.
+    KeyNotFound,
+    /// `ignore_value` with a value.
+    ValueProvided,
+    /// `ignore_lease` with a lease.
+    LeaseProvided,
+    /// The request is larger than `max_request_bytes`.
+    RequestTooLarge,
+    /// A Txn has more operations than `max_txn_ops`.
+    TooManyTxnOps,
+    /// A Txn writes one key twice in one branch.
+    DuplicateKey,
+    /// The revision asked for has been compacted.
+    Compacted,
+    /// The revision asked for is above the current revision.
+    FutureRevision,
+    /// The lease does not exist.
+    LeaseNotFound,
+    /// The write queue is full; retry later.
+    TooManyRequests,
+    /// A request argument is out of its domain; the text says which.
+    InvalidArgument(String),
+    /// The engine is closed.
+    Closed,
+    /// The storage layer failed.
+    Storage(StorageError),
+}
+
+impl Error {
+    /// Returns true for the compacted-revision error.
+    ///
+    /// ```
+    /// assert!(kvd::Error::Compacted.is_compacted());
+    /// ```
+    pub fn is_compacted(&self) -> bool {
+        matches!(self, Error::Compacted)
+    }
+
+    /// Returns true for the future-revision error.
+    ///
+    /// ```
+    /// assert!(kvd::Error::FutureRevision.is_future_revision());
+    /// ```
+    pub fn is_future_revision(&self) -> bool {
+        matches!(self, Error::FutureRevision)
+    }
+
+    /// Returns true if the storage is poisoned and needs a reopen.
+    ///
+    /// ```
+    /// assert!(!kvd::Error::Closed.is_poisoned());
+    /// ```
+    pub fn is_poisoned(&self) -> bool {
+        matches!(self, Error::Storage(StorageError::Poisoned(_)))
+    }
+
+    /// Returns true if the database file is damaged.
+    ///
+    /// ```
+    /// assert!(!kvd::Error::Closed.is_corrupted());
+    /// ```
+    pub fn is_corrupted(&self) -> bool {
+        matches!(self, Error::Storage(StorageError::Corrupted(_)))
+    }
+
+    /// Returns true if the data directory is held by another engine.
+    ///
+    /// ```
+    /// assert!(!kvd::Error::Closed.is_locked());
+    /// ```
+    pub fn is_locked(&self) -> bool {
+        matches!(self, Error::Storage(StorageError::Locked { .. }))
+    }
+
+    /// Returns true if the request was refused because the write queue is full.
+    ///
+    /// ```
+    /// assert!(kvd::Error::TooManyRequests.is_too_many_requests());
+    /// ```
+    pub fn is_too_many_requests(&self) -> bool {
+        matches!(self, Error::TooManyRequests)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = match self {
+            Error::KeyNotProvided => "etcdserver: key is not provided",
+            Error::KeyNotFound => "etcdserver: key not found",
+            Error::ValueProvided => "etcdserver: value is provided",
+            Error::LeaseProvided => "etcdserver: lease is provided",
+            Error::RequestTooLarge => "etcdserver: request is too large",
+            Error::TooManyTxnOps => "etcdserver: too many operations in txn request",
+            Error::DuplicateKey => "etcdserver: duplicate key given in txn request",
+            Error::Compacted => "etcdserver: mvcc: required revision has been compacted",
+            Error::FutureRevision => "etcdserver: mvcc: required revision is a future revision",
+            Error::LeaseNotFound => "etcdserver: requested lease not found",
+            Error::TooManyRequests => "etcdserver: too many requests",
+            Error::InvalidArgument(what) => return write!(f, "kvd: invalid argument: {what}"),
+            Error::Closed => "kvd: engine is closed",
+            Error::Storage(e) => return e.fmt(f),
+        };
+        f.write_str(text)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<StorageError> for Error {
+    fn from(e: StorageError) -> Error {
+        Error::Storage(e)
+    }
+}
+
+/// The result type of the engine.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

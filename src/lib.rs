@@ -1,0 +1,33 @@
+//! kvd: an embedded MVCC key-value store with etcd's data model, on redb.
+//!
+//! Open a data directory with [`Engine::open`] and use it as etcd's KV service:
+//!
+//! ```
+//! use kvd::{Config, Engine, PutRequest, RangeRequest};
+//! let dir = tempfile::tempdir().unwrap();
+//! let engine = Engine::open(dir.path(), Config::default()).unwrap();
+//! let put = engine.put(PutRequest::new("greeting", "hello")).unwrap();
+//! assert_eq!(put.header.revision, 2); // a fresh store is at 1; the first write makes 2
+//! let got = engine.range(&RangeRequest::key("greeting")).unwrap();
+//! assert_eq!(&got.kvs[0].value[..], b"hello");
+//! engine.close().unwrap();
+//! ```
+//!
+//! The layers, top to bottom: [`Engine`] (composition root and the apply thread), `mvcc`
+//! (revisions, the key index, range, txn, compaction, hash), `storage` (the only module that
+//! names redb). See `docs/ARCHITECTURE.md`.
+
+mod api;
+mod clock;
+mod engine;
+mod error;
+mod mvcc;
+mod storage;
+pub mod sync;
+
+pub use api::*;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use engine::{Config, Engine};
+pub use error::{Error, Result, StorageError};
+pub use mvcc::{KeyIndex, Revision};
+pub use storage::faults::Faults;

@@ -1,0 +1,215 @@
+//! The in-memory index of every key: key → [`KeyIndex`], plus the compaction revision
+//! (etcd's treeIndex).
+//!
+//! Invariants:
+//! - IDX-1: `compact_revision` and the key indexes change together under the index's lock,
+//!   so a reader that checked its revision against `compact_revision` finds every revision it
+//!   needs in the index.
+//! - IDX-2: no [`KeyIndex`] in the map is empty (a compaction that empties one removes it).
+//! - IDX-3: the index may hold revisions above the published current revision (a batch
+//!   being applied); readers only ask for revisions at or below the published one, so they
+//!   never see them.
+//!
+//! Contact points: the engine's readers take it under a read lock; the apply thread under
+//! a write lock, one request at a time.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use super::key_index::{Found, KeyIndex};
+use super::Revision;
+
+/// A key range as etcd expresses it: `end` empty = the single key, `end == "\0"` = every key
+/// from `key` on, otherwise `[key, end)`.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyRange<'a> {
+    /// The first key.
+    pub key: &'a [u8],
+    /// The range end.
+    pub end: &'a [u8],
+}
+
+impl<'a> KeyRange<'a> {
+    /// Returns the range of `key` and `end` in etcd's conventions.
+    pub fn new(key: &'a [u8], end: &'a [u8]) -> KeyRange<'a> {
+        KeyRange { key, end }
+    }
+
+    fn bounds(&self) -> Option<(Bound<&'a [u8]>, Bound<&'a [u8]>)> {
+        if self.end.is_empty() {
+            return Some((Bound::Included(self.key), Bound::Included(self.key)));
+        }
+        if self.end == b"\0" {
+            return Some((Bound::Included(self.key), Bound::Unbounded));
+        }
+        if self.key >= self.end {
+            return None;
+        }
+        Some((Bound::Included(self.key), Bound::Excluded(self.end)))
+    }
+
+    /// Returns true if `key` lies in the range.
+    #[cfg(test)]
+    pub fn contains(&self, key: &[u8]) -> bool {
+        match self.bounds() {
+            None => false,
+            Some((_, Bound::Included(end))) => key == end && key == self.key,
+            Some((_, Bound::Unbounded)) => key >= self.key,
+            Some((_, Bound::Excluded(end))) => key >= self.key && key < end,
+        }
+    }
+}
+
+/// The index of every key.
+#[derive(Debug, Default)]
+pub struct Index {
+    keys: BTreeMap<Box<[u8]>, KeyIndex>,
+    /// The compaction revision: reads below it fail. -1 until the first compaction.
+    pub compact_revision: i64,
+}
+
+/// One key found by a range lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hit {
+    /// The revision holding the key's value at the asked revision.
+    pub revision: Revision,
+    /// The generation's create revision.
+    pub created: i64,
+    /// The version at that revision.
+    pub version: i64,
+}
+
+impl Index {
+    /// Returns an empty index that was never compacted.
+    pub fn new() -> Index {
+        Index { keys: BTreeMap::new(), compact_revision: -1 }
+    }
+
+    /// Returns the number of keys with any recorded history.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Returns the keys alive at main revision `at` in `range`, in key order.
+    pub fn range(&self, range: KeyRange<'_>, at: i64) -> Vec<Hit> {
+        let Some(bounds) = range.bounds() else {
+            return Vec::new();
+        };
+        self.keys
+            .range::<[u8], _>(bounds)
+            .filter_map(|(_, ki)| ki.get(at))
+            .map(|f: Found| Hit { revision: f.modified, created: f.created, version: f.version })
+            .collect()
+    }
+
+    /// Returns the keys alive at main revision `at` in `range` with their key bytes.
+    pub fn range_keys(&self, range: KeyRange<'_>, at: i64) -> Vec<(Box<[u8]>, Hit)> {
+        let Some(bounds) = range.bounds() else {
+            return Vec::new();
+        };
+        self.keys
+            .range::<[u8], _>(bounds)
+            .filter_map(|(k, ki)| {
+                ki.get(at).map(|f| {
+                    let hit = Hit { revision: f.modified, created: f.created, version: f.version };
+                    (k.clone(), hit)
+                })
+            })
+            .collect()
+    }
+
+    /// Returns the key's state at `at`.
+    pub fn get(&self, key: &[u8], at: i64) -> Option<Hit> {
+        let found = self.keys.get(key)?.get(at)?;
+        Some(Hit { revision: found.modified, created: found.created, version: found.version })
+    }
+
+    /// Records a Put of `key` at `rev`.
+    pub fn put(&mut self, key: &[u8], rev: Revision) {
+        match self.keys.get_mut(key) {
+            Some(ki) => ki.put(rev),
+            None => {
+                let mut ki = KeyIndex::new();
+                ki.put(rev);
+                self.keys.insert(key.into(), ki);
+            }
+        }
+    }
+
+    /// Records a delete of `key` at `rev`. Returns false if the key was not alive.
+    pub fn tombstone(&mut self, key: &[u8], rev: Revision) -> bool {
+        self.keys.get_mut(key).is_some_and(|ki| ki.tombstone(rev))
+    }
+
+    /// Records a history record met while rebuilding the index on open.
+    pub fn restore(&mut self, key: &[u8], rev: Revision, tombstone: bool, created: i64, version: i64) {
+        match (self.keys.get_mut(key), tombstone) {
+            (Some(ki), false) => ki.put(rev),
+            (Some(ki), true) => {
+                // A tombstone of a key whose generation was compacted away except for the
+                // tombstone itself cannot follow another record; a plain one closes the
+                // generation.
+                if !ki.tombstone(rev) {
+                    ki.restore_tombstone(rev);
+                }
+            }
+            (None, false) => {
+                let mut ki = KeyIndex::new();
+                ki.restore(rev, created, version);
+                self.keys.insert(key.into(), ki);
+            }
+            (None, true) => {
+                let mut ki = KeyIndex::new();
+                ki.restore_tombstone(rev);
+                self.keys.insert(key.into(), ki);
+            }
+        }
+    }
+
+    /// Returns true if `rev` of `key` is recorded (kept by every compaction so far).
+    pub fn contains(&self, key: &[u8], rev: Revision) -> bool {
+        self.keys.get(key).is_some_and(|ki| ki.contains(rev))
+    }
+
+    /// Compacts every key at `at` and records `at` as the compaction revision (IDX-1,
+    /// IDX-2).
+    pub fn compact(&mut self, at: i64) {
+        debug_assert!(at > self.compact_revision);
+        self.compact_revision = at;
+        self.keys.retain(|_, ki| !ki.compact(at));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_range_follows_etcd_conventions() {
+        let single = KeyRange::new(b"b", b"");
+        assert!(single.contains(b"b") && !single.contains(b"ba"));
+        let from = KeyRange::new(b"b", b"\0");
+        assert!(from.contains(b"b") && from.contains(b"zzz") && !from.contains(b"a"));
+        let half_open = KeyRange::new(b"b", b"d");
+        assert!(half_open.contains(b"c") && !half_open.contains(b"d"));
+        let empty = KeyRange::new(b"d", b"b");
+        assert!(!empty.contains(b"c") && !empty.contains(b"d"));
+    }
+
+    #[test]
+    fn index_range_skips_deleted_keys_and_respects_revision() {
+        let mut index = Index::new();
+        index.put(b"a", Revision::new(2, 0));
+        index.put(b"b", Revision::new(3, 0));
+        assert!(index.tombstone(b"a", Revision::new(4, 0)));
+        let at3: Vec<_> = index.range(KeyRange::new(b"a", b"\0"), 3).iter().map(|h| h.revision.main).collect();
+        assert_eq!(at3, vec![2, 3]);
+        let at4: Vec<_> = index.range(KeyRange::new(b"a", b"\0"), 4).iter().map(|h| h.revision.main).collect();
+        assert_eq!(at4, vec![3]);
+        index.compact(4);
+        assert_eq!(index.len(), 2, "the tombstone at the compaction revision is kept");
+        index.compact(5);
+        assert_eq!(index.len(), 1, "a later compaction drops it");
+    }
+}

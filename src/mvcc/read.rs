@@ -1,0 +1,230 @@
+//! Reads: Range (limit, count, sort, filters) and Txn compares, over the index and a
+//! source of history records.
+//!
+//! Invariants:
+//! - READ-1: a Range is computed from one index state and one record source, so it shows one
+//!   revision; `count` is the number of keys alive at that revision before filters and
+//!   limit (etcd).
+//! - READ-2: when neither a sort order nor a filter is asked for and `limit > 0`, only the
+//!   first `limit + 1` keys are fetched (etcd's quirk: a sort target without an order sorts
+//!   only those).
+//!
+//! Contact points: the engine's read path (index read lock, then a storage snapshot) and
+//! `mvcc::write` (a Range inside a Txn reads the batch being written).
+
+use std::cmp::Ordering;
+
+use super::index::{Hit, Index, KeyRange};
+use super::record::Record;
+use super::Revision;
+use crate::api::{
+    Compare, CompareResult, CompareTarget, KeyValue, RangeRequest, RangeResponse, ResponseHeader,
+    SortOrder, SortTarget,
+};
+use crate::error::{Error, StorageError};
+use crate::storage::{Snapshot, WriteBatch};
+
+/// A source of history records by revision.
+pub trait Records {
+    /// Returns the raw record at `rev`, if present.
+    fn raw(&self, rev: Revision) -> Result<Option<Vec<u8>>, StorageError>;
+
+    /// Returns the decoded record at `rev`; a record the index names but storage lacks is
+    /// corruption.
+    fn record(&self, rev: Revision) -> Result<Record, StorageError> {
+        match self.raw(rev)? {
+            Some(bytes) => Record::decode(&bytes),
+            None => Err(StorageError::Corrupted(format!(
+                "history record ({}, {}) named by the index is missing",
+                rev.main, rev.sub
+            ))),
+        }
+    }
+}
+
+impl Records for Snapshot {
+    fn raw(&self, rev: Revision) -> Result<Option<Vec<u8>>, StorageError> {
+        self.get_history(&rev.to_key())
+    }
+}
+
+impl Records for WriteBatch<'_> {
+    fn raw(&self, rev: Revision) -> Result<Option<Vec<u8>>, StorageError> {
+        self.get_history(&rev.to_key())
+    }
+}
+
+/// The index half of a Range: which revisions to fetch, and the count.
+#[derive(Debug, Clone)]
+pub struct RangePlan {
+    hits: Vec<Hit>,
+    count: i64,
+}
+
+/// Returns the revision a Range reads at, given the current revision and the compaction
+/// revision; future is checked before compacted (etcd).
+pub fn read_revision(asked: i64, current: i64, compacted: i64) -> Result<i64, Error> {
+    if asked > current {
+        return Err(Error::FutureRevision);
+    }
+    let at = if asked <= 0 { current } else { asked };
+    if at < compacted {
+        return Err(Error::Compacted);
+    }
+    Ok(at)
+}
+
+/// Returns the index half of `req` at main revision `at` (READ-2).
+pub fn plan_range(index: &Index, req: &RangeRequest, at: i64) -> RangePlan {
+    let mut hits = index.range(KeyRange::new(&req.key, &req.range_end), at);
+    let count = hits.len() as i64;
+    if req.count_only {
+        hits.clear();
+    } else if !fetches_all(req) && req.limit > 0 {
+        let wanted = usize::try_from(req.limit).unwrap_or(usize::MAX).saturating_add(1);
+        hits.truncate(wanted);
+    }
+    RangePlan { hits, count }
+}
+
+fn fetches_all(req: &RangeRequest) -> bool {
+    req.sort_order != SortOrder::None
+        || req.min_mod_revision != 0
+        || req.max_mod_revision != 0
+        || req.min_create_revision != 0
+        || req.max_create_revision != 0
+}
+
+/// Fetches the planned records and applies filters, sort, limit and `keys_only`.
+pub fn finish_range(
+    plan: RangePlan,
+    records: &impl Records,
+    req: &RangeRequest,
+    header_revision: i64,
+) -> Result<RangeResponse, StorageError> {
+    let mut kvs = Vec::with_capacity(plan.hits.len());
+    for hit in &plan.hits {
+        kvs.push(records.record(hit.revision)?.into_key_value(hit.revision.main));
+    }
+    kvs.retain(|kv| passes_filters(kv, req));
+    sort(&mut kvs, req.sort_order, req.sort_target);
+    let mut more = false;
+    if let Ok(limit) = usize::try_from(req.limit)
+        && limit > 0
+        && kvs.len() > limit
+    {
+        kvs.truncate(limit);
+        more = true;
+    }
+    if req.keys_only {
+        for kv in &mut kvs {
+            kv.value = bytes::Bytes::new();
+        }
+    }
+    Ok(RangeResponse {
+        header: ResponseHeader { revision: header_revision },
+        kvs,
+        more,
+        count: plan.count,
+    })
+}
+
+fn passes_filters(kv: &KeyValue, req: &RangeRequest) -> bool {
+    let above = |value: i64, min: i64| min == 0 || value >= min;
+    let below = |value: i64, max: i64| max == 0 || value <= max;
+    above(kv.mod_revision, req.min_mod_revision)
+        && below(kv.mod_revision, req.max_mod_revision)
+        && above(kv.create_revision, req.min_create_revision)
+        && below(kv.create_revision, req.max_create_revision)
+}
+
+fn sort(kvs: &mut [KeyValue], order: SortOrder, target: SortTarget) {
+    let order = match (order, target) {
+        (SortOrder::None, SortTarget::Key) => return,
+        (SortOrder::None, _) => SortOrder::Ascend,
+        (order, _) => order,
+    };
+    let by = |a: &KeyValue, b: &KeyValue| -> Ordering {
+        match target {
+            SortTarget::Key => a.key.cmp(&b.key),
+            SortTarget::Version => a.version.cmp(&b.version),
+            SortTarget::Create => a.create_revision.cmp(&b.create_revision),
+            SortTarget::Mod => a.mod_revision.cmp(&b.mod_revision),
+            SortTarget::Value => a.value.cmp(&b.value),
+        }
+    };
+    // Stable sorts: ties keep key order, as etcd's insertion sort does for small results.
+    match order {
+        SortOrder::Descend => kvs.sort_by(|a, b| by(b, a)),
+        _ => kvs.sort_by(by),
+    }
+}
+
+/// Returns true if `compare` holds at main revision `at` (etcd's applyCompare).
+pub fn compare_holds(
+    index: &Index,
+    records: &impl Records,
+    compare: &Compare,
+    at: i64,
+) -> Result<bool, StorageError> {
+    let hits: Vec<Hit> = if compare.range_end.is_empty() {
+        index.get(&compare.key, at).into_iter().collect()
+    } else {
+        index.range(KeyRange::new(&compare.key, &compare.range_end), at)
+    };
+    if hits.is_empty() {
+        // A missing key compares as the all-zero KeyValue, except that a value compare on
+        // a missing key always fails.
+        return Ok(match &compare.target {
+            CompareTarget::Value(_) => false,
+            _ => holds(compare, &KeyValue::default()),
+        });
+    }
+    for hit in hits {
+        let kv = match compare.target {
+            CompareTarget::Value(_) | CompareTarget::Lease(_) => {
+                records.record(hit.revision)?.into_key_value(hit.revision.main)
+            }
+            _ => KeyValue {
+                create_revision: hit.created,
+                mod_revision: hit.revision.main,
+                version: hit.version,
+                ..KeyValue::default()
+            },
+        };
+        if !holds(compare, &kv) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn holds(compare: &Compare, kv: &KeyValue) -> bool {
+    let ordering = match &compare.target {
+        CompareTarget::Version(v) => kv.version.cmp(v),
+        CompareTarget::Create(v) => kv.create_revision.cmp(v),
+        CompareTarget::Mod(v) => kv.mod_revision.cmp(v),
+        CompareTarget::Value(v) => kv.value[..].cmp(&v[..]),
+        CompareTarget::Lease(v) => kv.lease.cmp(v),
+    };
+    match compare.result {
+        CompareResult::Equal => ordering == Ordering::Equal,
+        CompareResult::Greater => ordering == Ordering::Greater,
+        CompareResult::Less => ordering == Ordering::Less,
+        CompareResult::NotEqual => ordering != Ordering::Equal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_revision_checks_future_before_compacted() {
+        assert_eq!(read_revision(0, 5, -1), Ok(5));
+        assert_eq!(read_revision(-3, 5, 2), Ok(5), "negative means current");
+        assert_eq!(read_revision(6, 5, 7), Err(Error::FutureRevision));
+        assert_eq!(read_revision(2, 5, 3), Err(Error::Compacted));
+        assert_eq!(read_revision(3, 5, 3), Ok(3), "reading at the compaction revision works");
+    }
+}

@@ -1,0 +1,241 @@
+//! Writes: Put, DeleteRange and Txn applied to the index and to one storage write batch,
+//! with etcd's revision rules.
+//!
+//! A [`TxnWriter`] is one write request: every change it makes is at main revision
+//! `begin + 1`, with `sub` counting changes in order; the request moves the revision only if
+//! it changed something.
+//!
+//! Invariants:
+//! - WRITE-1: changes of one request share one main revision and have consecutive subs from
+//!   0, in execution order (DeleteRange: ascending key order).
+//! - WRITE-2: every fallible check of a request (ignore flags, Txn range revisions) runs
+//!   before its first change, so a refused request changes nothing; an error after the first
+//!   change can only come from storage, which poisons the batch.
+//! - WRITE-3: all compares of a Txn, nested ones on the chosen branches included, are
+//!   evaluated against the state at `begin`, before any op runs (etcd).
+//!
+//! Contact points: the engine's apply thread creates one per write request.
+
+use bytes::Bytes;
+
+use super::index::{Index, KeyRange};
+use super::read::{self, Records};
+use super::record::Record;
+use super::Revision;
+use crate::api::{
+    DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, RangeRequest,
+    RangeResponse, RequestOp, ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
+};
+use crate::error::{Error, StorageError};
+use crate::storage::WriteBatch;
+
+/// The newest revision the index holds, for reads inside the apply thread.
+const NEWEST: i64 = i64::MAX;
+
+/// One write request being applied.
+pub struct TxnWriter<'a, 't> {
+    index: &'a mut Index,
+    batch: &'a mut WriteBatch<'t>,
+    begin: i64,
+    changes: i64,
+}
+
+/// The branches a Txn takes, decided before any op runs (WRITE-3).
+#[derive(Debug, Clone)]
+pub struct TxnPath {
+    succeeded: bool,
+    /// One path per nested Txn op of the chosen branch, in order.
+    nested: Vec<TxnPath>,
+}
+
+impl<'a, 't> TxnWriter<'a, 't> {
+    /// Returns a writer for a request applied on top of revision `begin`.
+    pub fn new(index: &'a mut Index, batch: &'a mut WriteBatch<'t>, begin: i64) -> Self {
+        TxnWriter { index, batch, begin, changes: 0 }
+    }
+
+    /// Returns true if the request changed anything.
+    pub fn changed(&self) -> bool {
+        self.changes > 0
+    }
+
+    /// Returns the revision this request's reads see and its responses report.
+    pub fn revision(&self) -> i64 {
+        if self.changed() { self.begin + 1 } else { self.begin }
+    }
+
+    fn next_revision(&mut self) -> Revision {
+        let rev = Revision::new(self.begin + 1, self.changes);
+        self.changes += 1;
+        rev
+    }
+
+    /// Checks a standalone Put against the current state (WRITE-2).
+    pub fn check_put(&self, req: &PutRequest) -> Result<(), Error> {
+        if (req.ignore_value || req.ignore_lease) && self.index.get(&req.key, self.begin).is_none()
+        {
+            return Err(Error::KeyNotFound);
+        }
+        Ok(())
+    }
+
+    /// Applies a Put whose checks passed.
+    pub fn put(&mut self, req: &PutRequest) -> Result<PutResponse, StorageError> {
+        let prev = self.index.get(&req.key, NEWEST);
+        let needs_prev = req.prev_kv || req.ignore_value || req.ignore_lease;
+        let prev_kv = match prev {
+            Some(hit) if needs_prev => {
+                Some(self.batch.record(hit.revision)?.into_key_value(hit.revision.main))
+            }
+            _ => None,
+        };
+        let rev = self.next_revision();
+        let (create_revision, version) = match prev {
+            Some(hit) => (hit.created, hit.version + 1),
+            None => (rev.main, 1),
+        };
+        let value = match (&prev_kv, req.ignore_value) {
+            (Some(kv), true) => kv.value.clone(),
+            _ => req.value.clone(),
+        };
+        let lease = match (&prev_kv, req.ignore_lease) {
+            (Some(kv), true) => kv.lease,
+            _ => req.lease,
+        };
+        let record =
+            Record { key: req.key.clone(), tombstone: false, create_revision, version, lease, value };
+        self.batch.put_history(&rev.to_key(), &record.encode())?;
+        self.index.put(&req.key, rev);
+        Ok(PutResponse {
+            header: ResponseHeader { revision: self.revision() },
+            prev_kv: if req.prev_kv { prev_kv } else { None },
+        })
+    }
+
+    /// Applies a DeleteRange.
+    pub fn delete_range(
+        &mut self,
+        req: &DeleteRangeRequest,
+    ) -> Result<DeleteRangeResponse, StorageError> {
+        let doomed = self.index.range_keys(KeyRange::new(&req.key, &req.range_end), NEWEST);
+        let mut prev_kvs = Vec::new();
+        for (key, hit) in &doomed {
+            if req.prev_kv {
+                prev_kvs.push(self.batch.record(hit.revision)?.into_key_value(hit.revision.main));
+            }
+            let rev = self.next_revision();
+            let record = Record::tombstone(Bytes::copy_from_slice(key));
+            self.batch.put_history(&rev.to_key(), &record.encode())?;
+            let alive = self.index.tombstone(key, rev);
+            debug_assert!(alive, "the index listed a dead key as alive");
+        }
+        Ok(DeleteRangeResponse {
+            header: ResponseHeader { revision: self.revision() },
+            deleted: doomed.len() as i64,
+            prev_kvs,
+        })
+    }
+
+    /// Applies a Range inside a write request: it sees the request's own earlier writes.
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, Error> {
+        let view = self.revision();
+        let at = read::read_revision(req.revision, view, self.index.compact_revision)?;
+        let plan = read::plan_range(self.index, req, at);
+        Ok(read::finish_range(plan, &*self.batch, req, view)?)
+    }
+
+    /// Decides every branch of `req` against the state at `begin` (WRITE-3).
+    pub fn txn_path(&self, req: &TxnRequest) -> Result<TxnPath, StorageError> {
+        let mut succeeded = true;
+        for compare in &req.compare {
+            if !read::compare_holds(self.index, &*self.batch, compare, self.begin)? {
+                succeeded = false;
+                break;
+            }
+        }
+        let branch = if succeeded { &req.success } else { &req.failure };
+        let mut nested = Vec::new();
+        for op in branch {
+            if let RequestOp::Txn(t) = op {
+                nested.push(self.txn_path(t)?);
+            }
+        }
+        Ok(TxnPath { succeeded, nested })
+    }
+
+    /// Runs etcd's apply-time checks on the chosen branches: Puts first (for txns that
+    /// write), then Ranges (WRITE-2).
+    pub fn check_txn(&self, req: &TxnRequest, path: &TxnPath) -> Result<(), Error> {
+        if !req.is_read_only() {
+            self.check_branch(req, path, &|w, op| match op {
+                RequestOp::Put(p) => w.check_put(p),
+                _ => Ok(()),
+            })?;
+        }
+        self.check_branch(req, path, &|w, op| match op {
+            RequestOp::Range(r) => w.check_txn_range(r),
+            _ => Ok(()),
+        })
+    }
+
+    fn check_branch(
+        &self,
+        req: &TxnRequest,
+        path: &TxnPath,
+        check: &dyn Fn(&Self, &RequestOp) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let branch = if path.succeeded { &req.success } else { &req.failure };
+        let mut nested = path.nested.iter();
+        for op in branch {
+            check(self, op)?;
+            if let (RequestOp::Txn(t), Some(p)) = (op, nested.next()) {
+                self.check_branch(t, p, check)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// etcd's checkRange: an explicit revision must not be in the future nor below the
+    /// compaction revision; unlike a standalone Range a negative one is not "current".
+    fn check_txn_range(&self, req: &RangeRequest) -> Result<(), Error> {
+        if req.revision == 0 {
+            return Ok(());
+        }
+        if req.revision > self.begin {
+            return Err(Error::FutureRevision);
+        }
+        if req.revision < self.index.compact_revision {
+            return Err(Error::Compacted);
+        }
+        Ok(())
+    }
+
+    /// Executes the branches `path` chose. Checks must have passed.
+    pub fn txn(&mut self, req: &TxnRequest, path: &TxnPath) -> Result<TxnResponse, Error> {
+        let branch = if path.succeeded { &req.success } else { &req.failure };
+        let mut nested = path.nested.iter();
+        let mut responses = Vec::with_capacity(branch.len());
+        for op in branch {
+            let response = match op {
+                RequestOp::Range(r) => ResponseOp::Range(self.range(r)?),
+                RequestOp::Put(p) => ResponseOp::Put(self.put(p)?),
+                RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(self.delete_range(d)?),
+                RequestOp::Txn(t) => {
+                    let Some(p) = nested.next() else {
+                        return Err(Error::InvalidArgument("txn path does not match".into()));
+                    };
+                    let mut inner = self.txn(t, p)?;
+                    // etcd leaves a nested txn's header all zero.
+                    inner.header = ResponseHeader::default();
+                    ResponseOp::Txn(inner)
+                }
+            };
+            responses.push(response);
+        }
+        Ok(TxnResponse {
+            header: ResponseHeader { revision: self.revision() },
+            succeeded: path.succeeded,
+            responses,
+        })
+    }
+}

@@ -1,0 +1,116 @@
+//! Fault injection: a storage backend that fails every write and sync after a chosen number
+//! of them, to test what the engine does after an I/O error (poisoning, then recovery on
+//! reopen).
+//!
+//! Invariants:
+//! - FAULT-1: once a fault fired, every later write and sync fails too until `heal`, as a
+//!   dead disk would; reads keep working.
+//!
+//! Contact points: `Config::faults` (tests only; production never sets it); `Store::open`
+//! wraps the file backend when it is set.
+
+use std::fmt;
+use std::io;
+
+use redb::StorageBackend;
+use redb::backends::FileBackend;
+
+use crate::sync::{Arc, AtomicU64, Ordering};
+
+/// A switch that makes storage writes fail, shared between a test and the engine.
+#[derive(Debug)]
+pub struct Faults {
+    /// Writes and syncs still allowed before failing; `u64::MAX` means never fail.
+    remaining: AtomicU64,
+}
+
+impl Faults {
+    /// Returns a switch that never fails.
+    ///
+    /// ```
+    /// let faults = kvd::Faults::new();
+    /// faults.fail_after(3);
+    /// faults.heal();
+    /// ```
+    pub fn new() -> Faults {
+        Faults { remaining: AtomicU64::new(u64::MAX) }
+    }
+
+    /// Lets `operations` more writes or syncs succeed, then fails all (FAULT-1).
+    pub fn fail_after(&self, operations: u64) {
+        self.remaining.store(operations, Ordering::SeqCst);
+    }
+
+    /// Stops failing.
+    pub fn heal(&self) {
+        self.remaining.store(u64::MAX, Ordering::SeqCst);
+    }
+
+    fn allow(&self) -> io::Result<()> {
+        let mut current = self.remaining.load(Ordering::SeqCst);
+        loop {
+            match current {
+                u64::MAX => return Ok(()),
+                0 => return Err(io::Error::other("kvd: injected storage fault")),
+                n => match self.remaining.compare_exchange(n, n - 1, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(_) => return Ok(()),
+                    Err(seen) => current = seen,
+                },
+            }
+        }
+    }
+}
+
+impl Default for Faults {
+    fn default() -> Faults {
+        Faults::new()
+    }
+}
+
+/// A file backend that consults [`Faults`] before every write and sync.
+pub struct FaultyBackend {
+    inner: FileBackend,
+    faults: Arc<Faults>,
+}
+
+impl FaultyBackend {
+    /// Wraps `inner`.
+    pub fn new(inner: FileBackend, faults: Arc<Faults>) -> FaultyBackend {
+        FaultyBackend { inner, faults }
+    }
+}
+
+impl fmt::Debug for FaultyBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FaultyBackend").field("faults", &self.faults).finish()
+    }
+}
+
+impl StorageBackend for FaultyBackend {
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.inner.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.faults.allow()?;
+        self.inner.set_len(len)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.faults.allow()?;
+        self.inner.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.faults.allow()?;
+        self.inner.write(offset, data)
+    }
+
+    fn close(&self) -> io::Result<()> {
+        self.inner.close()
+    }
+}

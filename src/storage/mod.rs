@@ -1,0 +1,455 @@
+//! The storage layer: the only module that names `redb`.
+//!
+//! Owns: the database file and its tables, the data-directory lock, durability, the
+//! poisoned state, and file sizes.
+//!
+//! Tables (see `docs/design/on-disk-format.md`):
+//! - `history`: 16-byte big-endian revision `(main, sub)` → an encoded record (`mvcc::record`).
+//!   Revisions only grow, so the hot write path appends.
+//! - `meta`: a name → 8-byte big-endian integer (schema version, current revision, scheduled
+//!   and finished compaction revisions, applied index).
+//! - registered row tables ([`RowTable`]): byte key → byte value, for the layers above
+//!   (leases, alarms, the quota registry, consumption), written in the same transaction as the
+//!   data they describe.
+//!
+//! Invariants:
+//! - STORE-1: a write batch is committed whole or not at all; a batch that fails part way is
+//!   aborted and the store is poisoned.
+//! - STORE-2: after any error from redb on the write path, every later write returns
+//!   `StorageError::Poisoned` until the data directory is reopened (redb repairs on open).
+//! - STORE-3: one [`Store`] per data directory: `LOCK` in the directory is held with an
+//!   exclusive file lock for the store's lifetime.
+//! - STORE-4: decoders of stored bytes are total: bad bytes give `Corrupted`, never a panic.
+//! - STORE-5: a [`Snapshot`] is one redb read transaction; callers keep it for one request
+//!   only, because a long reader pins every page freed after it began.
+//!
+//! Contact points: `engine::apply` writes through [`Store::write`]; readers use
+//! [`Store::snapshot`]; `mvcc::record` encodes the values stored in `history`.
+
+use std::fs::{self, File};
+use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
+
+use redb::{
+    Database, Durability, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable,
+    TableDefinition, WriteTransaction,
+};
+
+pub mod faults;
+
+use crate::error::StorageError;
+use faults::{Faults, FaultyBackend};
+use crate::sync::{Arc, Mutex, lock};
+
+/// The name of the database file inside the data directory.
+pub const DB_FILE_NAME: &str = "kvd.redb";
+/// The name of the lock file inside the data directory.
+pub const LOCK_FILE_NAME: &str = "LOCK";
+/// The schema version this build writes and reads.
+pub const SCHEMA_VERSION: u64 = 1;
+/// Bytes of a history key: big-endian main then big-endian sub.
+pub const REVISION_KEY_BYTES: usize = 16;
+
+/// A history key.
+pub type RevisionKey = [u8; REVISION_KEY_BYTES];
+
+const HISTORY: TableDefinition<RevisionKey, &[u8]> = TableDefinition::new("history");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+
+/// Names of the integers kept in the meta table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetaKey {
+    /// The schema version of the file.
+    SchemaVersion,
+    /// The main revision of the last write.
+    CurrentRevision,
+    /// The compaction revision recorded before any deletion of a compaction.
+    ScheduledCompactRevision,
+    /// The compaction revision whose deletions all committed.
+    FinishedCompactRevision,
+    /// The number of write requests applied.
+    AppliedIndex,
+}
+
+impl MetaKey {
+    fn name(self) -> &'static str {
+        match self {
+            MetaKey::SchemaVersion => "schema_version",
+            MetaKey::CurrentRevision => "current_revision",
+            MetaKey::ScheduledCompactRevision => "scheduled_compact_revision",
+            MetaKey::FinishedCompactRevision => "finished_compact_revision",
+            MetaKey::AppliedIndex => "applied_index",
+        }
+    }
+}
+
+/// A byte-keyed table that a layer above storage registers, so that its rows commit in the
+/// same transaction as the data they describe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowTable {
+    name: &'static str,
+}
+
+impl RowTable {
+    /// Returns a table handle named `name`; the name is its identity in the file.
+    // Used by the lease, alarm and quota layers as they land (STORE tables).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub const fn new(name: &'static str) -> RowTable {
+        RowTable { name }
+    }
+
+    fn definition(self) -> TableDefinition<'static, &'static [u8], &'static [u8]> {
+        TableDefinition::new(self.name)
+    }
+}
+
+/// How a commit reaches the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitSync {
+    /// Every commit is durable before it returns (one fdatasync).
+    Durable,
+    /// Commits stay in memory until a later durable one: for benchmarks only. A crash loses
+    /// acknowledged writes.
+    UnsafeNoFsync,
+}
+
+/// Options of [`Store::open`].
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// redb's page cache, in bytes.
+    pub cache_size_bytes: usize,
+    /// The durability of commits.
+    pub sync: CommitSync,
+    /// Row tables to create if missing.
+    pub row_tables: Vec<RowTable>,
+    /// Injected write failures (tests only).
+    pub faults: Option<Arc<Faults>>,
+}
+
+/// Every this many non-durable commits, one is made durable, so that a long run of
+/// non-durable commits cannot grow the file without bound (`spec/redb-and-crates.md` §1.7).
+const UNSAFE_NO_FSYNC_DURABLE_EVERY_COMMITS: u64 = 64;
+
+/// The open database of one data directory.
+#[derive(Debug)]
+pub struct Store {
+    db: Database,
+    dir: PathBuf,
+    sync: CommitSync,
+    state: Mutex<WriteState>,
+    // Held for the lifetime of the store; dropping it releases the directory (STORE-3).
+    _lock: File,
+}
+
+#[derive(Debug, Default)]
+struct WriteState {
+    poisoned: Option<String>,
+    commits: u64,
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir`, taking the directory lock.
+    pub fn open(dir: &Path, options: &StoreOptions) -> Result<Store, StorageError> {
+        fs::create_dir_all(dir).map_err(|e| io_error("create data directory", dir, &e))?;
+        let lock_path = dir.join(LOCK_FILE_NAME);
+        let lock_file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io_error("open lock file", &lock_path, &e))?;
+        match lock_file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(StorageError::Locked { dir: dir.to_path_buf() });
+            }
+            Err(fs::TryLockError::Error(e)) => {
+                return Err(io_error("lock data directory", &lock_path, &e));
+            }
+        }
+        let path = dir.join(DB_FILE_NAME);
+        let mut builder = redb::Builder::new();
+        builder.set_cache_size(options.cache_size_bytes);
+        let db = match &options.faults {
+            None => builder.create(&path),
+            Some(faults) => {
+                let file = File::options()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)
+                    .map_err(|e| io_error("open", &path, &e))?;
+                let backend = redb::backends::FileBackend::new(file)
+                    .map_err(|e| open_error(&path, e.into()))?;
+                builder.create_with_backend(FaultyBackend::new(backend, faults.clone()))
+            }
+        }
+        .map_err(|e| open_error(&path, e.into()))?;
+        let store = Store {
+            db,
+            dir: dir.to_path_buf(),
+            sync: options.sync,
+            state: Mutex::new(WriteState::default()),
+            _lock: lock_file,
+        };
+        store.initialize(&options.row_tables)?;
+        Ok(store)
+    }
+
+    /// Creates the tables, writes the schema version on a new file and checks it on an
+    /// existing one.
+    fn initialize(&self, row_tables: &[RowTable]) -> Result<(), StorageError> {
+        let txn = self.db.begin_write().map_err(storage_error)?;
+        {
+            txn.open_table(HISTORY).map_err(storage_error)?;
+            let mut meta = txn.open_table(META).map_err(storage_error)?;
+            let found = match meta.get(MetaKey::SchemaVersion.name()).map_err(storage_error)? {
+                Some(bytes) => Some(decode_u64(bytes.value())?),
+                None => None,
+            };
+            match found {
+                None => {
+                    meta.insert(MetaKey::SchemaVersion.name(), &SCHEMA_VERSION.to_be_bytes()[..])
+                        .map_err(storage_error)?;
+                }
+                Some(SCHEMA_VERSION) => {}
+                Some(found) => return Err(StorageError::UnsupportedSchema { found }),
+            }
+            for table in row_tables {
+                txn.open_table(table.definition()).map_err(storage_error)?;
+            }
+        }
+        txn.commit().map_err(storage_error)
+    }
+
+    /// Runs `f` in one write transaction and commits it (STORE-1). Returns what `f` returned.
+    /// An error from `f` or from the commit aborts the batch and poisons the store (STORE-2).
+    pub fn write<R>(
+        &self,
+        f: impl FnOnce(&mut WriteBatch<'_>) -> Result<R, StorageError>,
+    ) -> Result<R, StorageError> {
+        let mut state = lock(&self.state);
+        if let Some(cause) = &state.poisoned {
+            return Err(StorageError::Poisoned(cause.clone()));
+        }
+        match self.write_unchecked(&mut state, f) {
+            Ok(result) => Ok(result),
+            Err(e) => {
+                state.poisoned = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    fn write_unchecked<R>(
+        &self,
+        state: &mut WriteState,
+        f: impl FnOnce(&mut WriteBatch<'_>) -> Result<R, StorageError>,
+    ) -> Result<R, StorageError> {
+        let mut txn = self.db.begin_write().map_err(storage_error)?;
+        state.commits += 1;
+        let durable = match self.sync {
+            CommitSync::Durable => true,
+            CommitSync::UnsafeNoFsync => state.commits % UNSAFE_NO_FSYNC_DURABLE_EVERY_COMMITS == 0,
+        };
+        if !durable {
+            txn.set_durability(Durability::None).map_err(|e| StorageError::Io(e.to_string()))?;
+        }
+        let result = {
+            let history = txn.open_table(HISTORY).map_err(storage_error)?;
+            let meta = txn.open_table(META).map_err(storage_error)?;
+            let mut batch = WriteBatch { txn: &txn, history, meta };
+            f(&mut batch)?
+        };
+        txn.commit().map_err(storage_error)?;
+        Ok(result)
+    }
+
+    /// Opens a read snapshot of the last committed state (STORE-5).
+    pub fn snapshot(&self) -> Result<Snapshot, StorageError> {
+        let txn = self.db.begin_read().map_err(storage_error)?;
+        let history = txn.open_table(HISTORY).map_err(storage_error)?;
+        Ok(Snapshot { txn, history })
+    }
+
+    /// Returns the length of the database file in bytes.
+    pub fn file_size(&self) -> Result<u64, StorageError> {
+        let path = self.dir.join(DB_FILE_NAME);
+        fs::metadata(&path).map(|m| m.len()).map_err(|e| io_error("stat", &path, &e))
+    }
+
+    /// Returns the bytes the database occupies inside its file (allocated pages, including
+    /// pages pinned by readers). Waits for the writer: call it from the apply thread or
+    /// when writes are idle.
+    pub fn size_in_use(&self) -> Result<u64, StorageError> {
+        let txn = self.db.begin_write().map_err(storage_error)?;
+        let stats = txn.stats().map_err(storage_error)?;
+        let bytes = stats.allocated_pages() * stats.page_size() as u64;
+        txn.abort().map_err(storage_error)?;
+        Ok(bytes)
+    }
+
+    /// Closes the database, returning any error redb reports on the way.
+    pub fn close(self) -> Result<(), StorageError> {
+        self.db.close().map_err(storage_error)
+    }
+}
+
+/// The tables of one write transaction, open for the duration of a batch.
+pub struct WriteBatch<'t> {
+    #[cfg_attr(not(test), allow(dead_code))]
+    txn: &'t WriteTransaction,
+    history: redb::Table<'t, RevisionKey, &'static [u8]>,
+    meta: redb::Table<'t, &'static str, &'static [u8]>,
+}
+
+impl WriteBatch<'_> {
+    /// Appends or overwrites the history record at `key`.
+    pub fn put_history(&mut self, key: &RevisionKey, record: &[u8]) -> Result<(), StorageError> {
+        self.history.insert(key, record).map_err(storage_error)?;
+        Ok(())
+    }
+
+    /// Reads the history record at `key` as this batch sees it.
+    pub fn get_history(&self, key: &RevisionKey) -> Result<Option<Vec<u8>>, StorageError> {
+        let got = self.history.get(key).map_err(storage_error)?;
+        Ok(got.map(|v| v.value().to_vec()))
+    }
+
+    /// Deletes history records in `range` for which `delete` returns true; returns how many
+    /// were deleted and the last key examined. Examines at most `limit` records.
+    pub fn delete_history_where(
+        &mut self,
+        range: impl RangeBounds<RevisionKey>,
+        limit: usize,
+        mut delete: impl FnMut(&RevisionKey, &[u8]) -> Result<bool, StorageError>,
+    ) -> Result<(usize, Option<RevisionKey>), StorageError> {
+        let mut doomed = Vec::new();
+        let mut last = None;
+        for entry in self.history.range(range).map_err(storage_error)?.take(limit) {
+            let (key, value) = entry.map_err(storage_error)?;
+            let key = key.value();
+            if delete(&key, value.value())? {
+                doomed.push(key);
+            }
+            last = Some(key);
+        }
+        for key in &doomed {
+            self.history.remove(key).map_err(storage_error)?;
+        }
+        Ok((doomed.len(), last))
+    }
+
+    /// Sets a meta integer.
+    pub fn put_meta(&mut self, key: MetaKey, value: u64) -> Result<(), StorageError> {
+        self.meta.insert(key.name(), &value.to_be_bytes()[..]).map_err(storage_error)?;
+        Ok(())
+    }
+
+    /// Writes a row of a registered table.
+    // Used by the lease, alarm and quota layers as they land (STORE tables).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn put_row(&mut self, table: RowTable, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
+        let mut t = self.txn.open_table(table.definition()).map_err(storage_error)?;
+        t.insert(key, value).map_err(storage_error)?;
+        Ok(())
+    }
+
+    /// Deletes a row of a registered table; returns true if it existed.
+    // Used by the lease, alarm and quota layers as they land (STORE tables).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn delete_row(&mut self, table: RowTable, key: &[u8]) -> Result<bool, StorageError> {
+        let mut t = self.txn.open_table(table.definition()).map_err(storage_error)?;
+        let removed = t.remove(key).map_err(storage_error)?.is_some();
+        Ok(removed)
+    }
+}
+
+/// A consistent read view of the store: one redb read transaction (STORE-5).
+pub struct Snapshot {
+    txn: ReadTransaction,
+    history: ReadOnlyTable<RevisionKey, &'static [u8]>,
+}
+
+impl Snapshot {
+    /// Reads the history record at `key`.
+    pub fn get_history(&self, key: &RevisionKey) -> Result<Option<Vec<u8>>, StorageError> {
+        let got = self.history.get(key).map_err(storage_error)?;
+        Ok(got.map(|v| v.value().to_vec()))
+    }
+
+    /// Calls `visit` for each history record in `range`, in revision order, until it returns
+    /// false or `limit` records were visited. Returns the number visited.
+    pub fn scan_history(
+        &self,
+        range: impl RangeBounds<RevisionKey>,
+        limit: usize,
+        mut visit: impl FnMut(&RevisionKey, &[u8]) -> Result<bool, StorageError>,
+    ) -> Result<usize, StorageError> {
+        let mut visited = 0;
+        for entry in self.history.range(range).map_err(storage_error)? {
+            if visited == limit {
+                break;
+            }
+            let (key, value) = entry.map_err(storage_error)?;
+            visited += 1;
+            if !visit(&key.value(), value.value())? {
+                break;
+            }
+        }
+        Ok(visited)
+    }
+
+    /// Reads a meta integer.
+    pub fn get_meta(&self, key: MetaKey) -> Result<Option<u64>, StorageError> {
+        let meta = self.txn.open_table(META).map_err(storage_error)?;
+        match meta.get(key.name()).map_err(storage_error)? {
+            Some(bytes) => Ok(Some(decode_u64(bytes.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Returns every row of a registered table in key order.
+    // Used by the lease, alarm and quota layers as they land (STORE tables).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn rows(&self, table: RowTable) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
+        let t = self.txn.open_table(table.definition()).map_err(storage_error)?;
+        let mut rows = Vec::new();
+        for entry in t.iter().map_err(storage_error)? {
+            let (k, v) = entry.map_err(storage_error)?;
+            rows.push((k.value().to_vec(), v.value().to_vec()));
+        }
+        Ok(rows)
+    }
+}
+
+fn decode_u64(bytes: &[u8]) -> Result<u64, StorageError> {
+    let array: [u8; 8] = bytes
+        .try_into()
+        .map_err(|_| StorageError::Corrupted(format!("meta value of {} bytes", bytes.len())))?;
+    Ok(u64::from_be_bytes(array))
+}
+
+fn io_error(action: &str, path: &Path, e: &std::io::Error) -> StorageError {
+    StorageError::Io(format!("{action} {}: {e}", path.display()))
+}
+
+fn open_error(path: &Path, e: redb::Error) -> StorageError {
+    match e {
+        redb::Error::Corrupted(what) => {
+            StorageError::Corrupted(format!("{}: {what}", path.display()))
+        }
+        redb::Error::DatabaseAlreadyOpen => StorageError::Locked {
+            dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+        },
+        other => StorageError::Io(format!("open {}: {other}", path.display())),
+    }
+}
+
+fn storage_error(e: impl Into<redb::Error>) -> StorageError {
+    match e.into() {
+        redb::Error::Corrupted(what) => StorageError::Corrupted(what),
+        other => StorageError::Io(other.to_string()),
+    }
+}

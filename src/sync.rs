@@ -1,0 +1,37 @@
+//! The one import point for locks, atomics and threads, so that loom can model the real
+//! code (`--cfg loom` swaps in loom's types).
+//!
+//! Owns: nothing but re-exports.
+//!
+//! Invariants:
+//! - SYNC-1: no other module names `std::sync` or `loom` (the tidy test checks it);
+//!   `std::sync::Arc` and channels are re-exported here too, so the rule has no exceptions.
+//!
+//! Contact points: every module that shares state between the apply thread and readers.
+
+#[cfg(loom)]
+pub use loom::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+#[cfg(loom)]
+pub use loom::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+#[cfg(not(loom))]
+pub use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+#[cfg(not(loom))]
+pub use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Locks `mutex`, recovering the guard if a panicking thread poisoned it: the data behind
+/// our mutexes is kept consistent by the code that holds them, so poisoning carries no
+/// information we act on.
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Takes a read lock on `lock`, recovering from poisoning as [`lock`] does.
+pub fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Takes a write lock on `lock`, recovering from poisoning as [`lock`] does.
+pub fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
