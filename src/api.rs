@@ -109,7 +109,10 @@ impl RangeRequest {
     /// assert!(req.range_end.is_empty());
     /// ```
     pub fn key(key: impl Into<Bytes>) -> RangeRequest {
-        RangeRequest { key: key.into(), ..RangeRequest::default() }
+        RangeRequest {
+            key: key.into(),
+            ..RangeRequest::default()
+        }
     }
 
     /// Returns a request for every key that starts with `prefix`, computing `range_end`
@@ -122,7 +125,11 @@ impl RangeRequest {
     pub fn prefix(prefix: impl Into<Bytes>) -> RangeRequest {
         let key: Bytes = prefix.into();
         let range_end = prefix_end(&key);
-        RangeRequest { key, range_end, ..RangeRequest::default() }
+        RangeRequest {
+            key,
+            range_end,
+            ..RangeRequest::default()
+        }
     }
 
     fn encoded_len(&self) -> usize {
@@ -199,7 +206,11 @@ impl PutRequest {
     /// assert_eq!(&req.value[..], b"v");
     /// ```
     pub fn new(key: impl Into<Bytes>, value: impl Into<Bytes>) -> PutRequest {
-        PutRequest { key: key.into(), value: value.into(), ..PutRequest::default() }
+        PutRequest {
+            key: key.into(),
+            value: value.into(),
+            ..PutRequest::default()
+        }
     }
 
     fn encoded_len(&self) -> usize {
@@ -240,7 +251,10 @@ impl DeleteRangeRequest {
     /// assert!(req.range_end.is_empty());
     /// ```
     pub fn key(key: impl Into<Bytes>) -> DeleteRangeRequest {
-        DeleteRangeRequest { key: key.into(), ..DeleteRangeRequest::default() }
+        DeleteRangeRequest {
+            key: key.into(),
+            ..DeleteRangeRequest::default()
+        }
     }
 
     /// Returns a delete of every key that starts with `prefix`.
@@ -252,7 +266,11 @@ impl DeleteRangeRequest {
     pub fn prefix(prefix: impl Into<Bytes>) -> DeleteRangeRequest {
         let key: Bytes = prefix.into();
         let range_end = prefix_end(&key);
-        DeleteRangeRequest { key, range_end, prev_kv: false }
+        DeleteRangeRequest {
+            key,
+            range_end,
+            prev_kv: false,
+        }
     }
 
     fn encoded_len(&self) -> usize {
@@ -328,7 +346,12 @@ impl Compare {
     /// assert_eq!(&c.key[..], b"k");
     /// ```
     pub fn new(key: impl Into<Bytes>, result: CompareResult, target: CompareTarget) -> Compare {
-        Compare { key: key.into(), range_end: Bytes::new(), result, target }
+        Compare {
+            key: key.into(),
+            range_end: Bytes::new(),
+            result,
+            target,
+        }
     }
 
     fn encoded_len(&self) -> usize {
@@ -404,13 +427,28 @@ impl TxnRequest {
     /// assert!(txn.is_read_only());
     /// ```
     pub fn is_read_only(&self) -> bool {
-        self.success.iter().chain(&self.failure).all(|op| matches!(op, RequestOp::Range(_)))
+        self.success
+            .iter()
+            .chain(&self.failure)
+            .all(|op| matches!(op, RequestOp::Range(_)))
     }
 
     fn encoded_len(&self) -> usize {
-        let compares: usize = self.compare.iter().map(|c| message_field(1, c.encoded_len())).sum();
-        let success: usize = self.success.iter().map(|o| message_field(2, o.encoded_len())).sum();
-        let failure: usize = self.failure.iter().map(|o| message_field(3, o.encoded_len())).sum();
+        let compares: usize = self
+            .compare
+            .iter()
+            .map(|c| message_field(1, c.encoded_len()))
+            .sum();
+        let success: usize = self
+            .success
+            .iter()
+            .map(|o| message_field(2, o.encoded_len()))
+            .sum();
+        let failure: usize = self
+            .failure
+            .iter()
+            .map(|o| message_field(3, o.encoded_len()))
+            .sum();
         compares + success + failure
     }
 }
@@ -504,9 +542,7 @@ impl WriteRequest {
             WriteRequest::Put(r) => r.encoded_len(),
             WriteRequest::DeleteRange(r) => r.encoded_len(),
             WriteRequest::Txn(r) => r.encoded_len(),
-            WriteRequest::Compaction(r) => {
-                int_field(1, r.revision) + bool_field(2, r.physical)
-            }
+            WriteRequest::Compaction(r) => int_field(1, r.revision) + bool_field(2, r.physical),
         };
         RAFT_ENTRY_HEADER_BYTES + message_field(4, inner)
     }
@@ -526,7 +562,11 @@ fn tag_len(field: u32) -> usize {
 }
 
 fn bytes_field(field: u32, bytes: &[u8]) -> usize {
-    if bytes.is_empty() { 0 } else { message_field(field, bytes.len()) }
+    if bytes.is_empty() {
+        0
+    } else {
+        message_field(field, bytes.len())
+    }
 }
 
 fn message_field(field: u32, len: usize) -> usize {
@@ -535,7 +575,11 @@ fn message_field(field: u32, len: usize) -> usize {
 
 fn int_field(field: u32, value: i64) -> usize {
     // Protobuf encodes a negative int64 as a ten-byte varint of its two's complement.
-    if value == 0 { 0 } else { tag_len(field) + varint_len(value as u64) }
+    if value == 0 {
+        0
+    } else {
+        tag_len(field) + varint_len(value as u64)
+    }
 }
 
 fn bool_field(field: u32, value: bool) -> usize {

@@ -34,7 +34,9 @@ impl SystemClock {
     /// assert!(clock.now() < std::time::Duration::from_secs(60));
     /// ```
     pub fn new() -> SystemClock {
-        SystemClock { origin: Instant::now() }
+        SystemClock {
+            origin: Instant::now(),
+        }
     }
 }
 

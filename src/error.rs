@@ -54,7 +54,10 @@ impl fmt::Display for StorageError {
                  close and reopen the data directory to recover"
             ),
             StorageError::UnsupportedSchema { found } => {
-                write!(f, "kvd: database schema version {found} is newer than this build")
+                write!(
+                    f,
+                    "kvd: database schema version {found} is newer than this build"
+                )
             }
         }
     }

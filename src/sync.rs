@@ -23,7 +23,9 @@ pub use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWrite
 /// our mutexes is kept consistent by the code that holds them, so poisoning carries no
 /// information we act on.
 pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Takes a read lock on `lock`, recovering from poisoning as [`lock`] does.
@@ -33,5 +35,6 @@ pub fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 
 /// Takes a write lock on `lock`, recovering from poisoning as [`lock`] does.
 pub fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

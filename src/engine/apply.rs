@@ -82,7 +82,9 @@ pub struct Recovered {
 pub fn recover(store: &Store) -> Result<Recovered, StorageError> {
     let snapshot = store.snapshot()?;
     let meta = |key| -> Result<i64, StorageError> {
-        Ok(snapshot.get_meta(key)?.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX)))
+        Ok(snapshot
+            .get_meta(key)?
+            .map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX)))
     };
     let finished = meta(MetaKey::FinishedCompactRevision)?;
     let scheduled = meta(MetaKey::ScheduledCompactRevision)?;
@@ -93,7 +95,13 @@ pub fn recover(store: &Store) -> Result<Recovered, StorageError> {
     snapshot.scan_history(.., usize::MAX, |key, value| {
         let rev = Revision::from_key(key);
         let head = Record::decode_head(value)?;
-        index.restore(head.key, rev, head.tombstone, head.create_revision, head.version);
+        index.restore(
+            head.key,
+            rev,
+            head.tombstone,
+            head.create_revision,
+            head.version,
+        );
         last_main = rev.main;
         Ok(true)
     })?;
@@ -105,13 +113,19 @@ pub fn recover(store: &Store) -> Result<Recovered, StorageError> {
         index.compact(finished);
     }
     let current = last_main.max(recorded_current).max(scheduled).max(1);
-    Ok(Recovered { index, current, applied_index, jobs })
+    Ok(Recovered {
+        index,
+        current,
+        applied_index,
+        jobs,
+    })
 }
 
 /// A compaction being carried out, with the callers waiting for its physical end.
 struct PendingCompaction {
     job: CompactionJob,
-    waiters: Vec<(Sender<Result<WriteResponse>>, CompactionResponse)>,
+    /// Callers answered when the job ends, with the answer each is owed.
+    waiters: Vec<(Sender<Result<WriteResponse>>, Result<WriteResponse>)>,
 }
 
 /// The state of the apply thread.
@@ -129,7 +143,14 @@ pub struct Applier {
 enum Outcome {
     Answer(Result<WriteResponse>),
     /// A compaction was scheduled; a physical one is answered when its job ends.
-    Compaction { revision: i64, physical: bool, response: CompactionResponse },
+    Compaction {
+        revision: i64,
+        physical: bool,
+        response: CompactionResponse,
+    },
+    /// A physical compaction that failed: like etcd, answered only after the compactions
+    /// already scheduled have finished.
+    AfterPendingCompactions(Error),
 }
 
 impl Applier {
@@ -140,9 +161,20 @@ impl Applier {
         applied_index: u64,
         jobs: Vec<CompactionJob>,
     ) -> Applier {
-        let compactions =
-            jobs.into_iter().map(|job| PendingCompaction { job, waiters: Vec::new() }).collect();
-        Applier { shared, current, applied_index, compactions, carried: None }
+        let compactions = jobs
+            .into_iter()
+            .map(|job| PendingCompaction {
+                job,
+                waiters: Vec::new(),
+            })
+            .collect();
+        Applier {
+            shared,
+            current,
+            applied_index,
+            compactions,
+            carried: None,
+        }
     }
 
     /// Runs until every sender is gone and the queue is drained. An unfinished compaction
@@ -214,7 +246,10 @@ impl Applier {
             for (request, _) in &writes {
                 outcomes.push(self.apply_one(batch, request)?);
             }
-            batch.put_meta(MetaKey::CurrentRevision, u64::try_from(self.current).unwrap_or(0))?;
+            batch.put_meta(
+                MetaKey::CurrentRevision,
+                u64::try_from(self.current).unwrap_or(0),
+            )?;
             batch.put_meta(MetaKey::AppliedIndex, self.applied_index)?;
             Ok(outcomes)
         });
@@ -242,15 +277,29 @@ impl Applier {
             Outcome::Answer(answer) => {
                 let _ = reply.send(answer);
             }
-            Outcome::Compaction { revision, physical, response } => {
+            Outcome::Compaction {
+                revision,
+                physical,
+                response,
+            } => {
+                let answer = Ok(WriteResponse::Compaction(response));
                 let mut waiters = Vec::new();
                 if physical {
-                    waiters.push((reply, response));
+                    waiters.push((reply, answer));
                 } else {
-                    let _ = reply.send(Ok(WriteResponse::Compaction(response)));
+                    let _ = reply.send(answer);
                 }
-                self.compactions.push_back(PendingCompaction { job: CompactionJob::new(revision), waiters });
+                self.compactions.push_back(PendingCompaction {
+                    job: CompactionJob::new(revision),
+                    waiters,
+                });
             }
+            Outcome::AfterPendingCompactions(error) => match self.compactions.back_mut() {
+                Some(last) => last.waiters.push((reply, Err(error))),
+                None => {
+                    let _ = reply.send(Err(error));
+                }
+            },
         }
     }
 
@@ -292,6 +341,9 @@ impl Applier {
         req: CompactionRequest,
     ) -> Result<Outcome, StorageError> {
         if req.revision <= index.compact_revision {
+            if req.physical {
+                return Ok(Outcome::AfterPendingCompactions(Error::Compacted));
+            }
             return Ok(Outcome::Answer(Err(Error::Compacted)));
         }
         if req.revision > self.current {
@@ -299,10 +351,21 @@ impl Applier {
         }
         debug_assert!(req.revision <= self.shared.published.load(), "APPLY-2");
         index.compact(req.revision);
-        batch.put_meta(MetaKey::ScheduledCompactRevision, u64::try_from(req.revision).unwrap_or(0))?;
+        batch.put_meta(
+            MetaKey::ScheduledCompactRevision,
+            u64::try_from(req.revision).unwrap_or(0),
+        )?;
         self.applied_index += 1;
-        let response = CompactionResponse { header: ResponseHeader { revision: self.current } };
-        Ok(Outcome::Compaction { revision: req.revision, physical: req.physical, response })
+        let response = CompactionResponse {
+            header: ResponseHeader {
+                revision: self.current,
+            },
+        };
+        Ok(Outcome::Compaction {
+            revision: req.revision,
+            physical: req.physical,
+            response,
+        })
     }
 
     fn compaction_step(&mut self) {
@@ -319,8 +382,8 @@ impl Applier {
             Ok(false) => {}
             Ok(true) => {
                 if let Some(done) = self.compactions.pop_front() {
-                    for (reply, response) in done.waiters {
-                        let _ = reply.send(Ok(WriteResponse::Compaction(response)));
+                    for (reply, answer) in done.waiters {
+                        let _ = reply.send(answer);
                     }
                 }
             }
@@ -338,7 +401,9 @@ impl Applier {
         let store = &self.shared.store;
         let compact_revision = sync::read(&self.shared.index).compact_revision;
         Ok(Status {
-            header: ResponseHeader { revision: self.shared.published.load() },
+            header: ResponseHeader {
+                revision: self.shared.published.load(),
+            },
             compact_revision,
             db_size: store.file_size()?,
             db_size_in_use: store.size_in_use()?,
@@ -348,7 +413,13 @@ impl Applier {
 }
 
 fn is_compaction(proposal: &Proposal) -> bool {
-    matches!(proposal, Proposal::Write { request: WriteRequest::Compaction(_), .. })
+    matches!(
+        proposal,
+        Proposal::Write {
+            request: WriteRequest::Compaction(_),
+            ..
+        }
+    )
 }
 
 /// Decides, checks and runs a write Txn. The outer `Result` is a storage failure.
@@ -382,7 +453,11 @@ pub fn read_only_txn(
             break;
         }
     }
-    let branch = if succeeded { &req.success } else { &req.failure };
+    let branch = if succeeded {
+        &req.success
+    } else {
+        &req.failure
+    };
     for op in branch {
         if let crate::api::RequestOp::Range(r) = op
             && r.revision != 0
@@ -402,7 +477,13 @@ pub fn read_only_txn(
         };
         let at = read::read_revision(r.revision, current, index.compact_revision)?;
         let plan = read::plan_range(index, r, at);
-        responses.push(crate::api::ResponseOp::Range(read::finish_range(plan, snapshot, r, current)?));
+        responses.push(crate::api::ResponseOp::Range(read::finish_range(
+            plan, snapshot, r, current,
+        )?));
     }
-    Ok(TxnResponse { header: ResponseHeader { revision: current }, succeeded, responses })
+    Ok(TxnResponse {
+        header: ResponseHeader { revision: current },
+        succeeded,
+        responses,
+    })
 }

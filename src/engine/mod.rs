@@ -30,9 +30,9 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Sender, TrySendError};
 
 use crate::api::{
-    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse,
-    HashKvResponse, PutRequest, PutResponse, RangeRequest, RangeResponse, ResponseHeader, Status,
-    TxnRequest, TxnResponse, WriteRequest,
+    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, HashKvResponse,
+    PutRequest, PutResponse, RangeRequest, RangeResponse, ResponseHeader, Status, TxnRequest,
+    TxnResponse, WriteRequest,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result, StorageError};
@@ -163,7 +163,11 @@ impl Engine {
         config.validate()?;
         let options = StoreOptions {
             cache_size_bytes: config.cache_size_bytes,
-            sync: if config.unsafe_no_fsync { CommitSync::UnsafeNoFsync } else { CommitSync::Durable },
+            sync: if config.unsafe_no_fsync {
+                CommitSync::UnsafeNoFsync
+            } else {
+                CommitSync::Durable
+            },
             row_tables: Vec::new(),
             faults: config.faults.clone(),
         };
@@ -176,12 +180,23 @@ impl Engine {
             published: Published::new(recovered.current),
             config,
         });
-        let applier = Applier::new(shared.clone(), recovered.current, recovered.applied_index, recovered.jobs);
+        let applier = Applier::new(
+            shared.clone(),
+            recovered.current,
+            recovered.applied_index,
+            recovered.jobs,
+        );
         let apply_thread = std::thread::Builder::new()
             .name("kvd-apply".into())
             .spawn(move || applier.run(receiver))
             .map_err(|e| StorageError::Io(format!("spawn apply thread: {e}")))?;
-        Ok(Engine { running: Some(Running { shared, proposals: sender, apply_thread }) })
+        Ok(Engine {
+            running: Some(Running {
+                shared,
+                proposals: sender,
+                apply_thread,
+            }),
+        })
     }
 
     /// Reads a key or a range (etcd's Range).
@@ -329,7 +344,9 @@ impl Engine {
                 });
             }
         }
-        Err(Error::InvalidArgument("compactions kept landing while hashing; retry".into()))
+        Err(Error::InvalidArgument(
+            "compactions kept landing while hashing; retry".into(),
+        ))
     }
 
     /// Returns the revisions, sizes and applied index.
@@ -356,12 +373,17 @@ impl Engine {
         let shared = running.stop();
         match Arc::try_unwrap(shared) {
             Ok(shared) => Ok(shared.store.close()?),
-            Err(_) => Err(Error::InvalidArgument("engine still shared at close".into())),
+            Err(_) => Err(Error::InvalidArgument(
+                "engine still shared at close".into(),
+            )),
         }
     }
 
     fn shared(&self) -> Result<&Shared> {
-        self.running.as_ref().map(|r| &*r.shared).ok_or(Error::Closed)
+        self.running
+            .as_ref()
+            .map(|r| &*r.shared)
+            .ok_or(Error::Closed)
     }
 
     fn read_only_txn(&self, req: &TxnRequest) -> Result<TxnResponse> {

@@ -21,14 +21,19 @@ pub struct Published {
 impl Published {
     /// Returns a cell holding `revision`.
     pub fn new(revision: i64) -> Published {
-        Published { revision: AtomicI64::new(revision) }
+        Published {
+            revision: AtomicI64::new(revision),
+        }
     }
 
     /// Makes `revision` visible to readers. Called only by the apply thread, after the commit
     /// that holds `revision` (PUB-2).
     pub fn publish(&self, revision: i64) {
         let previous = self.revision.load(Ordering::Relaxed);
-        assert!(revision >= previous, "PUB-1: published revision went from {previous} to {revision}");
+        assert!(
+            revision >= previous,
+            "PUB-1: published revision went from {previous} to {revision}"
+        );
         self.revision.store(revision, Ordering::Release);
     }
 

@@ -21,9 +21,9 @@
 
 use std::ops::Bound;
 
+use super::Revision;
 use super::index::Index;
 use super::record::Record;
-use super::Revision;
 use crate::error::StorageError;
 use crate::storage::{MetaKey, RevisionKey, WriteBatch};
 
@@ -38,7 +38,10 @@ pub struct CompactionJob {
 impl CompactionJob {
     /// Returns a job that walks the whole history up to `revision`.
     pub fn new(revision: i64) -> CompactionJob {
-        CompactionJob { revision, next: Bound::Unbounded }
+        CompactionJob {
+            revision,
+            next: Bound::Unbounded,
+        }
     }
 
     /// Deletes the superseded records among the next `limit` ones (COMPACT-1, COMPACT-3).
@@ -51,11 +54,15 @@ impl CompactionJob {
         limit: usize,
     ) -> Result<bool, StorageError> {
         let end = Revision::new(self.revision.saturating_add(1), 0).to_key();
-        let (_, last) = batch.delete_history_where((self.next, Bound::Excluded(end)), limit, |key, value| {
-            let rev = Revision::from_key(key);
-            let head = Record::decode_head(value)?;
-            Ok(!index.contains(head.key, rev))
-        })?;
+        let (_, last) = batch.delete_history_where(
+            (self.next, Bound::Excluded(end)),
+            limit,
+            |key, value| {
+                let rev = Revision::from_key(key);
+                let head = Record::decode_head(value)?;
+                Ok(!index.contains(head.key, rev))
+            },
+        )?;
         match last {
             Some(key) => {
                 self.next = Bound::Excluded(key);

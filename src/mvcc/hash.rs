@@ -15,9 +15,9 @@
 
 use std::ops::Bound;
 
+use super::Revision;
 use super::index::Index;
 use super::record::Record;
-use super::Revision;
 use crate::error::StorageError;
 use crate::storage::{RevisionKey, Snapshot};
 
@@ -42,7 +42,13 @@ impl HashState {
     pub fn new(revision: i64, compact_revision: i64) -> HashState {
         let mut hasher = crc32fast::Hasher::new();
         hasher.update(b"history");
-        HashState { hasher, revision, compact_revision, next: Bound::Unbounded, done: false }
+        HashState {
+            hasher,
+            revision,
+            compact_revision,
+            next: Bound::Unbounded,
+            done: false,
+        }
     }
 
     /// Returns true once every record up to the revision was visited.
@@ -59,20 +65,25 @@ impl HashState {
     pub fn step(&mut self, index: &Index, snapshot: &Snapshot) -> Result<(), StorageError> {
         let end = Revision::new(self.revision.saturating_add(1), 0).to_key();
         let mut last = None;
-        let visited = snapshot.scan_history((self.next, Bound::Excluded(end)), HASH_CHUNK_RECORDS, |key, value| {
-            last = Some(*key);
-            let rev = Revision::from_key(key);
-            if rev.main <= self.compact_revision {
-                let head = Record::decode_head(value)?;
-                let skip = !index.contains(head.key, rev) || (head.tombstone && rev.main == self.compact_revision);
-                if skip {
-                    return Ok(true);
+        let visited = snapshot.scan_history(
+            (self.next, Bound::Excluded(end)),
+            HASH_CHUNK_RECORDS,
+            |key, value| {
+                last = Some(*key);
+                let rev = Revision::from_key(key);
+                if rev.main <= self.compact_revision {
+                    let head = Record::decode_head(value)?;
+                    let skip = !index.contains(head.key, rev)
+                        || (head.tombstone && rev.main == self.compact_revision);
+                    if skip {
+                        return Ok(true);
+                    }
                 }
-            }
-            self.hasher.update(key);
-            self.hasher.update(value);
-            Ok(true)
-        })?;
+                self.hasher.update(key);
+                self.hasher.update(value);
+                Ok(true)
+            },
+        )?;
         match last {
             Some(key) if visited == HASH_CHUNK_RECORDS => self.next = Bound::Excluded(key),
             _ => self.done = true,

@@ -16,8 +16,8 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use super::key_index::{Found, KeyIndex};
 use super::Revision;
+use super::key_index::{Found, KeyIndex};
 
 /// A key range as etcd expresses it: `end` empty = the single key, `end == "\0"` = every key
 /// from `key` on, otherwise `[key, end)`.
@@ -82,7 +82,10 @@ pub struct Hit {
 impl Index {
     /// Returns an empty index that was never compacted.
     pub fn new() -> Index {
-        Index { keys: BTreeMap::new(), compact_revision: -1 }
+        Index {
+            keys: BTreeMap::new(),
+            compact_revision: -1,
+        }
     }
 
     /// Returns the number of keys with any recorded history.
@@ -99,7 +102,11 @@ impl Index {
         self.keys
             .range::<[u8], _>(bounds)
             .filter_map(|(_, ki)| ki.get(at))
-            .map(|f: Found| Hit { revision: f.modified, created: f.created, version: f.version })
+            .map(|f: Found| Hit {
+                revision: f.modified,
+                created: f.created,
+                version: f.version,
+            })
             .collect()
     }
 
@@ -112,7 +119,11 @@ impl Index {
             .range::<[u8], _>(bounds)
             .filter_map(|(k, ki)| {
                 ki.get(at).map(|f| {
-                    let hit = Hit { revision: f.modified, created: f.created, version: f.version };
+                    let hit = Hit {
+                        revision: f.modified,
+                        created: f.created,
+                        version: f.version,
+                    };
                     (k.clone(), hit)
                 })
             })
@@ -122,7 +133,11 @@ impl Index {
     /// Returns the key's state at `at`.
     pub fn get(&self, key: &[u8], at: i64) -> Option<Hit> {
         let found = self.keys.get(key)?.get(at)?;
-        Some(Hit { revision: found.modified, created: found.created, version: found.version })
+        Some(Hit {
+            revision: found.modified,
+            created: found.created,
+            version: found.version,
+        })
     }
 
     /// Records a Put of `key` at `rev`.
@@ -143,7 +158,14 @@ impl Index {
     }
 
     /// Records a history record met while rebuilding the index on open.
-    pub fn restore(&mut self, key: &[u8], rev: Revision, tombstone: bool, created: i64, version: i64) {
+    pub fn restore(
+        &mut self,
+        key: &[u8],
+        rev: Revision,
+        tombstone: bool,
+        created: i64,
+        version: i64,
+    ) {
         match (self.keys.get_mut(key), tombstone) {
             (Some(ki), false) => ki.put(rev),
             (Some(ki), true) => {
@@ -203,12 +225,24 @@ mod tests {
         index.put(b"a", Revision::new(2, 0));
         index.put(b"b", Revision::new(3, 0));
         assert!(index.tombstone(b"a", Revision::new(4, 0)));
-        let at3: Vec<_> = index.range(KeyRange::new(b"a", b"\0"), 3).iter().map(|h| h.revision.main).collect();
+        let at3: Vec<_> = index
+            .range(KeyRange::new(b"a", b"\0"), 3)
+            .iter()
+            .map(|h| h.revision.main)
+            .collect();
         assert_eq!(at3, vec![2, 3]);
-        let at4: Vec<_> = index.range(KeyRange::new(b"a", b"\0"), 4).iter().map(|h| h.revision.main).collect();
+        let at4: Vec<_> = index
+            .range(KeyRange::new(b"a", b"\0"), 4)
+            .iter()
+            .map(|h| h.revision.main)
+            .collect();
         assert_eq!(at4, vec![3]);
         index.compact(4);
-        assert_eq!(index.len(), 2, "the tombstone at the compaction revision is kept");
+        assert_eq!(
+            index.len(),
+            2,
+            "the tombstone at the compaction revision is kept"
+        );
         index.compact(5);
         assert_eq!(index.len(), 1, "a later compaction drops it");
     }

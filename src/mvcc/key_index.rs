@@ -89,7 +89,11 @@ impl KeyIndex {
     /// generation was created at `created` and has reached `version`.
     pub fn restore(&mut self, rev: Revision, created: i64, version: i64) {
         debug_assert!(self.generations.is_empty());
-        self.generations.push(Generation { version, created, revs: vec![rev] });
+        self.generations.push(Generation {
+            version,
+            created,
+            revs: vec![rev],
+        });
     }
 
     /// Records a delete at `rev`. Returns false (and changes nothing) if the key is not
@@ -107,7 +111,11 @@ impl KeyIndex {
     /// lone tombstone (a compaction at exactly `rev` kept it).
     pub fn restore_tombstone(&mut self, rev: Revision) {
         debug_assert!(self.generations.is_empty());
-        self.generations.push(Generation { version: 1, created: rev.main, revs: vec![rev] });
+        self.generations.push(Generation {
+            version: 1,
+            created: rev.main,
+            revs: vec![rev],
+        });
         self.generations.push(Generation::default());
     }
 
@@ -124,16 +132,28 @@ impl KeyIndex {
 
     /// Returns the newest revision recorded.
     pub fn last_revision(&self) -> Option<Revision> {
-        self.generations.iter().rev().find_map(|g| g.revs.last().copied())
+        self.generations
+            .iter()
+            .rev()
+            .find_map(|g| g.revs.last().copied())
     }
 
     /// Returns the key's state at main revision `at`, or `None` if it does not exist then.
     pub fn get(&self, at: i64) -> Option<Found> {
         let generation = self.find_generation(at)?;
-        let newer = generation.revs.iter().rev().take_while(|r| r.main > at).count();
+        let newer = generation
+            .revs
+            .iter()
+            .rev()
+            .take_while(|r| r.main > at)
+            .count();
         let index = generation.revs.len().checked_sub(newer + 1)?;
         let version = generation.version - newer as i64;
-        Some(Found { modified: generation.revs[index], created: generation.created, version })
+        Some(Found {
+            modified: generation.revs[index],
+            created: generation.created,
+            version,
+        })
     }
 
     /// Returns the generation alive at `at`, if the key exists at `at`.
@@ -157,7 +177,9 @@ impl KeyIndex {
 
     /// Returns true if `rev` is recorded.
     pub fn contains(&self, rev: Revision) -> bool {
-        self.generations.iter().any(|g| g.revs.binary_search(&rev).is_ok())
+        self.generations
+            .iter()
+            .any(|g| g.revs.binary_search(&rev).is_ok())
     }
 
     /// Drops what a compaction at `at` makes unreachable (KI-3). Returns true if the key is
@@ -217,7 +239,10 @@ mod tests {
     }
 
     fn revisions(ki: &KeyIndex) -> Vec<Vec<i64>> {
-        ki.generations.iter().map(|g| g.revs.iter().map(|r| r.main).collect()).collect()
+        ki.generations
+            .iter()
+            .map(|g| g.revs.iter().map(|r| r.main).collect())
+            .collect()
     }
 
     #[test]
@@ -230,7 +255,11 @@ mod tests {
         assert_eq!(at2, Some((2, 1, 2)));
         assert_eq!(ki.get(3), None, "deleted at 3");
         let at4 = ki.get(4).map(|f| (f.modified.main, f.created, f.version));
-        assert_eq!(at4, Some((4, 4, 1)), "recreated: a new generation at version 1");
+        assert_eq!(
+            at4,
+            Some((4, 4, 1)),
+            "recreated: a new generation at version 1"
+        );
         assert_eq!(ki.get(5), None);
         assert_eq!(ki.get(100), None);
     }
@@ -248,7 +277,11 @@ mod tests {
             let mut ki = example();
             let gone = ki.compact(at);
             assert_eq!(revisions(&ki), want, "compact({at})");
-            assert_eq!(gone, at == 6, "compact({at}) empties the key only above its last tombstone");
+            assert_eq!(
+                gone,
+                at == 6,
+                "compact({at}) empties the key only above its last tombstone"
+            );
         }
     }
 
@@ -274,7 +307,11 @@ mod tests {
         assert_eq!(before, after);
         // KI-3: nothing below 4 remains.
         assert!((1..4).all(|main| !ki.contains(rev(main))));
-        assert_eq!(ki.get(4).map(|f| f.version), Some(4), "version survives compaction");
+        assert_eq!(
+            ki.get(4).map(|f| f.version),
+            Some(4),
+            "version survives compaction"
+        );
     }
 
     #[test]

@@ -14,9 +14,9 @@
 
 use std::cmp::Ordering;
 
+use super::Revision;
 use super::index::{Hit, Index, KeyRange};
 use super::record::Record;
-use super::Revision;
 use crate::api::{
     Compare, CompareResult, CompareTarget, KeyValue, RangeRequest, RangeResponse, ResponseHeader,
     SortOrder, SortTarget,
@@ -81,7 +81,9 @@ pub fn plan_range(index: &Index, req: &RangeRequest, at: i64) -> RangePlan {
     if req.count_only {
         hits.clear();
     } else if !fetches_all(req) && req.limit > 0 {
-        let wanted = usize::try_from(req.limit).unwrap_or(usize::MAX).saturating_add(1);
+        let wanted = usize::try_from(req.limit)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1);
         hits.truncate(wanted);
     }
     RangePlan { hits, count }
@@ -104,7 +106,11 @@ pub fn finish_range(
 ) -> Result<RangeResponse, StorageError> {
     let mut kvs = Vec::with_capacity(plan.hits.len());
     for hit in &plan.hits {
-        kvs.push(records.record(hit.revision)?.into_key_value(hit.revision.main));
+        kvs.push(
+            records
+                .record(hit.revision)?
+                .into_key_value(hit.revision.main),
+        );
     }
     kvs.retain(|kv| passes_filters(kv, req));
     sort(&mut kvs, req.sort_order, req.sort_target);
@@ -122,7 +128,9 @@ pub fn finish_range(
         }
     }
     Ok(RangeResponse {
-        header: ResponseHeader { revision: header_revision },
+        header: ResponseHeader {
+            revision: header_revision,
+        },
         kvs,
         more,
         count: plan.count,
@@ -182,9 +190,9 @@ pub fn compare_holds(
     }
     for hit in hits {
         let kv = match compare.target {
-            CompareTarget::Value(_) | CompareTarget::Lease(_) => {
-                records.record(hit.revision)?.into_key_value(hit.revision.main)
-            }
+            CompareTarget::Value(_) | CompareTarget::Lease(_) => records
+                .record(hit.revision)?
+                .into_key_value(hit.revision.main),
             _ => KeyValue {
                 create_revision: hit.created,
                 mod_revision: hit.revision.main,
@@ -225,6 +233,10 @@ mod tests {
         assert_eq!(read_revision(-3, 5, 2), Ok(5), "negative means current");
         assert_eq!(read_revision(6, 5, 7), Err(Error::FutureRevision));
         assert_eq!(read_revision(2, 5, 3), Err(Error::Compacted));
-        assert_eq!(read_revision(3, 5, 3), Ok(3), "reading at the compaction revision works");
+        assert_eq!(
+            read_revision(3, 5, 3),
+            Ok(3),
+            "reading at the compaction revision works"
+        );
     }
 }

@@ -45,7 +45,10 @@ impl Revision {
         let mut sub = [0u8; 8];
         main.copy_from_slice(&key[..8]);
         sub.copy_from_slice(&key[8..]);
-        Revision { main: i64::from_be_bytes(main), sub: i64::from_be_bytes(sub) }
+        Revision {
+            main: i64::from_be_bytes(main),
+            sub: i64::from_be_bytes(sub),
+        }
     }
 }
 
@@ -55,7 +58,16 @@ mod tests {
 
     #[test]
     fn revision_key_order_matches_revision_order() {
-        let revs = [(0, 0), (1, 0), (1, 1), (1, 255), (1, 256), (2, 0), (255, 3), (256, 0)];
+        let revs = [
+            (0, 0),
+            (1, 0),
+            (1, 1),
+            (1, 255),
+            (1, 256),
+            (2, 0),
+            (255, 3),
+            (256, 0),
+        ];
         for pair in revs.windows(2) {
             let a = Revision::new(pair[0].0, pair[0].1);
             let b = Revision::new(pair[1].0, pair[1].1);

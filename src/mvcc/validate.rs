@@ -52,7 +52,11 @@ pub fn check_txn(req: &TxnRequest, max_txn_ops: usize) -> Result<(), Error> {
 }
 
 fn check_txn_ops(req: &TxnRequest, max_txn_ops: usize) -> Result<(), Error> {
-    let count = req.compare.len().max(req.success.len()).max(req.failure.len());
+    let count = req
+        .compare
+        .len()
+        .max(req.success.len())
+        .max(req.failure.len());
     if count > max_txn_ops {
         return Err(Error::TooManyTxnOps);
     }
@@ -88,7 +92,10 @@ impl Interval {
         } else {
             req.range_end.to_vec()
         };
-        Interval { start: req.key.to_vec(), end }
+        Interval {
+            start: req.key.to_vec(),
+            end,
+        }
     }
 
     fn contains(&self, key: &[u8]) -> bool {
@@ -181,7 +188,11 @@ mod tests {
     }
 
     fn txn(success: Vec<RequestOp>, failure: Vec<RequestOp>) -> TxnRequest {
-        TxnRequest { compare: Vec::new(), success, failure }
+        TxnRequest {
+            compare: Vec::new(),
+            success,
+            failure,
+        }
     }
 
     fn check(t: &TxnRequest) -> Result<(), Error> {
@@ -191,31 +202,71 @@ mod tests {
     #[test]
     fn txn_duplicate_key_rule_matches_etcd() {
         let cases: Vec<(&str, TxnRequest, Result<(), Error>)> = vec![
-            ("two puts of one key", txn(vec![put("a"), put("a")], vec![]), Err(Error::DuplicateKey)),
-            ("put inside a delete", txn(vec![del("a", b"c"), put("b")], vec![]), Err(Error::DuplicateKey)),
-            ("delete after put", txn(vec![put("b"), del("a", b"c")], vec![]), Err(Error::DuplicateKey)),
-            ("point delete and put", txn(vec![del("a", b""), put("a")], vec![]), Err(Error::DuplicateKey)),
-            ("same key in both branches", txn(vec![put("a")], vec![put("a")]), Ok(())),
-            ("overlapping deletes", txn(vec![del("a", b"c"), del("b", b"d")], vec![]), Ok(())),
-            ("delete to \\0 covers nothing", txn(vec![put("t9"), del("t", b"\0")], vec![]), Ok(())),
+            (
+                "two puts of one key",
+                txn(vec![put("a"), put("a")], vec![]),
+                Err(Error::DuplicateKey),
+            ),
+            (
+                "put inside a delete",
+                txn(vec![del("a", b"c"), put("b")], vec![]),
+                Err(Error::DuplicateKey),
+            ),
+            (
+                "delete after put",
+                txn(vec![put("b"), del("a", b"c")], vec![]),
+                Err(Error::DuplicateKey),
+            ),
+            (
+                "point delete and put",
+                txn(vec![del("a", b""), put("a")], vec![]),
+                Err(Error::DuplicateKey),
+            ),
+            (
+                "same key in both branches",
+                txn(vec![put("a")], vec![put("a")]),
+                Ok(()),
+            ),
+            (
+                "overlapping deletes",
+                txn(vec![del("a", b"c"), del("b", b"d")], vec![]),
+                Ok(()),
+            ),
+            (
+                "delete to \\0 covers nothing",
+                txn(vec![put("t9"), del("t", b"\0")], vec![]),
+                Ok(()),
+            ),
             (
                 "nested then and else may share a key",
-                txn(vec![RequestOp::Txn(txn(vec![put("a")], vec![put("a")]))], vec![]),
+                txn(
+                    vec![RequestOp::Txn(txn(vec![put("a")], vec![put("a")]))],
+                    vec![],
+                ),
                 Ok(()),
             ),
             (
                 "nested put clashes with parent put",
-                txn(vec![put("a"), RequestOp::Txn(txn(vec![put("a")], vec![]))], vec![]),
+                txn(
+                    vec![put("a"), RequestOp::Txn(txn(vec![put("a")], vec![]))],
+                    vec![],
+                ),
                 Err(Error::DuplicateKey),
             ),
             (
                 "nested delete clashes with parent put",
-                txn(vec![put("b"), RequestOp::Txn(txn(vec![del("a", b"c")], vec![]))], vec![]),
+                txn(
+                    vec![put("b"), RequestOp::Txn(txn(vec![del("a", b"c")], vec![]))],
+                    vec![],
+                ),
                 Err(Error::DuplicateKey),
             ),
             (
                 "nested put inside parent delete",
-                txn(vec![del("a", b"c"), RequestOp::Txn(txn(vec![], vec![put("b")]))], vec![]),
+                txn(
+                    vec![del("a", b"c"), RequestOp::Txn(txn(vec![], vec![put("b")]))],
+                    vec![],
+                ),
                 Err(Error::DuplicateKey),
             ),
         ];
@@ -229,12 +280,23 @@ mod tests {
         let puts = |n: usize| (0..n).map(|i| put(&format!("k{i}"))).collect::<Vec<_>>();
         assert_eq!(check(&txn(puts(128), vec![])), Ok(()));
         assert_eq!(check(&txn(puts(129), vec![])), Err(Error::TooManyTxnOps));
-        let nested = |n: usize| RequestOp::Txn(txn(puts(n).into_iter().map(|op| match op {
-            RequestOp::Put(p) => RequestOp::Range(RangeRequest::key(p.key)),
-            other => other,
-        }).collect(), vec![]));
+        let nested = |n: usize| {
+            RequestOp::Txn(txn(
+                puts(n)
+                    .into_iter()
+                    .map(|op| match op {
+                        RequestOp::Put(p) => RequestOp::Range(RangeRequest::key(p.key)),
+                        other => other,
+                    })
+                    .collect(),
+                vec![],
+            ))
+        };
         assert_eq!(check(&txn(vec![put("x"), nested(126)], vec![])), Ok(()));
-        assert_eq!(check(&txn(vec![put("x"), nested(127)], vec![])), Err(Error::TooManyTxnOps));
+        assert_eq!(
+            check(&txn(vec![put("x"), nested(127)], vec![])),
+            Err(Error::TooManyTxnOps)
+        );
     }
 
     #[test]
@@ -242,7 +304,13 @@ mod tests {
         let mut t = txn(vec![], vec![]);
         t.compare.push(Compare::default());
         assert_eq!(check(&t), Err(Error::KeyNotProvided));
-        assert_eq!(check(&txn(vec![put("")], vec![])), Err(Error::KeyNotProvided));
-        assert_eq!(check(&txn(vec![], vec![del("", b"")])), Err(Error::KeyNotProvided));
+        assert_eq!(
+            check(&txn(vec![put("")], vec![])),
+            Err(Error::KeyNotProvided)
+        );
+        assert_eq!(
+            check(&txn(vec![], vec![del("", b"")])),
+            Err(Error::KeyNotProvided)
+        );
     }
 }

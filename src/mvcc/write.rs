@@ -18,13 +18,13 @@
 
 use bytes::Bytes;
 
+use super::Revision;
 use super::index::{Index, KeyRange};
 use super::read::{self, Records};
 use super::record::Record;
-use super::Revision;
 use crate::api::{
-    DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, RangeRequest,
-    RangeResponse, RequestOp, ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
+    DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, RangeRequest, RangeResponse,
+    RequestOp, ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
 };
 use crate::error::{Error, StorageError};
 use crate::storage::WriteBatch;
@@ -51,7 +51,12 @@ pub struct TxnPath {
 impl<'a, 't> TxnWriter<'a, 't> {
     /// Returns a writer for a request applied on top of revision `begin`.
     pub fn new(index: &'a mut Index, batch: &'a mut WriteBatch<'t>, begin: i64) -> Self {
-        TxnWriter { index, batch, begin, changes: 0 }
+        TxnWriter {
+            index,
+            batch,
+            begin,
+            changes: 0,
+        }
     }
 
     /// Returns true if the request changed anything.
@@ -61,7 +66,11 @@ impl<'a, 't> TxnWriter<'a, 't> {
 
     /// Returns the revision this request's reads see and its responses report.
     pub fn revision(&self) -> i64 {
-        if self.changed() { self.begin + 1 } else { self.begin }
+        if self.changed() {
+            self.begin + 1
+        } else {
+            self.begin
+        }
     }
 
     fn next_revision(&mut self) -> Revision {
@@ -84,9 +93,11 @@ impl<'a, 't> TxnWriter<'a, 't> {
         let prev = self.index.get(&req.key, NEWEST);
         let needs_prev = req.prev_kv || req.ignore_value || req.ignore_lease;
         let prev_kv = match prev {
-            Some(hit) if needs_prev => {
-                Some(self.batch.record(hit.revision)?.into_key_value(hit.revision.main))
-            }
+            Some(hit) if needs_prev => Some(
+                self.batch
+                    .record(hit.revision)?
+                    .into_key_value(hit.revision.main),
+            ),
             _ => None,
         };
         let rev = self.next_revision();
@@ -102,12 +113,20 @@ impl<'a, 't> TxnWriter<'a, 't> {
             (Some(kv), true) => kv.lease,
             _ => req.lease,
         };
-        let record =
-            Record { key: req.key.clone(), tombstone: false, create_revision, version, lease, value };
+        let record = Record {
+            key: req.key.clone(),
+            tombstone: false,
+            create_revision,
+            version,
+            lease,
+            value,
+        };
         self.batch.put_history(&rev.to_key(), &record.encode())?;
         self.index.put(&req.key, rev);
         Ok(PutResponse {
-            header: ResponseHeader { revision: self.revision() },
+            header: ResponseHeader {
+                revision: self.revision(),
+            },
             prev_kv: if req.prev_kv { prev_kv } else { None },
         })
     }
@@ -117,11 +136,17 @@ impl<'a, 't> TxnWriter<'a, 't> {
         &mut self,
         req: &DeleteRangeRequest,
     ) -> Result<DeleteRangeResponse, StorageError> {
-        let doomed = self.index.range_keys(KeyRange::new(&req.key, &req.range_end), NEWEST);
+        let doomed = self
+            .index
+            .range_keys(KeyRange::new(&req.key, &req.range_end), NEWEST);
         let mut prev_kvs = Vec::new();
         for (key, hit) in &doomed {
             if req.prev_kv {
-                prev_kvs.push(self.batch.record(hit.revision)?.into_key_value(hit.revision.main));
+                prev_kvs.push(
+                    self.batch
+                        .record(hit.revision)?
+                        .into_key_value(hit.revision.main),
+                );
             }
             let rev = self.next_revision();
             let record = Record::tombstone(Bytes::copy_from_slice(key));
@@ -130,7 +155,9 @@ impl<'a, 't> TxnWriter<'a, 't> {
             debug_assert!(alive, "the index listed a dead key as alive");
         }
         Ok(DeleteRangeResponse {
-            header: ResponseHeader { revision: self.revision() },
+            header: ResponseHeader {
+                revision: self.revision(),
+            },
             deleted: doomed.len() as i64,
             prev_kvs,
         })
@@ -153,7 +180,11 @@ impl<'a, 't> TxnWriter<'a, 't> {
                 break;
             }
         }
-        let branch = if succeeded { &req.success } else { &req.failure };
+        let branch = if succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
         let mut nested = Vec::new();
         for op in branch {
             if let RequestOp::Txn(t) = op {
@@ -184,7 +215,11 @@ impl<'a, 't> TxnWriter<'a, 't> {
         path: &TxnPath,
         check: &dyn Fn(&Self, &RequestOp) -> Result<(), Error>,
     ) -> Result<(), Error> {
-        let branch = if path.succeeded { &req.success } else { &req.failure };
+        let branch = if path.succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
         let mut nested = path.nested.iter();
         for op in branch {
             check(self, op)?;
@@ -212,7 +247,11 @@ impl<'a, 't> TxnWriter<'a, 't> {
 
     /// Executes the branches `path` chose. Checks must have passed.
     pub fn txn(&mut self, req: &TxnRequest, path: &TxnPath) -> Result<TxnResponse, Error> {
-        let branch = if path.succeeded { &req.success } else { &req.failure };
+        let branch = if path.succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
         let mut nested = path.nested.iter();
         let mut responses = Vec::with_capacity(branch.len());
         for op in branch {
@@ -233,7 +272,9 @@ impl<'a, 't> TxnWriter<'a, 't> {
             responses.push(response);
         }
         Ok(TxnResponse {
-            header: ResponseHeader { revision: self.revision() },
+            header: ResponseHeader {
+                revision: self.revision(),
+            },
             succeeded: path.succeeded,
             responses,
         })

@@ -33,7 +33,9 @@ impl Faults {
     /// faults.heal();
     /// ```
     pub fn new() -> Faults {
-        Faults { remaining: AtomicU64::new(u64::MAX) }
+        Faults {
+            remaining: AtomicU64::new(u64::MAX),
+        }
     }
 
     /// Lets `operations` more writes or syncs succeed, then fails all (FAULT-1).
@@ -52,7 +54,12 @@ impl Faults {
             match current {
                 u64::MAX => return Ok(()),
                 0 => return Err(io::Error::other("kvd: injected storage fault")),
-                n => match self.remaining.compare_exchange(n, n - 1, Ordering::SeqCst, Ordering::SeqCst) {
+                n => match self.remaining.compare_exchange(
+                    n,
+                    n - 1,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                ) {
                     Ok(_) => return Ok(()),
                     Err(seen) => current = seen,
                 },
@@ -82,7 +89,9 @@ impl FaultyBackend {
 
 impl fmt::Debug for FaultyBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FaultyBackend").field("faults", &self.faults).finish()
+        f.debug_struct("FaultyBackend")
+            .field("faults", &self.faults)
+            .finish()
     }
 }
 

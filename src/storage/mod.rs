@@ -38,8 +38,8 @@ use redb::{
 pub mod faults;
 
 use crate::error::StorageError;
-use faults::{Faults, FaultyBackend};
 use crate::sync::{Arc, Mutex, lock};
+use faults::{Faults, FaultyBackend};
 
 /// The name of the database file inside the data directory.
 pub const DB_FILE_NAME: &str = "kvd.redb";
@@ -161,7 +161,9 @@ impl Store {
         match lock_file.try_lock() {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => {
-                return Err(StorageError::Locked { dir: dir.to_path_buf() });
+                return Err(StorageError::Locked {
+                    dir: dir.to_path_buf(),
+                });
             }
             Err(fs::TryLockError::Error(e)) => {
                 return Err(io_error("lock data directory", &lock_path, &e));
@@ -204,14 +206,20 @@ impl Store {
         {
             txn.open_table(HISTORY).map_err(storage_error)?;
             let mut meta = txn.open_table(META).map_err(storage_error)?;
-            let found = match meta.get(MetaKey::SchemaVersion.name()).map_err(storage_error)? {
+            let found = match meta
+                .get(MetaKey::SchemaVersion.name())
+                .map_err(storage_error)?
+            {
                 Some(bytes) => Some(decode_u64(bytes.value())?),
                 None => None,
             };
             match found {
                 None => {
-                    meta.insert(MetaKey::SchemaVersion.name(), &SCHEMA_VERSION.to_be_bytes()[..])
-                        .map_err(storage_error)?;
+                    meta.insert(
+                        MetaKey::SchemaVersion.name(),
+                        &SCHEMA_VERSION.to_be_bytes()[..],
+                    )
+                    .map_err(storage_error)?;
                 }
                 Some(SCHEMA_VERSION) => {}
                 Some(found) => return Err(StorageError::UnsupportedSchema { found }),
@@ -254,12 +262,17 @@ impl Store {
             CommitSync::UnsafeNoFsync => state.commits % UNSAFE_NO_FSYNC_DURABLE_EVERY_COMMITS == 0,
         };
         if !durable {
-            txn.set_durability(Durability::None).map_err(|e| StorageError::Io(e.to_string()))?;
+            txn.set_durability(Durability::None)
+                .map_err(|e| StorageError::Io(e.to_string()))?;
         }
         let result = {
             let history = txn.open_table(HISTORY).map_err(storage_error)?;
             let meta = txn.open_table(META).map_err(storage_error)?;
-            let mut batch = WriteBatch { txn: &txn, history, meta };
+            let mut batch = WriteBatch {
+                txn: &txn,
+                history,
+                meta,
+            };
             f(&mut batch)?
         };
         txn.commit().map_err(storage_error)?;
@@ -276,7 +289,9 @@ impl Store {
     /// Returns the length of the database file in bytes.
     pub fn file_size(&self) -> Result<u64, StorageError> {
         let path = self.dir.join(DB_FILE_NAME);
-        fs::metadata(&path).map(|m| m.len()).map_err(|e| io_error("stat", &path, &e))
+        fs::metadata(&path)
+            .map(|m| m.len())
+            .map_err(|e| io_error("stat", &path, &e))
     }
 
     /// Returns the bytes the database occupies inside its file (allocated pages, including
@@ -327,7 +342,12 @@ impl WriteBatch<'_> {
     ) -> Result<(usize, Option<RevisionKey>), StorageError> {
         let mut doomed = Vec::new();
         let mut last = None;
-        for entry in self.history.range(range).map_err(storage_error)?.take(limit) {
+        for entry in self
+            .history
+            .range(range)
+            .map_err(storage_error)?
+            .take(limit)
+        {
             let (key, value) = entry.map_err(storage_error)?;
             let key = key.value();
             if delete(&key, value.value())? {
@@ -343,15 +363,25 @@ impl WriteBatch<'_> {
 
     /// Sets a meta integer.
     pub fn put_meta(&mut self, key: MetaKey, value: u64) -> Result<(), StorageError> {
-        self.meta.insert(key.name(), &value.to_be_bytes()[..]).map_err(storage_error)?;
+        self.meta
+            .insert(key.name(), &value.to_be_bytes()[..])
+            .map_err(storage_error)?;
         Ok(())
     }
 
     /// Writes a row of a registered table.
     // Used by the lease, alarm and quota layers as they land (STORE tables).
     #[cfg_attr(not(test), allow(dead_code))]
-    pub fn put_row(&mut self, table: RowTable, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
-        let mut t = self.txn.open_table(table.definition()).map_err(storage_error)?;
+    pub fn put_row(
+        &mut self,
+        table: RowTable,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), StorageError> {
+        let mut t = self
+            .txn
+            .open_table(table.definition())
+            .map_err(storage_error)?;
         t.insert(key, value).map_err(storage_error)?;
         Ok(())
     }
@@ -360,7 +390,10 @@ impl WriteBatch<'_> {
     // Used by the lease, alarm and quota layers as they land (STORE tables).
     #[cfg_attr(not(test), allow(dead_code))]
     pub fn delete_row(&mut self, table: RowTable, key: &[u8]) -> Result<bool, StorageError> {
-        let mut t = self.txn.open_table(table.definition()).map_err(storage_error)?;
+        let mut t = self
+            .txn
+            .open_table(table.definition())
+            .map_err(storage_error)?;
         let removed = t.remove(key).map_err(storage_error)?.is_some();
         Ok(removed)
     }
@@ -414,7 +447,10 @@ impl Snapshot {
     // Used by the lease, alarm and quota layers as they land (STORE tables).
     #[cfg_attr(not(test), allow(dead_code))]
     pub fn rows(&self, table: RowTable) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
-        let t = self.txn.open_table(table.definition()).map_err(storage_error)?;
+        let t = self
+            .txn
+            .open_table(table.definition())
+            .map_err(storage_error)?;
         let mut rows = Vec::new();
         for entry in t.iter().map_err(storage_error)? {
             let (k, v) = entry.map_err(storage_error)?;

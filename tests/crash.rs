@@ -1,0 +1,321 @@
+//! Crash tests: a child process writing (or compacting) under load is killed with SIGKILL at
+//! a random point; after reopening, every acknowledged write is present, every txn is
+//! all-or-nothing, the revision is at or after the last acknowledged one, and an interrupted
+//! compaction resumes and ends equal to an uninterrupted one.
+//!
+//! This file has its own `main` (harness = false): run with `KVD_CRASH_CHILD=<mode>` it is
+//! the child, otherwise it runs the parent scenarios. Seeds are fixed so a failure replays;
+//! `KVD_CRASH_ROUNDS` raises the number of kills.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvd::{CompactionRequest, Config, Engine, PutRequest, RangeRequest, RequestOp, TxnRequest};
+
+/// Writer threads in the child, so that commits carry several requests.
+const CHILD_WRITERS: usize = 4;
+/// Writes each child thread attempts before it stops on its own.
+const CHILD_WRITES_MAX: usize = 200_000;
+/// Keys of the compaction scenario, and writes per key.
+const COMPACTION_KEYS: usize = 300;
+const COMPACTION_ROUNDS: usize = 12;
+/// The longest a child may run before the parent gives up on it.
+const CHILD_DEADLINE: Duration = Duration::from_secs(60);
+
+fn main() -> ExitCode {
+    match std::env::var("KVD_CRASH_CHILD").ok().as_deref() {
+        Some("writer") => child_writer(&std::env::var("KVD_CRASH_DIR").unwrap()),
+        Some("compactor") => child_compactor(&std::env::var("KVD_CRASH_DIR").unwrap()),
+        Some(other) => panic!("unknown child mode {other}"),
+        None => {
+            let rounds = std::env::var("KVD_CRASH_ROUNDS")
+                .ok()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(5);
+            let acked = acknowledged_writes_survive_sigkill(rounds);
+            println!(
+                "test acknowledged_writes_survive_sigkill ... ok ({rounds} kills, {acked} acknowledged writes checked)"
+            );
+            interrupted_compaction_resumes_and_equals_uninterrupted(rounds.min(4));
+            println!("test interrupted_compaction_resumes_and_equals_uninterrupted ... ok");
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn config() -> Config {
+    Config {
+        cache_size_bytes: 8 << 20,
+        ..Config::default()
+    }
+}
+
+/// A small deterministic generator (splitmix64), so kill points replay from the seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The child: `CHILD_WRITERS` threads write puts and two-key txns and print an `ack` line
+/// for each acknowledged one: `put <key> <revision>` or `txn <id> <revision>`.
+fn child_writer(dir: &str) -> ExitCode {
+    let engine = Arc::new(Engine::open(dir, config()).unwrap());
+    let stdout = Arc::new(Mutex::new(std::io::stdout()));
+    let epoch = std::process::id();
+    let threads: Vec<_> = (0..CHILD_WRITERS)
+        .map(|t| {
+            let (engine, stdout) = (engine.clone(), stdout.clone());
+            std::thread::spawn(move || {
+                for i in 0..CHILD_WRITES_MAX {
+                    let id = format!("{epoch}-{t}-{i}");
+                    let line = if i % 3 == 0 {
+                        let txn = TxnRequest {
+                            success: vec![
+                                RequestOp::Put(PutRequest::new(format!("txn/{id}/a"), id.clone())),
+                                RequestOp::Put(PutRequest::new(format!("txn/{id}/b"), id.clone())),
+                            ],
+                            ..TxnRequest::default()
+                        };
+                        let rev = engine.txn(txn).unwrap().header.revision;
+                        format!("txn {id} {rev}\n")
+                    } else {
+                        let rev = engine
+                            .put(PutRequest::new(format!("put/{id}"), id.clone()))
+                            .unwrap()
+                            .header
+                            .revision;
+                        format!("put {id} {rev}\n")
+                    };
+                    let mut out = stdout.lock().unwrap();
+                    out.write_all(line.as_bytes()).unwrap();
+                    out.flush().unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    ExitCode::SUCCESS
+}
+
+/// Runs the child in `mode` on `dir`, kills it with SIGKILL once `kill_after` has passed
+/// since its first output line, and returns every line it printed.
+fn run_and_kill(mode: &str, dir: &Path, kill_after: Duration) -> Vec<String> {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .env("KVD_CRASH_CHILD", mode)
+        .env("KVD_CRASH_DIR", dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let reader = {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                lines.lock().unwrap().push(line);
+            }
+        })
+    };
+    let started = Instant::now();
+    while lines.lock().unwrap().is_empty() {
+        assert!(started.elapsed() < CHILD_DEADLINE, "child printed nothing");
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(kill_after);
+    // Child::kill sends SIGKILL on Unix: no destructor, no clean close.
+    let _ = child.kill();
+    child.wait().unwrap();
+    reader.join().unwrap();
+    Arc::try_unwrap(lines).unwrap().into_inner().unwrap()
+}
+
+fn acknowledged_writes_survive_sigkill(rounds: usize) -> usize {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(0x6b76_6400_c7a5);
+    let mut acked: BTreeMap<String, (String, i64)> = BTreeMap::new();
+    let mut last_acked = 1;
+    for round in 0..rounds {
+        let kill_after = Duration::from_millis(20 + rng.below(400));
+        let lines = run_and_kill("writer", dir.path(), kill_after);
+        for line in &lines {
+            let parts: Vec<&str> = line.split(' ').collect();
+            let (kind, id, rev) = (parts[0], parts[1], parts[2].parse::<i64>().unwrap());
+            acked.insert(format!("{kind} {id}"), (id.to_owned(), rev));
+            last_acked = last_acked.max(rev);
+        }
+        let engine = Engine::open(dir.path(), config()).unwrap();
+        let current = engine.status().unwrap().header.revision;
+        assert!(
+            current >= last_acked,
+            "round {round}: revision {current} went below acknowledged {last_acked}"
+        );
+        for (what, (id, rev)) in &acked {
+            let keys: Vec<String> = if what.starts_with("txn") {
+                vec![format!("txn/{id}/a"), format!("txn/{id}/b")]
+            } else {
+                vec![format!("put/{id}")]
+            };
+            for key in keys {
+                let got = engine.range(&RangeRequest::key(key.clone())).unwrap();
+                let kv = got
+                    .kvs
+                    .first()
+                    .unwrap_or_else(|| panic!("round {round}: acknowledged {key} lost"));
+                assert_eq!(
+                    (&kv.value[..], kv.mod_revision),
+                    (id.as_bytes(), *rev),
+                    "round {round}: {key}"
+                );
+            }
+        }
+        // All-or-nothing: every txn key has its partner at the same revision.
+        let txns = engine.range(&RangeRequest::prefix("txn/")).unwrap();
+        let mut halves: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+        for kv in &txns.kvs {
+            let key = String::from_utf8(kv.key.to_vec()).unwrap();
+            let id = key.rsplit_once('/').unwrap().0.to_owned();
+            halves.entry(id).or_default().push(kv.mod_revision);
+        }
+        for (id, revs) in halves {
+            assert!(
+                revs.len() == 2 && revs[0] == revs[1],
+                "round {round}: txn {id} is half applied: {revs:?}"
+            );
+        }
+        engine.close().unwrap();
+    }
+    assert!(!acked.is_empty(), "no write was ever acknowledged");
+    acked.len()
+}
+
+/// The child of the compaction scenario: loads a deterministic history, prints `loaded`,
+/// then compacts physically in small steps and prints `compacted`.
+fn child_compactor(dir: &str) -> ExitCode {
+    let config = Config {
+        compaction_batch_records: 16,
+        ..config()
+    };
+    let engine = Engine::open(dir, config).unwrap();
+    let target = load_compaction_history(&engine);
+    println!("loaded");
+    std::io::stdout().flush().unwrap();
+    match engine.compact(CompactionRequest {
+        revision: target,
+        physical: true,
+    }) {
+        Ok(_) | Err(kvd::Error::Compacted) => println!("compacted"),
+        Err(e) => panic!("{e}"),
+    }
+    ExitCode::SUCCESS
+}
+
+/// Writes the compaction scenario's history unless it is there already; returns the
+/// compaction revision.
+fn load_compaction_history(engine: &Engine) -> i64 {
+    let total = (COMPACTION_KEYS * COMPACTION_ROUNDS) as i64;
+    if engine.status().unwrap().header.revision == 1 {
+        for round in 0..COMPACTION_ROUNDS {
+            let ops = (0..COMPACTION_KEYS)
+                .map(|k| RequestOp::Put(PutRequest::new(format!("c/{k:04}"), format!("{round}"))))
+                .collect::<Vec<_>>();
+            for chunk in ops.chunks(100) {
+                engine
+                    .txn(TxnRequest {
+                        success: chunk.to_vec(),
+                        ..TxnRequest::default()
+                    })
+                    .unwrap();
+            }
+        }
+    }
+    let current = engine.status().unwrap().header.revision;
+    assert_eq!(current, 1 + total / 100, "history is deterministic");
+    current - 5
+}
+
+fn interrupted_compaction_resumes_and_equals_uninterrupted(rounds: usize) {
+    let reference_dir = tempfile::tempdir().unwrap();
+    let reference = Engine::open(reference_dir.path(), config()).unwrap();
+    let target = load_compaction_history(&reference);
+    reference
+        .compact(CompactionRequest {
+            revision: target,
+            physical: true,
+        })
+        .unwrap();
+    let mut rng = Rng(0xc0_3ac7);
+    for round in 0..rounds {
+        let dir = tempfile::tempdir().unwrap();
+        let kill_after = Duration::from_millis(rng.below(60));
+        let lines = run_and_kill("compactor", dir.path(), kill_after);
+        assert_eq!(
+            lines.first().map(String::as_str),
+            Some("loaded"),
+            "round {round}"
+        );
+        println!(
+            "  round {round}: killed {kill_after:?} after load; finished before kill: {}",
+            lines.len() > 1
+        );
+        let engine = Engine::open(dir.path(), config()).unwrap();
+        // Either the compaction was scheduled before the kill (then this waits for the
+        // resumed job and reports "compacted"), or it runs now.
+        match engine.compact(CompactionRequest {
+            revision: target,
+            physical: true,
+        }) {
+            Ok(_) | Err(kvd::Error::Compacted) => {}
+            Err(e) => panic!("round {round}: {e}"),
+        }
+        assert_eq!(
+            engine.hash_kv(0).unwrap(),
+            reference.hash_kv(0).unwrap(),
+            "round {round}"
+        );
+        let current = engine.status().unwrap().header.revision;
+        for revision in target..=current {
+            let req = RangeRequest {
+                revision,
+                ..RangeRequest::prefix("c/")
+            };
+            assert_eq!(
+                engine.range(&req).unwrap(),
+                reference.range(&req).unwrap(),
+                "round {round} at {revision}"
+            );
+        }
+        let below = RangeRequest {
+            revision: target - 1,
+            ..RangeRequest::prefix("c/")
+        };
+        assert!(
+            engine.range(&below).unwrap_err().is_compacted(),
+            "round {round}"
+        );
+        engine.close().unwrap();
+    }
+}

@@ -1,0 +1,538 @@
+//! Behaviour tests of the engine through its public API: etcd's revision rules, the verified
+//! 3.4.23 examples of `spec/etcd.md`, bad input, restart, the directory lock, corruption and
+//! the poisoned state after an I/O error.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use kvd::{
+    CompactionRequest, Compare, CompareResult, CompareTarget, Config, DeleteRangeRequest, Engine,
+    Error, Faults, PutRequest, RangeRequest, RequestOp, SortOrder, SortTarget, TxnRequest,
+};
+
+fn config() -> Config {
+    Config {
+        cache_size_bytes: 4 << 20,
+        ..Config::default()
+    }
+}
+
+fn open(dir: &tempfile::TempDir) -> Engine {
+    Engine::open(dir.path(), config()).unwrap()
+}
+
+fn put(engine: &Engine, key: &str, value: &str) -> i64 {
+    engine
+        .put(PutRequest::new(key.to_owned(), value.to_owned()))
+        .unwrap()
+        .header
+        .revision
+}
+
+fn get(
+    engine: &Engine,
+    key: &str,
+    revision: i64,
+) -> Result<Option<(String, i64, i64, i64)>, Error> {
+    let got = engine.range(&RangeRequest {
+        revision,
+        ..RangeRequest::key(key.to_owned())
+    })?;
+    Ok(got.kvs.first().map(|kv| {
+        let value = String::from_utf8(kv.value.to_vec()).unwrap();
+        (value, kv.create_revision, kv.mod_revision, kv.version)
+    }))
+}
+
+#[test]
+fn fresh_store_is_at_revision_one_and_first_put_makes_two() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir);
+    assert_eq!(engine.status().unwrap().header.revision, 1);
+    assert_eq!(put(&engine, "a", "1"), 2);
+    assert_eq!(get(&engine, "a", 0).unwrap(), Some(("1".into(), 2, 2, 1)));
+}
+
+#[test]
+fn delete_and_recreate_starts_a_new_generation() {
+    // spec §1.5: put a@2, put a@3 (ver 2), del a@4, put a@5 → {create 5, mod 5, ver 1}.
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir);
+    put(&engine, "a", "x");
+    put(&engine, "a", "y");
+    assert_eq!(
+        engine
+            .delete_range(DeleteRangeRequest::key("a"))
+            .unwrap()
+            .header
+            .revision,
+        4
+    );
+    assert_eq!(put(&engine, "a", "z"), 5);
+    assert_eq!(get(&engine, "a", 0).unwrap(), Some(("z".into(), 5, 5, 1)));
+    assert_eq!(get(&engine, "a", 3).unwrap(), Some(("y".into(), 2, 3, 2)));
+    assert_eq!(get(&engine, "a", 4).unwrap(), None);
+}
+
+#[test]
+fn requests_that_change_nothing_keep_the_revision() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir);
+    put(&engine, "a", "x");
+    let nothing = engine
+        .delete_range(DeleteRangeRequest::key("missing"))
+        .unwrap();
+    assert_eq!((nothing.deleted, nothing.header.revision), (0, 2));
+    let failed_compare = TxnRequest {
+        compare: vec![Compare::new(
+            "a",
+            CompareResult::Equal,
+            CompareTarget::Value("no".into()),
+        )],
+        success: vec![RequestOp::Put(PutRequest::new("b", "1"))],
+        failure: vec![RequestOp::DeleteRange(DeleteRangeRequest::key("missing"))],
+    };
+    let txn = engine.txn(failed_compare).unwrap();
+    assert!(!txn.succeeded);
+    assert_eq!(txn.header.revision, 2);
+    engine
+        .compact(CompactionRequest {
+            revision: 2,
+            physical: true,
+        })
+        .unwrap();
+    assert_eq!(engine.status().unwrap().header.revision, 2);
+}
+
+#[test]
+fn txn_inner_headers_follow_etcd() {
+    // spec §1.3: txn{range a; put a; range a} at rev 22 → range 22, put 23, range 23.
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir);
+    put(&engine, "a", "old");
+    let txn = TxnRequest {
+        compare: vec![],
+        success: vec![
+            RequestOp::Range(RangeRequest::key("a")),
+            RequestOp::Put(PutRequest::new("a", "new")),
+            RequestOp::Range(RangeRequest::key("a")),
+            RequestOp::Txn(TxnRequest::default()),
+        ],
+        failure: vec![],
+    };
+    let resp = engine.txn(txn).unwrap();
+    let revisions: Vec<i64> = resp
+        .responses
+        .iter()
+        .map(|r| match r {
+            kvd::ResponseOp::Range(r) => r.header.revision,
+            kvd::ResponseOp::Put(r) => r.header.revision,
+            kvd::ResponseOp::DeleteRange(r) => r.header.revision,
+            kvd::ResponseOp::Txn(r) => r.header.revision,
+        })
+        .collect();
+    assert_eq!(revisions, vec![2, 3, 3, 0], "nested txn header is all zero");
+    match &resp.responses[2] {
+        kvd::ResponseOp::Range(r) => assert_eq!(&r.kvs[0].value[..], b"new"),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn nested_compare_sees_state_at_txn_start() {
+    // spec §4.3: put nc then nested version(nc)==0 → nested success branch taken.
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir);
+    let nested = TxnRequest {
+        compare: vec![Compare::new(
+            "nc",
+            CompareResult::Equal,
+            CompareTarget::Version(0),
+        )],
+        success: vec![RequestOp::Put(PutRequest::new("took", "success"))],
+        failure: vec![RequestOp::Put(PutRequest::new("took", "failure"))],
+    };
+    let txn = TxnRequest {
+        compare: vec![],
+        success: vec![
+            RequestOp::Put(PutRequest::new("nc", "1")),
+            RequestOp::Txn(nested),
+        ],
+        failure: vec![],
+    };
+    engine.txn(txn).unwrap();
+    assert_eq!(get(&engine, "took", 0).unwrap().unwrap().0, "success");
+}
+
+#[test]
+fn range_limit_count_and_sort_quirk_match_etcd() {
+    // spec §2.4: s1(v3), s2(v3), s3(v2), s4(v1); target VERSION, limit 2:
+    // order NONE → [s3, s1], ASCEND → [s4, s3]; count is 4 either way.
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir);
+    for (key, versions) in [("s1", 3), ("s2", 3), ("s3", 2), ("s4", 1)] {
+        for _ in 0..versions {
+            put(&engine, key, "v");
+        }
+    }
+    let keys = |order| {
+        let req = RangeRequest {
+            sort_order: order,
+            sort_target: SortTarget::Version,
+            limit: 2,
+            ..RangeRequest::prefix("s")
+        };
+        let resp = engine.range(&req).unwrap();
+        assert_eq!((resp.count, resp.more), (4, true));
+        resp.kvs
+            .iter()
+            .map(|kv| String::from_utf8(kv.key.to_vec()).unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(keys(SortOrder::None), vec!["s3", "s1"]);
+    assert_eq!(keys(SortOrder::Ascend), vec!["s4", "s3"]);
+    let count_only = engine
+        .range(&RangeRequest {
+            count_only: true,
+            limit: 1,
+            ..RangeRequest::prefix("s")
+        })
+        .unwrap();
+    assert_eq!(
+        (count_only.count, count_only.kvs.len(), count_only.more),
+        (4, 0, false)
+    );
+}
+
+#[test]
+fn compaction_rules_match_etcd() {
+    // spec §5.1: fresh store: compact -5 → compacted; 0 → OK; 0 again → compacted;
+    // 1 → OK; 2 → future.
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir);
+    let compact = |revision| {
+        engine.compact(CompactionRequest {
+            revision,
+            physical: false,
+        })
+    };
+    assert_eq!(compact(-5).unwrap_err(), Error::Compacted);
+    assert!(compact(0).is_ok());
+    assert_eq!(compact(0).unwrap_err(), Error::Compacted);
+    assert!(compact(1).is_ok());
+    assert_eq!(compact(2).unwrap_err(), Error::FutureRevision);
+}
+
+#[test]
+fn reads_below_compaction_fail_and_at_it_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir);
+    for i in 0..5 {
+        put(&engine, "k", &i.to_string());
+    }
+    engine
+        .compact(CompactionRequest {
+            revision: 4,
+            physical: true,
+        })
+        .unwrap();
+    assert_eq!(get(&engine, "k", 3).unwrap_err(), Error::Compacted);
+    assert_eq!(get(&engine, "k", 4).unwrap().unwrap().0, "2");
+    assert_eq!(get(&engine, "k", 7).unwrap_err(), Error::FutureRevision);
+    assert_eq!(engine.hash_kv(3).unwrap_err(), Error::Compacted);
+    assert!(engine.hash_kv(4).is_ok());
+}
+
+#[test]
+fn restart_keeps_history_revisions_compaction_and_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir);
+    for i in 0..20 {
+        put(&engine, &format!("k{}", i % 7), &i.to_string());
+    }
+    engine
+        .delete_range(DeleteRangeRequest::prefix("k1"))
+        .unwrap();
+    engine
+        .compact(CompactionRequest {
+            revision: 10,
+            physical: true,
+        })
+        .unwrap();
+    let before = engine.hash_kv(0).unwrap();
+    let range_before = engine.range(&RangeRequest::prefix("k")).unwrap();
+    let at_12 = engine
+        .range(&RangeRequest {
+            revision: 12,
+            ..RangeRequest::prefix("k")
+        })
+        .unwrap();
+    engine.close().unwrap();
+
+    let engine = open(&dir);
+    assert_eq!(engine.hash_kv(0).unwrap(), before);
+    assert_eq!(
+        engine.range(&RangeRequest::prefix("k")).unwrap(),
+        range_before
+    );
+    assert_eq!(
+        engine
+            .range(&RangeRequest {
+                revision: 12,
+                ..RangeRequest::prefix("k")
+            })
+            .unwrap(),
+        at_12
+    );
+    let status = engine.status().unwrap();
+    assert_eq!((status.header.revision, status.compact_revision), (22, 10));
+    assert_eq!(get(&engine, "k1", 9).unwrap_err(), Error::Compacted);
+}
+
+#[test]
+fn hash_is_equal_for_equal_histories_and_unchanged_by_physical_compaction() {
+    let a_dir = tempfile::tempdir().unwrap();
+    let b_dir = tempfile::tempdir().unwrap();
+    let (a, b) = (open(&a_dir), open(&b_dir));
+    for engine in [&a, &b] {
+        for i in 0..30 {
+            put(engine, &format!("k{}", i % 4), &i.to_string());
+        }
+    }
+    assert_eq!(a.hash_kv(0).unwrap(), b.hash_kv(0).unwrap());
+    a.compact(CompactionRequest {
+        revision: 20,
+        physical: true,
+    })
+    .unwrap();
+    b.compact(CompactionRequest {
+        revision: 20,
+        physical: false,
+    })
+    .unwrap();
+    assert_eq!(a.hash_kv(0).unwrap().hash, b.hash_kv(0).unwrap().hash);
+    assert_eq!(a.hash_kv(25).unwrap().hash, b.hash_kv(25).unwrap().hash);
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir);
+    put(&engine, "k", "v");
+    let cases: Vec<(&str, Result<(), Error>, Error)> = vec![
+        (
+            "empty put key",
+            engine.put(PutRequest::new("", "v")).map(drop),
+            Error::KeyNotProvided,
+        ),
+        (
+            "empty range key",
+            engine.range(&RangeRequest::key("")).map(drop),
+            Error::KeyNotProvided,
+        ),
+        (
+            "ignore_value with a value",
+            engine
+                .put(PutRequest {
+                    ignore_value: true,
+                    ..PutRequest::new("k", "v")
+                })
+                .map(drop),
+            Error::ValueProvided,
+        ),
+        (
+            "ignore_lease with a lease",
+            engine
+                .put(PutRequest {
+                    ignore_lease: true,
+                    lease: 7,
+                    ..PutRequest::new("k", "")
+                })
+                .map(drop),
+            Error::LeaseProvided,
+        ),
+        (
+            "ignore_value on a missing key",
+            engine
+                .put(PutRequest {
+                    ignore_value: true,
+                    ..PutRequest::new("nope", "")
+                })
+                .map(drop),
+            Error::KeyNotFound,
+        ),
+        (
+            "request too large",
+            engine
+                .put(PutRequest::new("big", vec![0u8; 1_572_838]))
+                .map(drop),
+            Error::RequestTooLarge,
+        ),
+        (
+            "too many txn ops",
+            engine
+                .txn(TxnRequest {
+                    success: (0..129)
+                        .map(|i| RequestOp::Put(PutRequest::new(format!("t{i}"), "v")))
+                        .collect(),
+                    ..TxnRequest::default()
+                })
+                .map(drop),
+            Error::TooManyTxnOps,
+        ),
+        (
+            "duplicate key in txn",
+            engine
+                .txn(TxnRequest {
+                    success: vec![
+                        RequestOp::Put(PutRequest::new("d", "1")),
+                        RequestOp::Put(PutRequest::new("d", "2")),
+                    ],
+                    ..TxnRequest::default()
+                })
+                .map(drop),
+            Error::DuplicateKey,
+        ),
+    ];
+    for (name, got, want) in cases {
+        assert_eq!(got, Err(want), "{name}");
+    }
+    assert_eq!(
+        engine.status().unwrap().header.revision,
+        2,
+        "no refused request moved the revision"
+    );
+    assert!(
+        engine
+            .put(PutRequest::new("big", vec![0u8; 1_572_836]))
+            .is_ok(),
+        "etcd's boundary"
+    );
+}
+
+#[test]
+fn error_messages_are_etcds() {
+    let cases = [
+        (
+            Error::Compacted,
+            "etcdserver: mvcc: required revision has been compacted",
+        ),
+        (
+            Error::FutureRevision,
+            "etcdserver: mvcc: required revision is a future revision",
+        ),
+        (Error::KeyNotProvided, "etcdserver: key is not provided"),
+        (
+            Error::TooManyTxnOps,
+            "etcdserver: too many operations in txn request",
+        ),
+        (
+            Error::DuplicateKey,
+            "etcdserver: duplicate key given in txn request",
+        ),
+        (Error::RequestTooLarge, "etcdserver: request is too large"),
+        (Error::TooManyRequests, "etcdserver: too many requests"),
+    ];
+    for (error, message) in cases {
+        assert_eq!(error.to_string(), message);
+    }
+}
+
+#[test]
+fn second_open_of_a_data_directory_fails_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir);
+    let err = Engine::open(dir.path(), config()).unwrap_err();
+    assert!(err.is_locked());
+    assert!(
+        err.to_string().contains(&dir.path().display().to_string()),
+        "{err}"
+    );
+    engine.close().unwrap();
+    open(&dir).close().unwrap();
+}
+
+#[test]
+fn truncated_or_garbage_data_file_gives_a_clear_error_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir);
+    for i in 0..200 {
+        put(&engine, &format!("k{i}"), "some value to make pages");
+    }
+    engine.close().unwrap();
+    let path = dir.path().join("kvd.redb");
+    let bytes = std::fs::read(&path).unwrap();
+    for damaged in [bytes[..bytes.len() / 3].to_vec(), vec![0x5a; 8192]] {
+        std::fs::write(&path, &damaged).unwrap();
+        match Engine::open(dir.path(), config()) {
+            Err(e) => assert!(e.to_string().starts_with("kvd:"), "unclear error: {e}"),
+            // redb may repair a file whose damage it can route around; then the engine
+            // must still answer consistently.
+            Ok(engine) => {
+                let _ = engine.range(&RangeRequest::prefix("k"));
+            }
+        }
+    }
+}
+
+#[test]
+fn io_error_poisons_writes_until_reopen_and_keeps_acknowledged_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::new());
+    let engine = Engine::open(
+        dir.path(),
+        Config {
+            faults: Some(faults.clone()),
+            ..config()
+        },
+    )
+    .unwrap();
+    for i in 0..10 {
+        put(&engine, &format!("k{i}"), "v");
+    }
+    faults.fail_after(0);
+    let failed = engine.put(PutRequest::new("lost", "v")).unwrap_err();
+    assert!(matches!(failed, Error::Storage(_)), "{failed}");
+    faults.heal();
+    let refused = engine.put(PutRequest::new("after", "v")).unwrap_err();
+    assert!(refused.is_poisoned(), "{refused}");
+    assert!(refused.to_string().contains("reopen"), "{refused}");
+    assert_eq!(
+        get(&engine, "k9", 0).unwrap().unwrap().0,
+        "v",
+        "reads keep working"
+    );
+    drop(engine);
+
+    let engine = open(&dir);
+    let all = engine.range(&RangeRequest::prefix("k")).unwrap();
+    assert_eq!(all.count, 10);
+    assert_eq!(engine.status().unwrap().header.revision, 11);
+    assert_eq!(get(&engine, "lost", 0).unwrap(), None);
+    assert_eq!(put(&engine, "after", "v"), 12);
+}
+
+#[test]
+fn concurrent_writers_each_get_one_revision_per_put() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Arc::new(open(&dir));
+    let writers: Vec<_> = (0..8)
+        .map(|t| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                for i in 0..50 {
+                    engine
+                        .put(PutRequest::new(format!("t{t}/{i}"), "v"))
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    assert_eq!(engine.status().unwrap().header.revision, 401);
+    let engine = Arc::try_unwrap(engine).unwrap();
+    engine.close().unwrap();
+}
