@@ -22,6 +22,8 @@ mod clock;
 mod engine;
 mod error;
 mod mvcc;
+pub mod quota;
+pub mod server;
 mod storage;
 pub mod sync;
 

@@ -19,6 +19,9 @@ use std::ops::Bound;
 use super::Revision;
 use super::key_index::{Found, KeyIndex};
 
+/// The bounds of a [`KeyRange`] in the index's map.
+type KeyBounds<'a> = (Bound<&'a [u8]>, Bound<&'a [u8]>);
+
 /// A key range as etcd expresses it: `end` empty = the single key, `end == "\0"` = every key
 /// from `key` on, otherwise `[key, end)`.
 #[derive(Debug, Clone, Copy)]
@@ -35,7 +38,7 @@ impl<'a> KeyRange<'a> {
         KeyRange { key, end }
     }
 
-    fn bounds(&self) -> Option<(Bound<&'a [u8]>, Bound<&'a [u8]>)> {
+    fn bounds(&self) -> Option<KeyBounds<'a>> {
         if self.end.is_empty() {
             return Some((Bound::Included(self.key), Bound::Included(self.key)));
         }

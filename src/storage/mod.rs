@@ -50,6 +50,9 @@ pub const SCHEMA_VERSION: u64 = 1;
 /// Bytes of a history key: big-endian main then big-endian sub.
 pub const REVISION_KEY_BYTES: usize = 16;
 
+/// A row of a registered table: key bytes and value bytes.
+pub type Row = (Vec<u8>, Vec<u8>);
+
 /// A history key.
 pub type RevisionKey = [u8; REVISION_KEY_BYTES];
 
@@ -259,7 +262,9 @@ impl Store {
         state.commits += 1;
         let durable = match self.sync {
             CommitSync::Durable => true,
-            CommitSync::UnsafeNoFsync => state.commits % UNSAFE_NO_FSYNC_DURABLE_EVERY_COMMITS == 0,
+            CommitSync::UnsafeNoFsync => state
+                .commits
+                .is_multiple_of(UNSAFE_NO_FSYNC_DURABLE_EVERY_COMMITS),
         };
         if !durable {
             txn.set_durability(Durability::None)
@@ -446,7 +451,7 @@ impl Snapshot {
     /// Returns every row of a registered table in key order.
     // Used by the lease, alarm and quota layers as they land (STORE tables).
     #[cfg_attr(not(test), allow(dead_code))]
-    pub fn rows(&self, table: RowTable) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
+    pub fn rows(&self, table: RowTable) -> Result<Vec<Row>, StorageError> {
         let t = self
             .txn
             .open_table(table.definition())
@@ -487,5 +492,99 @@ fn storage_error(e: impl Into<redb::Error>) -> StorageError {
     match e.into() {
         redb::Error::Corrupted(what) => StorageError::Corrupted(what),
         other => StorageError::Io(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASES: RowTable = RowTable::new("test_leases");
+
+    fn options() -> StoreOptions {
+        StoreOptions {
+            cache_size_bytes: 1 << 20,
+            sync: CommitSync::Durable,
+            row_tables: vec![LEASES],
+            faults: None,
+        }
+    }
+
+    #[test]
+    fn row_tables_commit_with_history_in_one_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &options()).unwrap();
+        store
+            .write(|batch| {
+                batch.put_history(&[1; 16], b"record")?;
+                batch.put_row(LEASES, b"lease-1", b"ttl")?;
+                batch.put_row(LEASES, b"lease-2", b"ttl")?;
+                assert!(batch.delete_row(LEASES, b"lease-2")?);
+                Ok(())
+            })
+            .unwrap();
+        let snapshot = store.snapshot().unwrap();
+        assert_eq!(
+            snapshot.get_history(&[1; 16]).unwrap(),
+            Some(b"record".to_vec())
+        );
+        assert_eq!(
+            snapshot.rows(LEASES).unwrap(),
+            vec![(b"lease-1".to_vec(), b"ttl".to_vec())]
+        );
+    }
+
+    #[test]
+    fn failed_batch_commits_nothing_and_poisons_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &options()).unwrap();
+        let failed = store.write(|batch| {
+            batch.put_row(LEASES, b"half", b"written")?;
+            Err::<(), _>(StorageError::Io("disk on fire".into()))
+        });
+        assert!(failed.is_err());
+        assert!(
+            store.snapshot().unwrap().rows(LEASES).unwrap().is_empty(),
+            "STORE-1"
+        );
+        let refused = store.write(|_| Ok(()));
+        assert!(
+            matches!(refused, Err(StorageError::Poisoned(_))),
+            "STORE-2: {refused:?}"
+        );
+    }
+
+    #[test]
+    fn second_store_on_a_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let _store = Store::open(dir.path(), &options()).unwrap();
+        let second = Store::open(dir.path(), &options());
+        assert!(
+            matches!(second, Err(StorageError::Locked { .. })),
+            "STORE-3"
+        );
+    }
+
+    #[test]
+    fn newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path(), &options()).unwrap();
+            store
+                .write(|batch| {
+                    batch
+                        .meta
+                        .insert(MetaKey::SchemaVersion.name(), &99u64.to_be_bytes()[..])
+                        .map_err(storage_error)?;
+                    Ok(())
+                })
+                .unwrap();
+            store.close().unwrap();
+        }
+        let reopened = Store::open(dir.path(), &options());
+        assert!(matches!(
+            reopened,
+            Err(StorageError::UnsupportedSchema { found: 99 })
+        ));
     }
 }

@@ -1,0 +1,11 @@
+//! loom models of kvd's synchronisation. The modules below are kvd's own source files,
+//! compiled here with `--cfg loom` so that `sync` hands them loom's atomics and locks: loom
+//! checks the real code, not a copy.
+
+#![allow(dead_code)]
+
+#[path = "../../src/sync.rs"]
+pub mod sync;
+
+#[path = "../../src/engine/publish.rs"]
+pub mod publish;
