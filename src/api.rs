@@ -487,7 +487,7 @@ pub struct CompactionResponse {
 pub struct HashKvResponse {
     /// Header with the current revision.
     pub header: ResponseHeader,
-    /// CRC-32C over the history visible up to `hash_revision`.
+    /// CRC-32 (IEEE, `crc32fast`) over the history visible up to `hash_revision`.
     pub hash: u32,
     /// The compaction revision at the time of the hash.
     pub compact_revision: i64,

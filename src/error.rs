@@ -31,7 +31,7 @@ pub enum StorageError {
     /// An earlier I/O error left the database in an unknown state; it refuses writes until
     /// it is reopened (redb repairs on open).
     Poisoned(String),
-    /// The on-disk schema is newer than this build understands.
+    /// The on-disk schema is not the one this build reads.
     UnsupportedSchema {
         /// The schema version found in the file.
         found: u64,

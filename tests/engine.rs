@@ -536,3 +536,41 @@ fn concurrent_writers_each_get_one_revision_per_put() {
     let engine = Arc::try_unwrap(engine).unwrap();
     engine.close().unwrap();
 }
+
+#[test]
+fn current_reads_never_fail_as_compacted_while_compactions_land() {
+    // ENG-5: a writer compacts at the current revision after every put; concurrent readers
+    // at revision 0 must always succeed.
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Arc::new(open(&dir));
+    put(&engine, "k", "0");
+    let writer = {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            for i in 1..300 {
+                let revision = put(&engine, "k", &i.to_string());
+                engine
+                    .compact(CompactionRequest {
+                        revision,
+                        physical: false,
+                    })
+                    .unwrap();
+            }
+        })
+    };
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                for _ in 0..2_000 {
+                    engine.range(&RangeRequest::key("k")).unwrap();
+                    engine.hash_kv(0).unwrap();
+                }
+            })
+        })
+        .collect();
+    writer.join().unwrap();
+    for r in readers {
+        r.join().unwrap();
+    }
+}

@@ -6,7 +6,7 @@
 //! (`engine::apply`) applies a batch of requests in one storage write transaction, commits it
 //! durably, publishes the new revision, and only then answers each request.
 //!
-//! Read path: load the published revision, take the index read lock, check the revision
+//! Read path: take the index read lock, load the published revision, check the revision
 //! against the compaction revision, look up the revisions to read, open a storage snapshot,
 //! release the lock, fetch the records.
 //!
@@ -18,6 +18,10 @@
 //!   records the index named cannot have been deleted by compaction (which needs the index
 //!   write lock first).
 //! - ENG-4: no storage snapshot outlives one request.
+//! - ENG-5: a reader loads the published revision while holding the index read lock, so the
+//!   revision is at least the compaction revision it then checks against (APPLY-2 publishes
+//!   a revision before any compaction at it): a read at the current revision never fails as
+//!   compacted.
 //!
 //! Contact points: the public API of the crate.
 
@@ -214,13 +218,14 @@ impl Engine {
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse> {
         validate::check_range(req)?;
         let shared = self.shared()?;
-        let current = shared.published.load();
-        let (plan, snapshot) = {
+        let (current, plan, snapshot) = {
             let index = crate::sync::read(&shared.index);
+            // ENG-5: load the revision under the lock, after any compaction it must cover.
+            let current = shared.published.load();
             let at = read::read_revision(req.revision, current, index.compact_revision)?;
             let plan = read::plan_range(&index, req, at);
             // ENG-3: open the snapshot before the lock is released.
-            (plan, shared.store.snapshot()?)
+            (current, plan, shared.store.snapshot()?)
         };
         Ok(read::finish_range(plan, &snapshot, req, current)?)
     }
@@ -317,8 +322,10 @@ impl Engine {
     pub fn hash_kv(&self, revision: i64) -> Result<HashKvResponse> {
         let shared = self.shared()?;
         for _ in 0..HASH_RESTARTS_MAX {
-            let current = shared.published.load();
-            let compact = crate::sync::read(&shared.index).compact_revision;
+            let (current, compact) = {
+                let index = crate::sync::read(&shared.index);
+                (shared.published.load(), index.compact_revision)
+            };
             let at = if revision <= 0 { current } else { revision };
             if at > current {
                 return Err(Error::FutureRevision);
@@ -388,13 +395,17 @@ impl Engine {
 
     fn read_only_txn(&self, req: &TxnRequest) -> Result<TxnResponse> {
         let shared = self.shared()?;
-        let current = shared.published.load();
         let index = crate::sync::read(&shared.index);
+        let current = shared.published.load();
         let snapshot = shared.store.snapshot()?;
         apply::read_only_txn(&index, &snapshot, req, current)
     }
 
     fn submit(&self, request: WriteRequest) -> Result<WriteResponse> {
+        // etcd checks the apply backlog before the request size.
+        if self.running.as_ref().is_some_and(|r| r.proposals.is_full()) {
+            return Err(Error::TooManyRequests);
+        }
         if request.encoded_len() > self.shared()?.config.max_request_bytes {
             return Err(Error::RequestTooLarge);
         }
