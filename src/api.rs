@@ -19,6 +19,13 @@ use bytes::Bytes;
 
 /// The header every response carries. The engine fills `revision`; the server adds the
 /// cluster and member ids.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// let put = engine.put(kvd::PutRequest::new("k", "v")).unwrap();
+/// assert_eq!(put.header, kvd::ResponseHeader { revision: 2 });
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ResponseHeader {
     /// The store revision after the request (etcd's `header.revision`).
@@ -26,6 +33,15 @@ pub struct ResponseHeader {
 }
 
 /// One key at one revision, as etcd's `mvccpb.KeyValue`.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// engine.put(kvd::PutRequest::new("k", "v1")).unwrap();
+/// engine.put(kvd::PutRequest::new("k", "v2")).unwrap();
+/// let kv = &engine.range(&kvd::RangeRequest::key("k")).unwrap().kvs[0];
+/// assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (2, 3, 2));
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyValue {
     /// The key bytes.
@@ -43,6 +59,15 @@ pub struct KeyValue {
 }
 
 /// Sort order of a Range (etcd's `RangeRequest.SortOrder`).
+///
+/// ```
+/// let newest_first = kvd::RangeRequest {
+///     sort_order: kvd::SortOrder::Descend,
+///     sort_target: kvd::SortTarget::Mod,
+///     ..kvd::RangeRequest::prefix("jobs/")
+/// };
+/// assert_eq!(newest_first.sort_order, kvd::SortOrder::Descend);
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum SortOrder {
     /// Natural key order, no sort requested.
@@ -55,6 +80,10 @@ pub enum SortOrder {
 }
 
 /// What a Range sorts by (etcd's `RangeRequest.SortTarget`).
+///
+/// ```
+/// assert_eq!(kvd::SortTarget::default(), kvd::SortTarget::Key);
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum SortTarget {
     /// The key bytes.
@@ -169,6 +198,16 @@ pub fn prefix_end(prefix: &[u8]) -> Bytes {
 }
 
 /// The answer to a Range (etcd's `RangeResponse`).
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// for k in ["a", "b", "c"] { engine.put(kvd::PutRequest::new(k, "v")).unwrap(); }
+/// let got = engine.range(&kvd::RangeRequest { limit: 2, ..kvd::RangeRequest::key("a") }).unwrap();
+/// assert_eq!(got.count, 1);
+/// let all = engine.range(&kvd::RangeRequest { limit: 2, range_end: "\0".into(), ..kvd::RangeRequest::key("a") }).unwrap();
+/// assert_eq!((all.kvs.len(), all.more, all.count), (2, true, 3));
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RangeResponse {
     /// Header; `revision` is the current store revision, whatever revision was read.
@@ -224,6 +263,13 @@ impl PutRequest {
 }
 
 /// The answer to a Put (etcd's `PutResponse`).
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// let first = engine.put(kvd::PutRequest { prev_kv: true, ..kvd::PutRequest::new("k", "v") }).unwrap();
+/// assert!(first.prev_kv.is_none(), "a new key has no previous value");
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PutResponse {
     /// Header; `revision` is the revision of the write.
@@ -279,6 +325,13 @@ impl DeleteRangeRequest {
 }
 
 /// The answer to a DeleteRange (etcd's `DeleteRangeResponse`).
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// let nothing = engine.delete_range(kvd::DeleteRangeRequest::key("missing")).unwrap();
+/// assert_eq!((nothing.deleted, nothing.header.revision), (0, 1), "no change, no new revision");
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeleteRangeResponse {
     /// Header; the new revision if anything was deleted, else the current one.
@@ -290,6 +343,12 @@ pub struct DeleteRangeResponse {
 }
 
 /// The comparison of a Txn compare (etcd's `Compare.CompareResult`).
+///
+/// ```
+/// use kvd::{Compare, CompareResult, CompareTarget};
+/// let newer_than_10 = Compare::new("k", CompareResult::Greater, CompareTarget::Mod(10));
+/// assert_eq!(newer_than_10.result, CompareResult::Greater);
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum CompareResult {
     /// The key's field equals the operand.
@@ -304,6 +363,11 @@ pub enum CompareResult {
 }
 
 /// What a compare looks at, with its operand (etcd's `Compare.target` and `target_union`).
+///
+/// ```
+/// let exists = kvd::CompareTarget::Create(0);
+/// assert_eq!(exists, kvd::CompareTarget::Create(0));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CompareTarget {
     /// The key's version.
@@ -371,6 +435,11 @@ impl Compare {
 }
 
 /// One operation of a Txn branch (etcd's `RequestOp`).
+///
+/// ```
+/// let op = kvd::RequestOp::Put(kvd::PutRequest::new("k", "v"));
+/// assert!(matches!(op, kvd::RequestOp::Put(_)));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RequestOp {
     /// A read.
@@ -395,6 +464,14 @@ impl RequestOp {
 }
 
 /// The answer to one operation of a Txn (etcd's `ResponseOp`).
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// let txn = kvd::TxnRequest { success: vec![kvd::RequestOp::Put(kvd::PutRequest::new("k", "v"))], ..Default::default() };
+/// let resp = engine.txn(txn).unwrap();
+/// assert!(matches!(resp.responses[0], kvd::ResponseOp::Put(_)));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResponseOp {
     /// The answer to a read.
@@ -454,6 +531,14 @@ impl TxnRequest {
 }
 
 /// The answer to a Txn (etcd's `TxnResponse`).
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// let empty = engine.txn(kvd::TxnRequest::default()).unwrap();
+/// assert!(empty.succeeded && empty.responses.is_empty());
+/// assert_eq!(empty.header.revision, 1);
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TxnResponse {
     /// Header; the new revision if anything changed, else the current one. Nested
@@ -466,6 +551,11 @@ pub struct TxnResponse {
 }
 
 /// A compaction (etcd's `CompactionRequest`).
+///
+/// ```
+/// let wait_for_deletes = kvd::CompactionRequest { revision: 100, physical: true };
+/// assert!(wait_for_deletes.physical);
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CompactionRequest {
     /// Revisions below this one are dropped (the newest revision of each live key at or
@@ -476,6 +566,13 @@ pub struct CompactionRequest {
 }
 
 /// The answer to a compaction.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// let resp = engine.compact(kvd::CompactionRequest { revision: 1, physical: false }).unwrap();
+/// assert_eq!(resp.header.revision, 1, "compaction never moves the revision");
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CompactionResponse {
     /// Header; compaction never moves the revision.
@@ -483,6 +580,13 @@ pub struct CompactionResponse {
 }
 
 /// The answer to HashKV (etcd's `HashKVResponse`, 3.6 shape).
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// let h = engine.hash_kv(0).unwrap();
+/// assert_eq!((h.compact_revision, h.hash_revision), (-1, 1));
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HashKvResponse {
     /// Header with the current revision.
@@ -496,6 +600,14 @@ pub struct HashKvResponse {
 }
 
 /// A snapshot of the engine's state, for etcd's Status.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// engine.put(kvd::PutRequest::new("k", "v")).unwrap();
+/// let status = engine.status().unwrap();
+/// assert_eq!((status.header.revision, status.applied_index), (2, 1));
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Status {
     /// Header with the current revision.

@@ -14,6 +14,14 @@ use std::time::{Duration, Instant};
 use crate::sync::{AtomicU64, Ordering};
 
 /// A monotonic source of time, measured from an arbitrary origin.
+///
+/// ```
+/// use kvd::Clock;
+/// let clock = std::sync::Arc::new(kvd::ManualClock::new());
+/// let config = kvd::Config { clock: clock.clone(), ..kvd::Config::default() };
+/// clock.advance(std::time::Duration::from_secs(1));
+/// assert_eq!(config.clock.now().as_secs(), 1);
+/// ```
 pub trait Clock: Send + Sync + std::fmt::Debug {
     /// Returns the time elapsed since the clock's origin.
     fn now(&self) -> Duration;

@@ -16,6 +16,11 @@ use std::fmt;
 use std::path::PathBuf;
 
 /// A failure of the storage layer.
+///
+/// ```
+/// let e = kvd::Error::from(kvd::StorageError::Poisoned("disk gone".into()));
+/// assert!(e.is_poisoned() && e.to_string().contains("reopen"));
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StorageError {
@@ -64,6 +69,14 @@ impl fmt::Display for StorageError {
 }
 
 /// Every error the engine returns.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// let err = engine.range(&kvd::RangeRequest { revision: 5, ..kvd::RangeRequest::key("k") }).unwrap_err();
+/// assert!(err.is_future_revision());
+/// assert_eq!(err.to_string(), "etcdserver: mvcc: required revision is a future revision");
+/// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {

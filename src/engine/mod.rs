@@ -67,6 +67,11 @@ const HASH_RESTARTS_MAX: usize = 8;
 const _: () = assert!(BATCH_REQUESTS_MAX_DEFAULT <= PROPOSAL_QUEUE_LEN_DEFAULT);
 
 /// Settings of an [`Engine`].
+///
+/// ```
+/// let config = kvd::Config { max_txn_ops: 256, unsafe_no_fsync: false, ..kvd::Config::default() };
+/// assert_eq!(config.max_request_bytes, 1_572_864);
+/// ```
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Largest request accepted, as etcd measures it (`--max-request-bytes`).
