@@ -1,0 +1,689 @@
+//! The reference model: etcd 3.6's KV semantics over a plain per-key history.
+//!
+//! Every change ever made is kept, as `(main revision, Some(kv) | None for a tombstone)`
+//! appended to the key's history, so a read at revision R is "the last entry of the key
+//! with revision ≤ R". Compaction only moves `compact`: reads below it are refused, reads at
+//! or above it see the full history, which is exactly what a compacted store must return.
+//!
+//! The numbered sections (§) refer to `/work/shared/spec/etcd.md`.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
+
+use bytes::Bytes;
+use kvd::{
+    CompactionRequest, CompactionResponse, Compare, CompareResult, CompareTarget,
+    DeleteRangeRequest, DeleteRangeResponse, Error, HashKvResponse, KeyValue, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, RequestOp, ResponseHeader, ResponseOp, SortOrder,
+    SortTarget, TxnRequest, TxnResponse, WriteRequest,
+};
+
+/// The admission limits the engine is opened with (`kvd::Config` fields of the same names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Maximum operations per txn level (etcd's `--max-txn-ops`).
+    pub max_txn_ops: usize,
+    /// Maximum encoded size of a write request (etcd's `--max-request-bytes`).
+    pub max_request_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_txn_ops: 128,
+            max_request_bytes: 1_572_864,
+        }
+    }
+}
+
+/// Execution reached a state whose outcome etcd leaves undefined (etcd 3.5+ panics there);
+/// sequences must not contain such a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Undefined(pub &'static str);
+
+/// One key's history: every change in revision order; `None` is a tombstone.
+type History = Vec<(i64, Option<KeyValue>)>;
+
+/// The model store.
+#[derive(Debug, Clone)]
+pub struct Model {
+    limits: Limits,
+    current: i64,
+    compact: i64,
+    history: BTreeMap<Bytes, History>,
+}
+
+/// The outcome of the compares of a txn and of the nested txns on its chosen branch, all
+/// evaluated against the state at the start of the txn (§4.3).
+#[derive(Debug)]
+struct Path {
+    succeeded: bool,
+    /// One entry per nested txn of the chosen branch, in order.
+    nested: Vec<Path>,
+}
+
+impl Model {
+    /// Returns a fresh store: revision 1, never compacted (§1.2).
+    pub fn new(limits: Limits) -> Model {
+        Model {
+            limits,
+            current: 1,
+            compact: -1,
+            history: BTreeMap::new(),
+        }
+    }
+
+    /// Returns the limits the model admits requests with.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Returns the current store revision.
+    pub fn current_revision(&self) -> i64 {
+        self.current
+    }
+
+    /// Returns the compaction revision (-1 if never compacted).
+    pub fn compact_revision(&self) -> i64 {
+        self.compact
+    }
+
+    /// Returns every key that exists at the current revision, in key order.
+    pub fn live_keys(&self) -> Vec<Bytes> {
+        self.live(b"\0", b"\0", self.current)
+            .into_iter()
+            .map(|kv| kv.key)
+            .collect()
+    }
+
+    // ---- Requests --------------------------------------------------------------------------
+
+    /// A standalone Range (§2).
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, Error> {
+        check_range(req)?;
+        // Future first, then compacted (§2.2); revision ≤ 0 reads the current revision.
+        if req.revision > self.current {
+            return Err(Error::FutureRevision);
+        }
+        let rev = if req.revision <= 0 {
+            self.current
+        } else {
+            req.revision
+        };
+        if rev < self.compact {
+            return Err(Error::Compacted);
+        }
+        Ok(self.range_at(req, rev, self.current))
+    }
+
+    /// A standalone Put (§3.1).
+    pub fn put(&mut self, req: &PutRequest) -> Result<PutResponse, Error> {
+        check_put(req)?;
+        self.check_size(WriteRequest::Put(req.clone()))?;
+        if (req.ignore_value || req.ignore_lease) && self.get(&req.key, self.current).is_none() {
+            return Err(Error::KeyNotFound);
+        }
+        let mut w = Writer::new(self);
+        let resp = w.put(req);
+        w.finish();
+        // The existence check above makes the write defined.
+        resp.map_err(|u| Error::InvalidArgument(format!("model bug: {u:?}")))
+    }
+
+    /// A standalone DeleteRange (§3.2).
+    pub fn delete_range(&mut self, req: &DeleteRangeRequest) -> Result<DeleteRangeResponse, Error> {
+        check_delete(req)?;
+        self.check_size(WriteRequest::DeleteRange(req.clone()))?;
+        let mut w = Writer::new(self);
+        let resp = w.delete(req);
+        w.finish();
+        Ok(resp)
+    }
+
+    /// A Txn (§4). Panics if the txn is one whose outcome etcd leaves undefined; check with
+    /// [`Model::txn_defined`] first.
+    pub fn txn(&mut self, req: &TxnRequest) -> Result<TxnResponse, Error> {
+        match self.try_txn(req) {
+            Ok(result) => result,
+            Err(u) => panic!("model: txn with undefined outcome ({}): {req:?}", u.0),
+        }
+    }
+
+    /// Returns false if running `req` now would reach a state etcd leaves undefined: an
+    /// `ignore_value`/`ignore_lease` Put that passed the pre-check (the key existed at the
+    /// start of the txn) but whose key an earlier op of the same txn deleted (only possible
+    /// through the `range_end = "\0"` quirk of §4.1). etcd 3.5+ panics there.
+    pub fn txn_defined(&self, req: &TxnRequest) -> bool {
+        self.clone().try_txn(req).is_ok()
+    }
+
+    /// A compaction (§5.1). The model keeps the history: reads below the compaction revision
+    /// are refused, reads at or above it are unchanged.
+    pub fn compact(&mut self, req: &CompactionRequest) -> Result<CompactionResponse, Error> {
+        self.check_size(WriteRequest::Compaction(*req))?;
+        if req.revision <= self.compact {
+            return Err(Error::Compacted);
+        }
+        if req.revision > self.current {
+            return Err(Error::FutureRevision);
+        }
+        self.compact = req.revision;
+        Ok(CompactionResponse {
+            header: self.header(),
+        })
+    }
+
+    /// HashKV (§11.3, 3.6 shape). The model cannot compute the hash: `hash` is 0 and the
+    /// harness compares every other field.
+    pub fn hash_kv(&self, revision: i64) -> Result<HashKvResponse, Error> {
+        if revision > self.current {
+            return Err(Error::FutureRevision);
+        }
+        if revision > 0 && revision < self.compact {
+            return Err(Error::Compacted);
+        }
+        let hash_revision = if revision == 0 {
+            self.current
+        } else {
+            revision
+        };
+        Ok(HashKvResponse {
+            header: self.header(),
+            hash: 0,
+            compact_revision: self.compact,
+            hash_revision,
+        })
+    }
+
+    // ---- Reads -----------------------------------------------------------------------------
+
+    fn header(&self) -> ResponseHeader {
+        ResponseHeader {
+            revision: self.current,
+        }
+    }
+
+    /// Returns the key's KeyValue at `rev`, or None if it does not exist there.
+    fn get(&self, key: &[u8], rev: i64) -> Option<&KeyValue> {
+        let history = self.history.get(key)?;
+        history
+            .iter()
+            .rev()
+            .find(|(r, _)| *r <= rev)
+            .and_then(|(_, kv)| kv.as_ref())
+    }
+
+    /// Returns the KeyValues alive at `rev` in the range `key`/`end` (§2.1), in key order.
+    fn live(&self, key: &[u8], end: &[u8], rev: i64) -> Vec<KeyValue> {
+        let bounds: (Bound<&[u8]>, Bound<&[u8]>) = if end.is_empty() {
+            (Bound::Included(key), Bound::Included(key))
+        } else if end == b"\0" {
+            (Bound::Included(key), Bound::Unbounded)
+        } else if key >= end {
+            return Vec::new();
+        } else {
+            (Bound::Included(key), Bound::Excluded(end))
+        };
+        self.history
+            .range::<[u8], _>(bounds)
+            .filter_map(|(k, _)| self.get(k, rev).cloned())
+            .collect()
+    }
+
+    /// The Range algorithm of §2.3–2.4, reading at `rev` and answering with `header_rev`.
+    fn range_at(&self, req: &RangeRequest, rev: i64, header_rev: i64) -> RangeResponse {
+        let mut kvs = self.live(&req.key, &req.range_end, rev);
+        let count = kvs.len() as i64;
+        let header = ResponseHeader {
+            revision: header_rev,
+        };
+        if req.count_only {
+            return RangeResponse {
+                header,
+                kvs: Vec::new(),
+                more: false,
+                count,
+            };
+        }
+        let filtered = req.min_mod_revision != 0
+            || req.max_mod_revision != 0
+            || req.min_create_revision != 0
+            || req.max_create_revision != 0;
+        // The fetch-everything decision looks at the requested order, before NONE is promoted
+        // to ASCEND below: that is the quirk of §2.4.
+        if req.sort_order == SortOrder::None && !filtered && req.limit > 0 {
+            let fetch = usize::try_from(req.limit).map_or(usize::MAX, |l| l.saturating_add(1));
+            kvs.truncate(fetch);
+        }
+        kvs.retain(|kv| {
+            !(req.max_mod_revision != 0 && kv.mod_revision > req.max_mod_revision
+                || req.min_mod_revision != 0 && kv.mod_revision < req.min_mod_revision
+                || req.max_create_revision != 0 && kv.create_revision > req.max_create_revision
+                || req.min_create_revision != 0 && kv.create_revision < req.min_create_revision)
+        });
+        let order = match (req.sort_target, req.sort_order) {
+            (SortTarget::Key, SortOrder::Ascend) => SortOrder::None,
+            (SortTarget::Key, order) => order,
+            (_, SortOrder::None) => SortOrder::Ascend,
+            (_, order) => order,
+        };
+        let target = req.sort_target;
+        // Stable sorts, as the engine's: ties keep key order in both directions.
+        match order {
+            SortOrder::None => {}
+            SortOrder::Ascend => kvs.sort_by(|a, b| cmp_by(target, a, b)),
+            SortOrder::Descend => kvs.sort_by(|a, b| cmp_by(target, b, a)),
+        }
+        let mut more = false;
+        if req.limit > 0 && kvs.len() as i64 > req.limit {
+            kvs.truncate(req.limit as usize);
+            more = true;
+        }
+        if req.keys_only {
+            for kv in &mut kvs {
+                kv.value = Bytes::new();
+            }
+        }
+        RangeResponse {
+            header,
+            kvs,
+            more,
+            count,
+        }
+    }
+
+    // ---- Txn -------------------------------------------------------------------------------
+
+    fn try_txn(&mut self, req: &TxnRequest) -> Result<Result<TxnResponse, Error>, Undefined> {
+        if let Err(e) = self.admit_txn(req) {
+            return Ok(Err(e));
+        }
+        let path = self.path(req);
+        if let Err(e) = self.precheck(req, &path) {
+            return Ok(Err(e));
+        }
+        // Run on a copy so that an undefined outcome leaves the model untouched.
+        let mut work = self.clone();
+        let mut w = Writer::new(&mut work);
+        let responses = w.txn(req, &path)?;
+        let header = ResponseHeader {
+            revision: w.read_rev(),
+        };
+        w.finish();
+        *self = work;
+        Ok(Ok(TxnResponse {
+            header,
+            succeeded: path.succeeded,
+            responses,
+        }))
+    }
+
+    /// The checks before anything runs: §4.1 validation, then the request size for a txn
+    /// that may write (§12).
+    fn admit_txn(&self, req: &TxnRequest) -> Result<(), Error> {
+        check_txn(req, self.limits.max_txn_ops as i64)?;
+        check_intervals(&req.success)?;
+        check_intervals(&req.failure)?;
+        if !req.is_read_only() {
+            self.check_size(WriteRequest::Txn(req.clone()))?;
+        }
+        Ok(())
+    }
+
+    /// Evaluates the compares of `req` and of the nested txns of its chosen branch (§4.3).
+    fn path(&self, req: &TxnRequest) -> Path {
+        let succeeded = req.compare.iter().all(|c| self.compare(c));
+        let branch = if succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
+        let nested = branch
+            .iter()
+            .filter_map(|op| match op {
+                RequestOp::Txn(t) => Some(self.path(t)),
+                _ => None,
+            })
+            .collect();
+        Path { succeeded, nested }
+    }
+
+    fn compare(&self, c: &Compare) -> bool {
+        let kvs = self.live(&c.key, &c.range_end, self.current);
+        if kvs.is_empty() {
+            // A missing key fails every value compare and is all-zero for the others.
+            return !matches!(c.target, CompareTarget::Value(_))
+                && compare_kv(c, &KeyValue::default());
+        }
+        kvs.iter().all(|kv| compare_kv(c, kv))
+    }
+
+    /// The apply-time pre-checks of §4.4 on the chosen branches: every Put first (for a txn
+    /// that may write), then every Range.
+    fn precheck(&self, req: &TxnRequest, path: &Path) -> Result<(), Error> {
+        if !req.is_read_only() {
+            walk_chosen(req, path, &mut |op| match op {
+                RequestOp::Put(p)
+                    if (p.ignore_value || p.ignore_lease)
+                        && self.get(&p.key, self.current).is_none() =>
+                {
+                    Err(Error::KeyNotFound)
+                }
+                _ => Ok(()),
+            })?;
+        }
+        // The revision check does not treat negative revisions as "current": that is the
+        // negative-revision quirk of §4.4.
+        walk_chosen(req, path, &mut |op| match op {
+            RequestOp::Range(r) if r.revision != 0 && r.revision > self.current => {
+                Err(Error::FutureRevision)
+            }
+            RequestOp::Range(r) if r.revision != 0 && r.revision < self.compact => {
+                Err(Error::Compacted)
+            }
+            _ => Ok(()),
+        })
+    }
+
+    fn check_size(&self, req: WriteRequest) -> Result<(), Error> {
+        if req.encoded_len() > self.limits.max_request_bytes {
+            return Err(Error::RequestTooLarge);
+        }
+        Ok(())
+    }
+}
+
+/// Calls `f` on every non-txn op of the chosen branches of `req`, depth first, in order.
+fn walk_chosen(
+    req: &TxnRequest,
+    path: &Path,
+    f: &mut impl FnMut(&RequestOp) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let branch = if path.succeeded {
+        &req.success
+    } else {
+        &req.failure
+    };
+    let mut nested = path.nested.iter();
+    for op in branch {
+        match op {
+            RequestOp::Txn(t) => {
+                if let Some(p) = nested.next() {
+                    walk_chosen(t, p, f)?;
+                }
+            }
+            other => f(other)?,
+        }
+    }
+    Ok(())
+}
+
+fn cmp_by(target: SortTarget, a: &KeyValue, b: &KeyValue) -> Ordering {
+    match target {
+        SortTarget::Key => a.key.cmp(&b.key),
+        SortTarget::Version => a.version.cmp(&b.version),
+        SortTarget::Create => a.create_revision.cmp(&b.create_revision),
+        SortTarget::Mod => a.mod_revision.cmp(&b.mod_revision),
+        SortTarget::Value => a.value.cmp(&b.value),
+    }
+}
+
+fn compare_kv(c: &Compare, kv: &KeyValue) -> bool {
+    let ord = match &c.target {
+        CompareTarget::Version(v) => kv.version.cmp(v),
+        CompareTarget::Create(v) => kv.create_revision.cmp(v),
+        CompareTarget::Mod(v) => kv.mod_revision.cmp(v),
+        CompareTarget::Value(v) => kv.value[..].cmp(&v[..]),
+        CompareTarget::Lease(v) => kv.lease.cmp(v),
+    };
+    match c.result {
+        CompareResult::Equal => ord == Ordering::Equal,
+        CompareResult::NotEqual => ord != Ordering::Equal,
+        CompareResult::Greater => ord == Ordering::Greater,
+        CompareResult::Less => ord == Ordering::Less,
+    }
+}
+
+// ---- Validation before admission (§3.1, §4.1) ---------------------------------------------
+
+fn check_range(req: &RangeRequest) -> Result<(), Error> {
+    if req.key.is_empty() {
+        return Err(Error::KeyNotProvided);
+    }
+    Ok(())
+}
+
+fn check_put(req: &PutRequest) -> Result<(), Error> {
+    if req.key.is_empty() {
+        return Err(Error::KeyNotProvided);
+    }
+    if req.ignore_value && !req.value.is_empty() {
+        return Err(Error::ValueProvided);
+    }
+    if req.ignore_lease && req.lease != 0 {
+        return Err(Error::LeaseProvided);
+    }
+    Ok(())
+}
+
+fn check_delete(req: &DeleteRangeRequest) -> Result<(), Error> {
+    if req.key.is_empty() {
+        return Err(Error::KeyNotProvided);
+    }
+    Ok(())
+}
+
+/// etcd's `checkTxnRequest`: the op count of this level against the budget, then compare
+/// keys, then every op in order; a nested txn gets the budget minus this level's count.
+fn check_txn(req: &TxnRequest, max_ops: i64) -> Result<(), Error> {
+    let ops = req
+        .compare
+        .len()
+        .max(req.success.len())
+        .max(req.failure.len()) as i64;
+    if ops > max_ops {
+        return Err(Error::TooManyTxnOps);
+    }
+    if req.compare.iter().any(|c| c.key.is_empty()) {
+        return Err(Error::KeyNotProvided);
+    }
+    for op in req.success.iter().chain(&req.failure) {
+        match op {
+            RequestOp::Range(r) => check_range(r)?,
+            RequestOp::Put(p) => check_put(p)?,
+            RequestOp::DeleteRange(d) => check_delete(d)?,
+            RequestOp::Txn(t) => check_txn(t, max_ops - ops)?,
+        }
+    }
+    Ok(())
+}
+
+/// A DeleteRange interval as etcd's `checkIntervals` inserts it: `(key, range_end)`.
+type Interval = (Bytes, Bytes);
+
+/// Returns true if the point `key` lies in one of the delete intervals, with etcd's
+/// interval-tree semantics: an empty `range_end` is the point `key`, anything else the
+/// half-open `[key, range_end)`, which is empty when `key ≥ range_end`. So `"\0"` covers
+/// nothing here (the quirk of §4.1), unlike at execution.
+fn intersects(dels: &[Interval], key: &[u8]) -> bool {
+    dels.iter().any(|(begin, end)| {
+        if end.is_empty() {
+            begin[..] == *key
+        } else {
+            begin[..] <= *key && *key < end[..]
+        }
+    })
+}
+
+/// etcd's `checkIntervals` on one branch: returns the keys Put and the intervals deleted by
+/// the branch and its nested txns, or DuplicateKey. This level's deletes are collected
+/// first; nested txns are merged in order (a nested put is checked against the deletes of
+/// earlier nested txns only); this level's puts are checked last, against everything.
+fn check_intervals(ops: &[RequestOp]) -> Result<(BTreeSet<Bytes>, Vec<Interval>), Error> {
+    let mut dels: Vec<Interval> = ops
+        .iter()
+        .filter_map(|op| match op {
+            RequestOp::DeleteRange(d) => Some((d.key.clone(), d.range_end.clone())),
+            _ => None,
+        })
+        .collect();
+    let mut puts = BTreeSet::new();
+    for op in ops {
+        let RequestOp::Txn(t) = op else { continue };
+        let (puts_then, dels_then) = check_intervals(&t.success)?;
+        let (puts_else, dels_else) = check_intervals(&t.failure)?;
+        for key in &puts_then {
+            if puts.contains(key) || intersects(&dels, key) {
+                return Err(Error::DuplicateKey);
+            }
+            puts.insert(key.clone());
+        }
+        for key in &puts_else {
+            // The same key in both branches of one nested txn is fine: they exclude each other.
+            if puts.contains(key) && !puts_then.contains(key) || intersects(&dels, key) {
+                return Err(Error::DuplicateKey);
+            }
+            puts.insert(key.clone());
+        }
+        dels.extend(dels_then);
+        dels.extend(dels_else);
+    }
+    for op in ops {
+        let RequestOp::Put(p) = op else { continue };
+        if puts.contains(&p.key) || intersects(&dels, &p.key) {
+            return Err(Error::DuplicateKey);
+        }
+        puts.insert(p.key.clone());
+    }
+    Ok((puts, dels))
+}
+
+// ---- Execution (§1.3, §4.5) ---------------------------------------------------------------
+
+/// One write transaction: every change is made at `begin + 1`; reads see the txn's own
+/// changes once there is one.
+struct Writer<'m> {
+    model: &'m mut Model,
+    begin: i64,
+    changes: usize,
+}
+
+impl<'m> Writer<'m> {
+    fn new(model: &'m mut Model) -> Writer<'m> {
+        let begin = model.current;
+        Writer {
+            model,
+            begin,
+            changes: 0,
+        }
+    }
+
+    /// The revision reads run at: the start revision until something changed.
+    fn read_rev(&self) -> i64 {
+        if self.changes > 0 {
+            self.begin + 1
+        } else {
+            self.begin
+        }
+    }
+
+    fn finish(self) {
+        if self.changes > 0 {
+            self.model.current = self.begin + 1;
+        }
+    }
+
+    fn range(&self, req: &RangeRequest) -> RangeResponse {
+        let cur = self.read_rev();
+        // The pre-check let through only revisions in [compact, begin] or ≤ 0 ones.
+        let rev = if req.revision <= 0 { cur } else { req.revision };
+        self.model.range_at(req, rev, cur)
+    }
+
+    fn put(&mut self, req: &PutRequest) -> Result<PutResponse, Undefined> {
+        let rev = self.begin + 1;
+        let prev = self.model.get(&req.key, self.read_rev()).cloned();
+        if (req.ignore_value || req.ignore_lease) && prev.is_none() {
+            return Err(Undefined(
+                "ignore_value/ignore_lease Put of a key deleted earlier in the txn",
+            ));
+        }
+        let value = match (&prev, req.ignore_value) {
+            (Some(p), true) => p.value.clone(),
+            _ => req.value.clone(),
+        };
+        let lease = match (&prev, req.ignore_lease) {
+            (Some(p), true) => p.lease,
+            _ => req.lease,
+        };
+        let kv = KeyValue {
+            key: req.key.clone(),
+            create_revision: prev.as_ref().map_or(rev, |p| p.create_revision),
+            mod_revision: rev,
+            version: prev.as_ref().map_or(1, |p| p.version + 1),
+            value,
+            lease,
+        };
+        self.model
+            .history
+            .entry(req.key.clone())
+            .or_default()
+            .push((rev, Some(kv)));
+        self.changes += 1;
+        Ok(PutResponse {
+            header: ResponseHeader { revision: rev },
+            prev_kv: if req.prev_kv { prev } else { None },
+        })
+    }
+
+    fn delete(&mut self, req: &DeleteRangeRequest) -> DeleteRangeResponse {
+        let rev = self.begin + 1;
+        let doomed = self.model.live(&req.key, &req.range_end, self.read_rev());
+        for kv in &doomed {
+            self.model
+                .history
+                .entry(kv.key.clone())
+                .or_default()
+                .push((rev, None));
+            self.changes += 1;
+        }
+        DeleteRangeResponse {
+            header: ResponseHeader {
+                revision: self.read_rev(),
+            },
+            deleted: doomed.len() as i64,
+            prev_kvs: if req.prev_kv { doomed } else { Vec::new() },
+        }
+    }
+
+    fn txn(&mut self, req: &TxnRequest, path: &Path) -> Result<Vec<ResponseOp>, Undefined> {
+        let branch = if path.succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
+        let mut nested = path.nested.iter();
+        let mut responses = Vec::with_capacity(branch.len());
+        for op in branch {
+            let resp = match op {
+                RequestOp::Range(r) => ResponseOp::Range(self.range(r)),
+                RequestOp::Put(p) => ResponseOp::Put(self.put(p)?),
+                RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(self.delete(d)),
+                RequestOp::Txn(t) => {
+                    let Some(p) = nested.next() else {
+                        return Err(Undefined("model bug: compare path shorter than the txn"));
+                    };
+                    // Nested txn responses carry an all-zero header (§4.5).
+                    ResponseOp::Txn(TxnResponse {
+                        header: ResponseHeader::default(),
+                        succeeded: p.succeeded,
+                        responses: self.txn(t, p)?,
+                    })
+                }
+            };
+            responses.push(resp);
+        }
+        Ok(responses)
+    }
+}
