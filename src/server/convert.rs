@@ -1,0 +1,566 @@
+//! Translation between the protobuf messages of etcd's API and the engine's `kvd::api` types,
+//! in both directions, in one place.
+//!
+//! Owns: etcd's wire quirks that the engine's types express more precisely.
+//!
+//! Invariants:
+//! - CONV-1: a compare's operand is read from the `target_union` field that matches its
+//!   target; if another field (or none) is set, the operand is 0 or empty, as etcd reads it
+//!   (`shared/spec/etcd.md` §4.3).
+//! - CONV-2: enum values etcd does not define are translated to a request that behaves as etcd
+//!   behaves with them: an unknown compare result holds whenever a key exists for a VALUE
+//!   target and always otherwise; an unknown compare target compares as "equal"; an unknown
+//!   sort order sorts nothing and an unknown sort target sorts by key.
+//! - CONV-3: an empty `RequestOp` is refused with `etcdserver: key not found`, and only when
+//!   no check etcd runs before it (operation count, empty keys, put flags, in etcd's order)
+//!   fails first.
+//! - CONV-4: only the top-level response header carries the cluster id, member id and raft
+//!   term; headers of the responses inside a Txn carry only the revision, and nested Txns an
+//!   all-zero header, as etcd's do (`shared/spec/etcd.md` §4.5).
+//!
+//! Contact points: the services in `server/kv.rs` and `server/maintenance.rs`.
+
+use bytes::Bytes;
+
+use crate::api;
+use crate::error::Error;
+use crate::server::pb::etcdserverpb as pb;
+use crate::server::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use crate::server::pb::etcdserverpb::range_request::{SortOrder, SortTarget};
+use crate::server::pb::etcdserverpb::request_op::Request;
+use crate::server::pb::etcdserverpb::response_op::Response;
+use crate::server::pb::mvccpb;
+
+/// etcd's raft term, constant for a single member that never holds an election.
+pub const RAFT_TERM: u64 = 1;
+
+/// The identity that goes into every top-level response header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderIds {
+    /// The cluster id.
+    pub cluster_id: u64,
+    /// This member's id.
+    pub member_id: u64,
+}
+
+impl HeaderIds {
+    /// Returns a full response header at `revision`.
+    pub fn header(&self, revision: i64) -> pb::ResponseHeader {
+        pb::ResponseHeader {
+            cluster_id: self.cluster_id,
+            member_id: self.member_id,
+            revision,
+            raft_term: RAFT_TERM,
+        }
+    }
+
+    /// Returns a header without a revision, as etcd's MemberList answers.
+    pub fn header_without_revision(&self) -> pb::ResponseHeader {
+        self.header(0)
+    }
+}
+
+/// Returns a header with only `revision` set, as etcd puts inside a Txn (CONV-4).
+fn inner_header(revision: i64) -> pb::ResponseHeader {
+    pb::ResponseHeader {
+        revision,
+        ..pb::ResponseHeader::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests
+// ---------------------------------------------------------------------------------------------
+
+/// Returns the engine's Range request for `req`.
+pub fn range_request(req: pb::RangeRequest) -> api::RangeRequest {
+    api::RangeRequest {
+        key: req.key,
+        range_end: req.range_end,
+        limit: req.limit,
+        revision: req.revision,
+        sort_order: sort_order(req.sort_order),
+        sort_target: sort_target(req.sort_target),
+        serializable: req.serializable,
+        keys_only: req.keys_only,
+        count_only: req.count_only,
+        min_mod_revision: req.min_mod_revision,
+        max_mod_revision: req.max_mod_revision,
+        min_create_revision: req.min_create_revision,
+        max_create_revision: req.max_create_revision,
+    }
+}
+
+fn sort_order(value: i32) -> api::SortOrder {
+    match SortOrder::try_from(value) {
+        Ok(SortOrder::None) => api::SortOrder::None,
+        Ok(SortOrder::Ascend) => api::SortOrder::Ascend,
+        Ok(SortOrder::Descend) => api::SortOrder::Descend,
+        // CONV-2: etcd sorts neither way for an order it does not know.
+        Err(_) => api::SortOrder::None,
+    }
+}
+
+fn sort_target(value: i32) -> api::SortTarget {
+    match SortTarget::try_from(value) {
+        Ok(SortTarget::Key) => api::SortTarget::Key,
+        Ok(SortTarget::Version) => api::SortTarget::Version,
+        Ok(SortTarget::Create) => api::SortTarget::Create,
+        Ok(SortTarget::Mod) => api::SortTarget::Mod,
+        Ok(SortTarget::Value) => api::SortTarget::Value,
+        // CONV-2: etcd has no sorter for a target it does not know; key order remains.
+        Err(_) => api::SortTarget::Key,
+    }
+}
+
+/// Returns the engine's Put request for `req`.
+pub fn put_request(req: pb::PutRequest) -> api::PutRequest {
+    api::PutRequest {
+        key: req.key,
+        value: req.value,
+        lease: req.lease,
+        prev_kv: req.prev_kv,
+        ignore_value: req.ignore_value,
+        ignore_lease: req.ignore_lease,
+    }
+}
+
+/// Returns the engine's DeleteRange request for `req`.
+pub fn delete_range_request(req: pb::DeleteRangeRequest) -> api::DeleteRangeRequest {
+    api::DeleteRangeRequest {
+        key: req.key,
+        range_end: req.range_end,
+        prev_kv: req.prev_kv,
+    }
+}
+
+/// Returns the engine's compaction request for `req`.
+pub fn compaction_request(req: &pb::CompactionRequest) -> api::CompactionRequest {
+    api::CompactionRequest {
+        revision: req.revision,
+        physical: req.physical,
+    }
+}
+
+/// Returns the engine's Txn request for `req`, or etcd's error for an empty operation
+/// (CONV-3). `max_txn_ops` is the server's `--max-txn-ops`, needed to report the errors etcd
+/// checks before the empty operation.
+pub fn txn_request(req: pb::TxnRequest, max_txn_ops: usize) -> Result<api::TxnRequest, Error> {
+    if contains_empty_op(&req) {
+        return Err(first_invalid(&req, max_txn_ops).unwrap_or(Error::KeyNotFound));
+    }
+    txn_level(req)
+}
+
+fn txn_level(req: pb::TxnRequest) -> Result<api::TxnRequest, Error> {
+    Ok(api::TxnRequest {
+        compare: req.compare.into_iter().filter_map(compare).collect(),
+        success: req
+            .success
+            .into_iter()
+            .map(request_op)
+            .collect::<Result<_, _>>()?,
+        failure: req
+            .failure
+            .into_iter()
+            .map(request_op)
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+fn request_op(op: pb::RequestOp) -> Result<api::RequestOp, Error> {
+    match op.request {
+        Some(Request::RequestRange(r)) => Ok(api::RequestOp::Range(range_request(r))),
+        Some(Request::RequestPut(r)) => Ok(api::RequestOp::Put(put_request(r))),
+        Some(Request::RequestDeleteRange(r)) => {
+            Ok(api::RequestOp::DeleteRange(delete_range_request(r)))
+        }
+        Some(Request::RequestTxn(t)) => Ok(api::RequestOp::Txn(txn_level(t)?)),
+        None => Err(Error::KeyNotFound),
+    }
+}
+
+fn contains_empty_op(req: &pb::TxnRequest) -> bool {
+    req.success
+        .iter()
+        .chain(&req.failure)
+        .any(|op| match &op.request {
+            None => true,
+            Some(Request::RequestTxn(t)) => contains_empty_op(t),
+            Some(_) => false,
+        })
+}
+
+/// Returns the first error etcd's gRPC-layer Txn check reports, walking the request in
+/// etcd's order (operation count, compare keys, then each op of `success` and `failure`,
+/// nested Txns with the remaining budget), with an empty op reported where it stands.
+fn first_invalid(req: &pb::TxnRequest, max_txn_ops: usize) -> Option<Error> {
+    let count = req
+        .compare
+        .len()
+        .max(req.success.len())
+        .max(req.failure.len());
+    if count > max_txn_ops {
+        return Some(Error::TooManyTxnOps);
+    }
+    if req.compare.iter().any(|c| c.key.is_empty()) {
+        return Some(Error::KeyNotProvided);
+    }
+    req.success
+        .iter()
+        .chain(&req.failure)
+        .find_map(|op| match &op.request {
+            None => Some(Error::KeyNotFound),
+            Some(Request::RequestRange(r)) => r.key.is_empty().then_some(Error::KeyNotProvided),
+            Some(Request::RequestPut(p)) => invalid_put(p),
+            Some(Request::RequestDeleteRange(d)) => {
+                d.key.is_empty().then_some(Error::KeyNotProvided)
+            }
+            Some(Request::RequestTxn(t)) => first_invalid(t, max_txn_ops - count),
+        })
+}
+
+fn invalid_put(p: &pb::PutRequest) -> Option<Error> {
+    if p.key.is_empty() {
+        Some(Error::KeyNotProvided)
+    } else if p.ignore_value && !p.value.is_empty() {
+        Some(Error::ValueProvided)
+    } else if p.ignore_lease && p.lease != 0 {
+        Some(Error::LeaseProvided)
+    } else {
+        None
+    }
+}
+
+/// Returns the engine's compare for `c`, or `None` for a compare that etcd evaluates as
+/// always true (CONV-2), which drops out of the conjunction.
+fn compare(c: pb::Compare) -> Option<api::Compare> {
+    let target = CompareTarget::try_from(c.target).ok();
+    let result = CompareResult::try_from(c.result).ok();
+    let (result, target) = match (target, result) {
+        (Some(target), Some(result)) => (known_result(result), operand(target, c.target_union)),
+        // An unknown result holds whenever etcd gets as far as comparing a key's field. For a
+        // VALUE target that needs at least one key in the range; "create revision ≠ 0" says
+        // exactly that, also for a range with no keys (compared against 0).
+        (Some(CompareTarget::Value), None) => {
+            (api::CompareResult::NotEqual, api::CompareTarget::Create(0))
+        }
+        (Some(_), None) | (None, None) | (None, Some(CompareResult::Equal)) => return None,
+        // An unknown target compares as "equal" (etcd leaves its comparison at 0), so any
+        // result other than EQUAL never holds: "version < 0" never holds either.
+        (None, Some(_)) => (api::CompareResult::Less, api::CompareTarget::Version(0)),
+    };
+    Some(api::Compare {
+        key: c.key,
+        range_end: c.range_end,
+        result,
+        target,
+    })
+}
+
+fn known_result(result: CompareResult) -> api::CompareResult {
+    match result {
+        CompareResult::Equal => api::CompareResult::Equal,
+        CompareResult::Greater => api::CompareResult::Greater,
+        CompareResult::Less => api::CompareResult::Less,
+        CompareResult::NotEqual => api::CompareResult::NotEqual,
+    }
+}
+
+/// Returns the target with its operand taken from the matching oneof field (CONV-1).
+fn operand(target: CompareTarget, union: Option<TargetUnion>) -> api::CompareTarget {
+    match (target, union) {
+        (CompareTarget::Version, Some(TargetUnion::Version(v))) => api::CompareTarget::Version(v),
+        (CompareTarget::Version, _) => api::CompareTarget::Version(0),
+        (CompareTarget::Create, Some(TargetUnion::CreateRevision(v))) => {
+            api::CompareTarget::Create(v)
+        }
+        (CompareTarget::Create, _) => api::CompareTarget::Create(0),
+        (CompareTarget::Mod, Some(TargetUnion::ModRevision(v))) => api::CompareTarget::Mod(v),
+        (CompareTarget::Mod, _) => api::CompareTarget::Mod(0),
+        (CompareTarget::Value, Some(TargetUnion::Value(v))) => api::CompareTarget::Value(v),
+        (CompareTarget::Value, _) => api::CompareTarget::Value(Bytes::new()),
+        (CompareTarget::Lease, Some(TargetUnion::Lease(v))) => api::CompareTarget::Lease(v),
+        (CompareTarget::Lease, _) => api::CompareTarget::Lease(0),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Responses
+// ---------------------------------------------------------------------------------------------
+
+/// Returns etcd's `KeyValue` for `kv`.
+pub fn key_value(kv: api::KeyValue) -> mvccpb::KeyValue {
+    mvccpb::KeyValue {
+        key: kv.key,
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+        version: kv.version,
+        value: kv.value,
+        lease: kv.lease,
+    }
+}
+
+fn range_response(resp: api::RangeResponse, header: pb::ResponseHeader) -> pb::RangeResponse {
+    pb::RangeResponse {
+        header: Some(header),
+        kvs: resp.kvs.into_iter().map(key_value).collect(),
+        more: resp.more,
+        count: resp.count,
+    }
+}
+
+fn put_response(resp: api::PutResponse, header: pb::ResponseHeader) -> pb::PutResponse {
+    pb::PutResponse {
+        header: Some(header),
+        prev_kv: resp.prev_kv.map(key_value),
+    }
+}
+
+fn delete_range_response(
+    resp: api::DeleteRangeResponse,
+    header: pb::ResponseHeader,
+) -> pb::DeleteRangeResponse {
+    pb::DeleteRangeResponse {
+        header: Some(header),
+        deleted: resp.deleted,
+        prev_kvs: resp.prev_kvs.into_iter().map(key_value).collect(),
+    }
+}
+
+fn txn_response(resp: api::TxnResponse, header: pb::ResponseHeader) -> pb::TxnResponse {
+    pb::TxnResponse {
+        header: Some(header),
+        succeeded: resp.succeeded,
+        responses: resp.responses.into_iter().map(response_op).collect(),
+    }
+}
+
+fn response_op(op: api::ResponseOp) -> pb::ResponseOp {
+    let response = match op {
+        api::ResponseOp::Range(r) => {
+            let header = inner_header(r.header.revision);
+            Response::ResponseRange(range_response(r, header))
+        }
+        api::ResponseOp::Put(r) => {
+            let header = inner_header(r.header.revision);
+            Response::ResponsePut(put_response(r, header))
+        }
+        api::ResponseOp::DeleteRange(r) => {
+            let header = inner_header(r.header.revision);
+            Response::ResponseDeleteRange(delete_range_response(r, header))
+        }
+        api::ResponseOp::Txn(t) => {
+            let header = inner_header(t.header.revision);
+            Response::ResponseTxn(txn_response(t, header))
+        }
+    };
+    pb::ResponseOp {
+        response: Some(response),
+    }
+}
+
+impl HeaderIds {
+    /// Returns etcd's Range response for `resp`.
+    pub fn range(&self, resp: api::RangeResponse) -> pb::RangeResponse {
+        let header = self.header(resp.header.revision);
+        range_response(resp, header)
+    }
+
+    /// Returns etcd's Put response for `resp`.
+    pub fn put(&self, resp: api::PutResponse) -> pb::PutResponse {
+        let header = self.header(resp.header.revision);
+        put_response(resp, header)
+    }
+
+    /// Returns etcd's DeleteRange response for `resp`.
+    pub fn delete_range(&self, resp: api::DeleteRangeResponse) -> pb::DeleteRangeResponse {
+        let header = self.header(resp.header.revision);
+        delete_range_response(resp, header)
+    }
+
+    /// Returns etcd's Txn response for `resp` (CONV-4 for the nested responses).
+    pub fn txn(&self, resp: api::TxnResponse) -> pb::TxnResponse {
+        let header = self.header(resp.header.revision);
+        txn_response(resp, header)
+    }
+
+    /// Returns etcd's compaction response for `resp`.
+    pub fn compaction(&self, resp: api::CompactionResponse) -> pb::CompactionResponse {
+        pb::CompactionResponse {
+            header: Some(self.header(resp.header.revision)),
+        }
+    }
+
+    /// Returns etcd's HashKV response for `resp`.
+    pub fn hash_kv(&self, resp: api::HashKvResponse) -> pb::HashKvResponse {
+        pb::HashKvResponse {
+            header: Some(self.header(resp.header.revision)),
+            hash: resp.hash,
+            compact_revision: resp.compact_revision,
+            hash_revision: resp.hash_revision,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pb_compare(target: i32, result: i32, union: Option<TargetUnion>) -> pb::Compare {
+        pb::Compare {
+            result,
+            target,
+            key: Bytes::from_static(b"k"),
+            range_end: Bytes::new(),
+            target_union: union,
+        }
+    }
+
+    fn put_op(key: &'static [u8]) -> pb::RequestOp {
+        let put = pb::PutRequest {
+            key: Bytes::from_static(key),
+            ..pb::PutRequest::default()
+        };
+        pb::RequestOp {
+            request: Some(Request::RequestPut(put)),
+        }
+    }
+
+    fn empty_op() -> pb::RequestOp {
+        pb::RequestOp { request: None }
+    }
+
+    #[test]
+    fn compare_operand_comes_from_the_field_matching_the_target() {
+        let c = pb_compare(
+            CompareTarget::Version as i32,
+            CompareResult::Equal as i32,
+            Some(TargetUnion::ModRevision(5)),
+        );
+        assert_eq!(
+            compare(c).map(|c| c.target),
+            Some(api::CompareTarget::Version(0))
+        );
+        let c = pb_compare(
+            CompareTarget::Mod as i32,
+            CompareResult::Greater as i32,
+            Some(TargetUnion::ModRevision(5)),
+        );
+        let got = compare(c).map(|c| (c.result, c.target));
+        assert_eq!(
+            got,
+            Some((api::CompareResult::Greater, api::CompareTarget::Mod(5)))
+        );
+        let c = pb_compare(
+            CompareTarget::Value as i32,
+            CompareResult::Equal as i32,
+            None,
+        );
+        assert_eq!(
+            compare(c).map(|c| c.target),
+            Some(api::CompareTarget::Value(Bytes::new()))
+        );
+    }
+
+    #[test]
+    fn unknown_compare_enums_behave_as_etcd_evaluates_them() {
+        // Unknown result, non-VALUE target: always true, so the compare drops out.
+        assert!(compare(pb_compare(CompareTarget::Mod as i32, 9, None)).is_none());
+        // Unknown result, VALUE target: true exactly when a key exists.
+        let c = compare(pb_compare(CompareTarget::Value as i32, 9, None));
+        let got = c.map(|c| (c.result, c.target));
+        assert_eq!(
+            got,
+            Some((api::CompareResult::NotEqual, api::CompareTarget::Create(0)))
+        );
+        // Unknown target with EQUAL: always true.
+        assert!(compare(pb_compare(9, CompareResult::Equal as i32, None)).is_none());
+        // Unknown target with another result: never true.
+        let c = compare(pb_compare(9, CompareResult::Greater as i32, None));
+        let got = c.map(|c| (c.result, c.target));
+        assert_eq!(
+            got,
+            Some((api::CompareResult::Less, api::CompareTarget::Version(0)))
+        );
+    }
+
+    #[test]
+    fn empty_request_op_is_key_not_found() {
+        let txn = pb::TxnRequest {
+            success: vec![put_op(b"a"), empty_op()],
+            ..Default::default()
+        };
+        assert_eq!(txn_request(txn, 128), Err(Error::KeyNotFound));
+    }
+
+    #[test]
+    fn errors_etcd_checks_before_an_empty_op_win() {
+        let too_many = pb::TxnRequest {
+            success: vec![empty_op()],
+            failure: (0..3).map(|_| put_op(b"a")).collect(),
+            ..Default::default()
+        };
+        assert_eq!(txn_request(too_many, 2), Err(Error::TooManyTxnOps));
+        let empty_key_first = pb::TxnRequest {
+            success: vec![put_op(b""), empty_op()],
+            ..Default::default()
+        };
+        assert_eq!(
+            txn_request(empty_key_first, 128),
+            Err(Error::KeyNotProvided)
+        );
+        let empty_op_first = pb::TxnRequest {
+            success: vec![empty_op(), put_op(b"")],
+            ..Default::default()
+        };
+        assert_eq!(txn_request(empty_op_first, 128), Err(Error::KeyNotFound));
+    }
+
+    #[test]
+    fn nested_empty_op_is_found() {
+        let nested = pb::TxnRequest {
+            failure: vec![empty_op()],
+            ..Default::default()
+        };
+        let txn = pb::TxnRequest {
+            success: vec![pb::RequestOp {
+                request: Some(Request::RequestTxn(nested)),
+            }],
+            ..Default::default()
+        };
+        assert_eq!(txn_request(txn, 128), Err(Error::KeyNotFound));
+    }
+
+    #[test]
+    fn inner_headers_carry_only_the_revision() {
+        let ids = HeaderIds {
+            cluster_id: 7,
+            member_id: 9,
+        };
+        let inner = api::RangeResponse {
+            header: api::ResponseHeader { revision: 4 },
+            ..api::RangeResponse::default()
+        };
+        let nested = api::TxnResponse::default();
+        let resp = api::TxnResponse {
+            header: api::ResponseHeader { revision: 5 },
+            succeeded: true,
+            responses: vec![api::ResponseOp::Range(inner), api::ResponseOp::Txn(nested)],
+        };
+        let got = ids.txn(resp);
+        let top = got.header.unwrap_or_default();
+        assert_eq!(
+            (top.cluster_id, top.member_id, top.revision, top.raft_term),
+            (7, 9, 5, 1)
+        );
+        let Some(Response::ResponseRange(range)) = &got.responses[0].response else {
+            panic!("expected a range response");
+        };
+        assert_eq!(range.header, Some(inner_header(4)));
+        let Some(Response::ResponseTxn(txn)) = &got.responses[1].response else {
+            panic!("expected a txn response");
+        };
+        assert_eq!(txn.header, Some(pb::ResponseHeader::default()));
+    }
+}

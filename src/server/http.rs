@@ -1,0 +1,242 @@
+//! The client port's router: etcd's gRPC services (h2c) and the HTTP routes `/health`,
+//! `/version` and `/metrics` (HTTP/1.1 or h2c) on one listener, as etcd serves them.
+//!
+//! Owns: routing, the per-request metrics and log line, and the HTTP answers.
+//!
+//! Invariants:
+//! - HTTP-1: every gRPC request is counted and timed once (`server::metrics`), whatever its
+//!   outcome, including requests to unknown methods.
+//! - HTTP-2: a gRPC message over the receive limit is answered as etcd's gRPC-go server
+//!   answers it: `ResourceExhausted "grpc: received message larger than max (N vs. M)"`.
+//!   tonic says the same thing with another code and text; [`etcd_oversize_status`]
+//!   rewrites it.
+//! - HTTP-3: `/health` answers 200 only when the engine answers a status request; otherwise
+//!   503 with the engine's error as the reason.
+//! - HTTP-4: a path no route knows gets gRPC `Unimplemented` if the request is gRPC, else a
+//!   plain 404.
+//!
+//! Contact points: `server::run` serves this router; the gRPC services live in `kv.rs`,
+//! `maintenance.rs`, `cluster.rs` and `stubs.rs`.
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tonic::service::Routes;
+use tonic::{Code, Status};
+
+use crate::server::cluster::ClusterService;
+use crate::server::kv::KvService;
+use crate::server::maintenance::MaintenanceService;
+use crate::server::metrics::Metrics;
+use crate::server::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, Node};
+use crate::server::pb::etcdserverpb::auth_server::AuthServer;
+use crate::server::pb::etcdserverpb::cluster_server::ClusterServer;
+use crate::server::pb::etcdserverpb::kv_server::KvServer;
+use crate::server::pb::etcdserverpb::lease_server::LeaseServer;
+use crate::server::pb::etcdserverpb::maintenance_server::MaintenanceServer;
+use crate::server::pb::etcdserverpb::watch_server::WatchServer;
+use crate::server::stubs::{AuthService, LeaseService, WatchService};
+use crate::sync::Arc;
+
+/// The text tonic gives a message over the receive limit, before the numbers.
+const TONIC_OVERSIZE_PREFIX: &str = "Error, decoded message length too large: found ";
+
+/// State the middleware and the HTTP routes share.
+#[derive(Debug, Clone)]
+struct Shared {
+    node: Arc<Node>,
+    metrics: Arc<Metrics>,
+}
+
+/// Returns the router of the client port. `max_receive_bytes` is the gRPC receive limit
+/// (etcd: `--max-request-bytes` + 512 KiB).
+pub fn router(node: Arc<Node>, metrics: Arc<Metrics>, max_receive_bytes: usize) -> axum::Router {
+    let shared = Shared {
+        node: node.clone(),
+        metrics,
+    };
+    let routes = Routes::new(
+        KvServer::new(KvService::new(node.clone())).max_decoding_message_size(max_receive_bytes),
+    )
+    .add_service(
+        MaintenanceServer::new(MaintenanceService::new(node.clone()))
+            .max_decoding_message_size(max_receive_bytes),
+    )
+    .add_service(
+        ClusterServer::new(ClusterService::new(node.clone()))
+            .max_decoding_message_size(max_receive_bytes),
+    )
+    .add_service(
+        AuthServer::new(AuthService::new(node)).max_decoding_message_size(max_receive_bytes),
+    )
+    .add_service(WatchServer::new(WatchService).max_decoding_message_size(max_receive_bytes))
+    .add_service(LeaseServer::new(LeaseService).max_decoding_message_size(max_receive_bytes));
+    routes
+        .into_axum_router()
+        .route("/health", get(health).with_state(shared.clone()))
+        .route("/version", get(version))
+        .route("/metrics", get(metrics_text).with_state(shared.clone()))
+        .fallback(fallback)
+        .layer(middleware::from_fn_with_state(shared, track))
+}
+
+/// Returns true for a gRPC request (content type `application/grpc` or a subtype).
+fn is_grpc(request: &Request) -> bool {
+    request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// Counts, times and logs every gRPC request (HTTP-1), and gives an oversized message
+/// etcd's answer (HTTP-2).
+async fn track(State(shared): State<Shared>, request: Request, next: Next) -> Response {
+    if !is_grpc(&request) {
+        return next.run(request).await;
+    }
+    let path = request.uri().path().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let response = match Status::from_header_map(response.headers()) {
+        Some(status) => match etcd_oversize_status(&status) {
+            Some(rewritten) => rewritten.into_http::<Body>(),
+            None => response,
+        },
+        None => response,
+    };
+    let elapsed = started.elapsed();
+    // A unary answer that succeeded carries its status in the trailers, which this layer
+    // does not wait for; an answer without a status in its head succeeded.
+    let code = Status::from_header_map(response.headers()).map_or(Code::Ok, |s| s.code());
+    shared.metrics.record(&path, code, elapsed);
+    let elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+    match code {
+        Code::Internal | Code::DataLoss | Code::Unavailable | Code::Unknown => {
+            tracing::warn!(method = %path, code = ?code, elapsed_us, "grpc request failed");
+        }
+        _ => tracing::debug!(method = %path, code = ?code, elapsed_us, "grpc request"),
+    }
+    response
+}
+
+/// Returns etcd's status for tonic's "message too large" status, or `None` for any other
+/// status (HTTP-2).
+fn etcd_oversize_status(status: &Status) -> Option<Status> {
+    if status.code() != Code::OutOfRange {
+        return None;
+    }
+    let rest = status.message().strip_prefix(TONIC_OVERSIZE_PREFIX)?;
+    let (found, rest) = rest.split_once(" bytes, the limit is: ")?;
+    let limit = rest.strip_suffix(" bytes")?;
+    let found: u64 = found.parse().ok()?;
+    let limit: u64 = limit.parse().ok()?;
+    Some(Status::resource_exhausted(format!(
+        "grpc: received message larger than max ({found} vs. {limit})"
+    )))
+}
+
+/// `GET /health` (HTTP-3), etcd 3.5+'s body shape.
+async fn health(State(shared): State<Shared>) -> Response {
+    match shared.node.status().await {
+        Ok(_) => json(
+            StatusCode::OK,
+            "{\"health\":\"true\",\"reason\":\"\"}".to_owned(),
+        ),
+        Err(status) => {
+            let reason = json_escape(status.message());
+            json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{{\"health\":\"false\",\"reason\":\"{reason}\"}}"),
+            )
+        }
+    }
+}
+
+/// `GET /version`.
+async fn version() -> Response {
+    json(
+        StatusCode::OK,
+        format!(
+            "{{\"etcdserver\":\"{ETCD_SERVER_VERSION}\",\"etcdcluster\":\"{ETCD_CLUSTER_VERSION}\"}}"
+        ),
+    )
+}
+
+/// `GET /metrics`: Prometheus text format (MET-3: the engine is asked now).
+async fn metrics_text(State(shared): State<Shared>) -> Response {
+    let status = shared.node.status().await.ok();
+    let body = shared.metrics.render(status.as_ref());
+    let mut response = (StatusCode::OK, body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+/// Answers paths no route knows (HTTP-4).
+async fn fallback(request: Request) -> Response {
+    if is_grpc(&request) {
+        let message = format!("kvd: unknown gRPC method {}", request.uri().path());
+        Status::unimplemented(message).into_http::<Body>()
+    } else {
+        (StatusCode::NOT_FOUND, "404 page not found\n").into_response()
+    }
+}
+
+fn json(code: StatusCode, body: String) -> Response {
+    let mut response = (code, body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// Escapes `text` for a JSON string.
+fn json_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tonic_oversize_becomes_etcds_status() {
+        let tonic = Status::out_of_range(
+            "Error, decoded message length too large: found 2150410 bytes, the limit is: 2097152 bytes",
+        );
+        let etcd = etcd_oversize_status(&tonic).map(|s| (s.code(), s.message().to_owned()));
+        assert_eq!(
+            etcd,
+            Some((
+                Code::ResourceExhausted,
+                "grpc: received message larger than max (2150410 vs. 2097152)".to_owned()
+            ))
+        );
+        let other =
+            Status::out_of_range("etcdserver: mvcc: required revision is a future revision");
+        assert!(etcd_oversize_status(&other).is_none());
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        assert_eq!(json_escape("a \"b\"\n"), "a \\\"b\\\"\\u000a");
+    }
+}

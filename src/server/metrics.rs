@@ -1,0 +1,295 @@
+//! Request counters and latency histograms per gRPC method, and the Prometheus text
+//! exposition of `/metrics`.
+//!
+//! Owns: the metric names and their rendering (Prometheus text format 0.0.4, written by hand:
+//! the set of series is small and fixed, so a metrics library would add a dependency and a
+//! registry for a few dozen lines of formatting).
+//!
+//! Invariants:
+//! - MET-1: the number of per-method series is bounded by [`METHOD_SERIES_MAX`]; requests to
+//!   further method paths are counted under `grpc_method="other"`, so a client inventing
+//!   method names cannot grow the server's memory.
+//! - MET-2: histogram buckets are cumulative in the output and `_count` equals the `+Inf`
+//!   bucket.
+//! - MET-3: engine gauges are read at scrape time from the engine's status, never cached.
+//!
+//! Contact points: `server::http` records every gRPC request here and serves `/metrics`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use tonic::Code;
+
+use crate::api;
+use crate::sync::{Mutex, lock};
+
+/// Upper bounds of the latency buckets in microseconds (etcd's gRPC handling buckets,
+/// 5 ms to 10 s).
+pub const LATENCY_BUCKETS_MICROS: [u64; 11] = [
+    5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000,
+    10_000_000,
+];
+/// Most distinct method paths tracked (MET-1). etcd's API has 41 methods.
+pub const METHOD_SERIES_MAX: usize = 64;
+
+const _: () = assert!(METHOD_SERIES_MAX >= 41);
+
+/// What one gRPC method has seen.
+#[derive(Debug, Default, Clone)]
+struct MethodStats {
+    /// Requests per gRPC status code.
+    codes: BTreeMap<i32, u64>,
+    /// Requests per latency bucket, not cumulative; the last slot is `+Inf`.
+    buckets: [u64; LATENCY_BUCKETS_MICROS.len() + 1],
+    /// Total latency in microseconds.
+    sum_micros: u64,
+    /// Number of requests.
+    count: u64,
+}
+
+/// The server's request metrics.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    methods: Mutex<BTreeMap<String, MethodStats>>,
+}
+
+impl Metrics {
+    /// Returns empty metrics.
+    pub fn new() -> Metrics {
+        Metrics::default()
+    }
+
+    /// Records one request to the gRPC method at `path` that ended with `code` after
+    /// `elapsed`.
+    pub fn record(&self, path: &str, code: Code, elapsed: Duration) {
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        let bucket = LATENCY_BUCKETS_MICROS
+            .iter()
+            .position(|bound| micros <= *bound)
+            .unwrap_or(LATENCY_BUCKETS_MICROS.len());
+        let mut methods = lock(&self.methods);
+        let key = if methods.contains_key(path) || methods.len() < METHOD_SERIES_MAX {
+            path
+        } else {
+            "/other/other"
+        };
+        let stats = methods.entry(key.to_owned()).or_default();
+        *stats.codes.entry(code as i32).or_default() += 1;
+        stats.buckets[bucket] += 1;
+        stats.sum_micros = stats.sum_micros.saturating_add(micros);
+        stats.count += 1;
+    }
+
+    /// Returns the Prometheus text exposition: the engine gauges from `status` (or
+    /// `kvd_engine_up 0` if the engine did not answer) and the per-method series.
+    pub fn render(&self, status: Option<&api::Status>) -> String {
+        let mut out = String::new();
+        render_engine(&mut out, status);
+        let methods = lock(&self.methods).clone();
+        render_requests(&mut out, &methods);
+        out
+    }
+}
+
+fn render_engine(out: &mut String, status: Option<&api::Status>) {
+    gauge(
+        out,
+        "kvd_engine_up",
+        "1 if the engine answered the scrape, else 0.",
+        status.is_some(),
+    );
+    let Some(status) = status else {
+        return;
+    };
+    let gauges: [(&str, &str, i128); 5] = [
+        (
+            "kvd_db_size_bytes",
+            "Length of the database file in bytes.",
+            status.db_size.into(),
+        ),
+        (
+            "kvd_db_size_in_use_bytes",
+            "Bytes the database occupies inside its file.",
+            status.db_size_in_use.into(),
+        ),
+        (
+            "kvd_current_revision",
+            "The current store revision.",
+            status.header.revision.into(),
+        ),
+        (
+            "kvd_compact_revision",
+            "The compaction revision (-1 if never compacted).",
+            status.compact_revision.into(),
+        ),
+        (
+            "kvd_applied_index",
+            "Write requests applied since creation.",
+            status.applied_index.into(),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+        );
+    }
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, value: bool) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
+        u8::from(value)
+    );
+}
+
+fn render_requests(out: &mut String, methods: &BTreeMap<String, MethodStats>) {
+    let total = "kvd_grpc_requests_total";
+    let _ = writeln!(
+        out,
+        "# HELP {total} gRPC requests handled, by method and status code."
+    );
+    let _ = writeln!(out, "# TYPE {total} counter");
+    for (path, stats) in methods {
+        let labels = method_labels(path);
+        for (code, count) in &stats.codes {
+            let code = code_name(*code);
+            let _ = writeln!(out, "{total}{{{labels},grpc_code=\"{code}\"}} {count}");
+        }
+    }
+    let hist = "kvd_grpc_request_duration_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {hist} Time to answer a gRPC request (to the response head)."
+    );
+    let _ = writeln!(out, "# TYPE {hist} histogram");
+    for (path, stats) in methods {
+        let labels = method_labels(path);
+        let mut cumulative = 0;
+        for (bound, count) in LATENCY_BUCKETS_MICROS.iter().zip(&stats.buckets) {
+            cumulative += count;
+            let le = seconds(*bound);
+            let _ = writeln!(out, "{hist}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+        }
+        cumulative += stats.buckets[LATENCY_BUCKETS_MICROS.len()];
+        debug_assert_eq!(cumulative, stats.count, "MET-2");
+        let _ = writeln!(out, "{hist}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+        let _ = writeln!(out, "{hist}_sum{{{labels}}} {}", seconds(stats.sum_micros));
+        let _ = writeln!(out, "{hist}_count{{{labels}}} {}", stats.count);
+    }
+}
+
+/// Returns `grpc_service="…",grpc_method="…"` for a path `/service/method`.
+fn method_labels(path: &str) -> String {
+    let trimmed = path.strip_prefix('/').unwrap_or(path);
+    let (service, method) = trimmed.split_once('/').unwrap_or((trimmed, ""));
+    format!(
+        "grpc_service=\"{}\",grpc_method=\"{}\"",
+        escape(service),
+        escape(method)
+    )
+}
+
+/// Escapes a label value as the text format requires.
+fn escape(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Returns the name gRPC and go-grpc-prometheus use for a status code.
+fn code_name(code: i32) -> String {
+    match Code::from(code) {
+        Code::Ok => "OK".to_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Returns `micros` as seconds with up to six decimals, trailing zeros dropped.
+fn seconds(micros: u64) -> String {
+    let whole = micros / 1_000_000;
+    let fraction = micros % 1_000_000;
+    if fraction == 0 {
+        return whole.to_string();
+    }
+    let digits = format!("{fraction:06}");
+    format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_render_as_counters_and_cumulative_histograms() {
+        let metrics = Metrics::new();
+        metrics.record("/etcdserverpb.KV/Range", Code::Ok, Duration::from_millis(1));
+        metrics.record(
+            "/etcdserverpb.KV/Range",
+            Code::OutOfRange,
+            Duration::from_millis(30),
+        );
+        let text = metrics.render(None);
+        assert!(text.contains("kvd_engine_up 0"));
+        assert!(text.contains(
+            "kvd_grpc_requests_total{grpc_service=\"etcdserverpb.KV\",grpc_method=\"Range\",grpc_code=\"OK\"} 1"
+        ));
+        assert!(text.contains("grpc_code=\"OutOfRange\"} 1"));
+        assert!(text.contains("grpc_method=\"Range\",le=\"0.005\"} 1"));
+        assert!(text.contains("grpc_method=\"Range\",le=\"0.05\"} 2"));
+        assert!(text.contains("grpc_method=\"Range\",le=\"+Inf\"} 2"));
+        assert!(text.contains("kvd_grpc_request_duration_seconds_sum{grpc_service=\"etcdserverpb.KV\",grpc_method=\"Range\"} 0.031"));
+    }
+
+    #[test]
+    fn method_series_are_bounded() {
+        let metrics = Metrics::new();
+        for i in 0..METHOD_SERIES_MAX + 10 {
+            metrics.record(
+                &format!("/etcdserverpb.KV/M{i}"),
+                Code::Unimplemented,
+                Duration::ZERO,
+            );
+        }
+        let methods = lock(&metrics.methods);
+        assert_eq!(methods.len(), METHOD_SERIES_MAX + 1);
+        assert_eq!(methods.get("/other/other").map(|s| s.count), Some(10));
+    }
+
+    #[test]
+    fn engine_gauges_render() {
+        let status = api::Status {
+            header: api::ResponseHeader { revision: 7 },
+            compact_revision: -1,
+            db_size: 4096,
+            db_size_in_use: 1024,
+            applied_index: 6,
+        };
+        let text = Metrics::new().render(Some(&status));
+        for line in [
+            "kvd_engine_up 1",
+            "kvd_db_size_bytes 4096",
+            "kvd_db_size_in_use_bytes 1024",
+            "kvd_current_revision 7",
+            "kvd_compact_revision -1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+    }
+
+    #[test]
+    fn seconds_are_exact() {
+        assert_eq!(seconds(5_000), "0.005");
+        assert_eq!(seconds(2_500_000), "2.5");
+        assert_eq!(seconds(10_000_000), "10");
+    }
+}

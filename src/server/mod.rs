@@ -1,0 +1,331 @@
+#![cfg(not(loom))]
+//! The standalone `kvd` server: etcd's v3 gRPC API over the engine, plus `/health`,
+//! `/version` and `/metrics`, on one client port.
+//!
+//! Owns: the network surface. This is the only module that names tonic, prost, axum, tokio
+//! or hyper (style rule 6). It translates and validates; it holds no state of its own.
+//!
+//! Invariants:
+//! - SRV-1: the engine is called only from tokio's blocking pool (NODE-1).
+//! - SRV-2: the gRPC receive limit is `--max-request-bytes` + 512 KiB, as etcd's; requests
+//!   between the two limits reach the engine, which refuses them with
+//!   `etcdserver: request is too large`.
+//! - SRV-3: on SIGINT or SIGTERM the server stops accepting connections, lets requests in
+//!   flight finish (at most [`SHUTDOWN_GRACE`]), and then closes the engine, which drains its
+//!   apply queue and closes the database.
+//! - SRV-4: the member and cluster ids come from the data directory (ID-1) and are read only
+//!   after the engine holds its lock (ID-4).
+//!
+//! Contact points: `src/bin/kvd.rs` parses flags into [`ServerConfig`] and calls [`run`];
+//! tests drive the server through the `kvd` binary and the generated clients in [`pb`].
+//! Module map: `authority` (repairs the HTTP/2 authority of etcd 3.4 clients), `http`
+//! (router, metrics layer, HTTP routes), `kv`, `maintenance`, `cluster`,
+//! `stubs` (Watch, Lease, Auth), `convert` (pb ↔ api), `status` (errors → gRPC),
+//! `identity` (ids on disk), `metrics`, `node` (shared state).
+
+mod authority;
+mod cluster;
+mod convert;
+mod http;
+mod identity;
+mod kv;
+mod maintenance;
+mod metrics;
+mod node;
+pub mod pb;
+mod status;
+mod stubs;
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use crate::engine::{Config, Engine};
+use crate::server::authority::FixingListener;
+use crate::server::convert::HeaderIds;
+use crate::server::metrics::Metrics;
+use crate::server::node::{Node, NodeSettings};
+use crate::sync::Arc;
+
+pub use crate::server::node::{
+    ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, QUOTA_BACKEND_BYTES_DEFAULT,
+};
+
+/// Bytes etcd adds to `--max-request-bytes` for the gRPC receive limit (SRV-2).
+pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+/// How long requests in flight may take to finish after a shutdown signal (SRV-3).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How long engine calls still running on the blocking pool may take after the grace.
+pub const SHUTDOWN_BLOCKING_MAX: Duration = Duration::from_secs(5);
+/// Most threads the blocking pool runs engine calls on at once; further calls queue.
+pub const BLOCKING_THREADS_MAX: usize = 64;
+/// The peer URL MemberList shows. kvd has no peer port; etcd's clients only print it.
+pub const PEER_URL_PLACEHOLDER: &str = "http://127.0.0.1:2380";
+
+/// What `kvd` serves and how.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The data directory (`--data-dir`).
+    pub data_dir: PathBuf,
+    /// The member name (`--name`).
+    pub name: String,
+    /// URLs to listen on for clients, `http://host:port` (`--listen-client-urls`).
+    pub listen_client_urls: Vec<String>,
+    /// URLs to advertise in MemberList; empty means the listening URLs.
+    pub advertise_client_urls: Vec<String>,
+    /// The space quota in bytes: 0 means etcd's default (2 GiB), negative disables
+    /// (`--quota-backend-bytes`). Reported in Status; not enforced yet.
+    pub quota_backend_bytes: i64,
+    /// Largest request accepted (`--max-request-bytes`).
+    pub max_request_bytes: usize,
+    /// Largest number of operations in one Txn level (`--max-txn-ops`).
+    pub max_txn_ops: usize,
+}
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug)]
+pub enum ServerError {
+    /// A flag value is not usable.
+    Config(String),
+    /// The engine refused to open (for example, another kvd holds the data directory).
+    Engine(crate::Error),
+    /// The member or cluster id file could not be read or written.
+    Identity(io::Error),
+    /// A listener or the runtime could not be set up.
+    Io(String),
+}
+
+impl fmt::Display for ServerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServerError::Config(what) => write!(f, "kvd: {what}"),
+            // The engine's messages already start with "kvd:" or "etcdserver:".
+            ServerError::Engine(err) => err.fmt(f),
+            ServerError::Identity(err) => write!(f, "kvd: member identity: {err}"),
+            ServerError::Io(what) => write!(f, "kvd: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for ServerError {}
+
+/// Runs the server until SIGINT or SIGTERM, then shuts down cleanly (SRV-3). `on_ready` is
+/// called once with the URLs the server listens on, after every listener is bound.
+pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(), ServerError> {
+    let listen = config
+        .listen_client_urls
+        .iter()
+        .map(|url| listen_address(url))
+        .collect::<Result<Vec<_>, _>>()?;
+    if listen.is_empty() {
+        return Err(ServerError::Config("--listen-client-urls is empty".into()));
+    }
+    let engine_config = Config {
+        max_request_bytes: config.max_request_bytes,
+        max_txn_ops: config.max_txn_ops,
+        ..Config::default()
+    };
+    let engine = Engine::open(&config.data_dir, engine_config).map_err(ServerError::Engine)?;
+    // SRV-4: the engine holds the directory's lock from here on.
+    let identity = identity::load_or_create(&config.data_dir).map_err(ServerError::Identity)?;
+    let engine = Arc::new(engine);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(BLOCKING_THREADS_MAX)
+        .thread_name("kvd-server")
+        .build()
+        .map_err(|e| ServerError::Io(format!("start the async runtime: {e}")))?;
+    let ids = HeaderIds {
+        cluster_id: identity.cluster_id,
+        member_id: identity.member_id,
+    };
+    let served = runtime.block_on(serve(&config, engine.clone(), ids, listen, on_ready));
+    runtime.shutdown_timeout(SHUTDOWN_BLOCKING_MAX);
+    let closed = close_engine(engine);
+    served?;
+    closed
+}
+
+/// Returns the `host:port` to bind for a client URL; only `http://` is served.
+fn listen_address(url: &str) -> Result<String, ServerError> {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Err(ServerError::Config(format!(
+            "client URL {url:?} is not supported: only http:// URLs are served \
+             (TLS and unix sockets are not implemented)"
+        )));
+    };
+    let host_port = rest.trim_end_matches('/');
+    if host_port.is_empty() || host_port.contains('/') {
+        return Err(ServerError::Config(format!(
+            "client URL {url:?} is not http://host:port"
+        )));
+    }
+    Ok(host_port.to_owned())
+}
+
+/// Returns the URL clients reach a listener bound to `addr` at.
+fn url_of(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}
+
+async fn serve(
+    config: &ServerConfig,
+    engine: Arc<Engine>,
+    ids: HeaderIds,
+    listen: Vec<String>,
+    on_ready: impl FnOnce(&[String]),
+) -> Result<(), ServerError> {
+    let mut listeners = Vec::with_capacity(listen.len());
+    let mut urls = Vec::with_capacity(listen.len());
+    for address in &listen {
+        let listener = TcpListener::bind(address)
+            .await
+            .map_err(|e| ServerError::Io(format!("listen on {address}: {e}")))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| ServerError::Io(format!("listen on {address}: {e}")))?;
+        urls.push(url_of(local));
+        listeners.push(listener);
+    }
+    let advertise = if config.advertise_client_urls.is_empty() {
+        urls.clone()
+    } else {
+        config.advertise_client_urls.clone()
+    };
+    let settings = NodeSettings {
+        name: config.name.clone(),
+        advertise_client_urls: advertise,
+        peer_url: PEER_URL_PLACEHOLDER.to_owned(),
+        quota_bytes: quota_reported(config.quota_backend_bytes),
+        max_txn_ops: config.max_txn_ops,
+    };
+    let node = Arc::new(Node::new(engine, ids, settings));
+    let max_receive_bytes = config.max_request_bytes.saturating_add(GRPC_OVERHEAD_BYTES);
+    let router = http::router(node, Arc::new(Metrics::new()), max_receive_bytes);
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut servers = tokio::task::JoinSet::new();
+    for (listener, url) in listeners.into_iter().zip(&urls) {
+        let listener = FixingListener::new(listener);
+        let mut stopped = stopped.clone();
+        let router = router.clone();
+        let url = url.clone();
+        servers.spawn(async move {
+            let shutdown = async move {
+                // An error means the sender is gone, which also means stop.
+                let _ = stopped.wait_for(|stop| *stop).await;
+            };
+            let result = axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown)
+                .await;
+            (url, result)
+        });
+    }
+    tracing::info!(
+        data_dir = %config.data_dir.display(),
+        member_id = %format!("{:016x}", ids.member_id),
+        cluster_id = %format!("{:016x}", ids.cluster_id),
+        urls = %urls.join(","),
+        "kvd serving client requests"
+    );
+    on_ready(&urls);
+
+    tokio::select! {
+        signal = shutdown_signal() => {
+            let signal = signal.map_err(|e| ServerError::Io(format!("install signal handlers: {e}")))?;
+            tracing::info!(signal, "shutting down: no new connections, finishing requests in flight");
+        }
+        Some(joined) = servers.join_next() => {
+            tracing::error!(result = ?joined, "a listener stopped unexpectedly; shutting down");
+        }
+    }
+    // The receivers may all be gone already; nothing is left to tell then.
+    let _ = stop.send(true);
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while let Some(joined) = servers.join_next().await {
+            match joined {
+                Ok((url, Ok(()))) => tracing::info!(url, "listener closed"),
+                Ok((url, Err(e))) => tracing::error!(url, error = %e, "listener failed"),
+                Err(e) => tracing::error!(error = %e, "listener task failed"),
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            grace_s = SHUTDOWN_GRACE.as_secs(),
+            "requests still in flight after the grace period; closing their connections"
+        );
+        servers.abort_all();
+    }
+    Ok(())
+}
+
+/// Returns the quota Status reports: etcd's default for 0, none (0) when disabled.
+fn quota_reported(quota_backend_bytes: i64) -> i64 {
+    match quota_backend_bytes {
+        0 => QUOTA_BACKEND_BYTES_DEFAULT,
+        q if q < 0 => 0,
+        q => q,
+    }
+}
+
+/// Waits for SIGINT or SIGTERM and returns its name.
+async fn shutdown_signal() -> io::Result<&'static str> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        interrupted = tokio::signal::ctrl_c() => interrupted.map(|()| "SIGINT"),
+        _ = terminate.recv() => Ok("SIGTERM"),
+    }
+}
+
+/// Closes the engine once no request holds it any more; if one still does (an engine call
+/// outlived the shutdown limits), the engine is dropped instead, which also stops its apply
+/// thread, and the log says so.
+fn close_engine(engine: Arc<Engine>) -> Result<(), ServerError> {
+    match Arc::try_unwrap(engine) {
+        Ok(engine) => {
+            engine.close().map_err(ServerError::Engine)?;
+            tracing::info!("engine closed");
+            Ok(())
+        }
+        Err(engine) => {
+            tracing::warn!("engine calls still running at exit; stopping the engine without close");
+            drop(engine);
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_http_urls_are_served() {
+        assert_eq!(
+            listen_address("http://127.0.0.1:2379").ok(),
+            Some("127.0.0.1:2379".into())
+        );
+        assert_eq!(
+            listen_address("http://localhost:0/").ok(),
+            Some("localhost:0".into())
+        );
+        let https = listen_address("https://127.0.0.1:2379")
+            .unwrap_err()
+            .to_string();
+        assert!(https.contains("only http://"), "{https}");
+        assert!(listen_address("http://host:1/path").is_err());
+    }
+
+    #[test]
+    fn quota_follows_etcds_conventions() {
+        assert_eq!(quota_reported(0), 2 << 30);
+        assert_eq!(quota_reported(-1), 0);
+        assert_eq!(quota_reported(1000), 1000);
+    }
+}

@@ -1,0 +1,174 @@
+//! The one place where an engine error becomes a gRPC status.
+//!
+//! Owns: the gRPC code of every [`crate::Error`] and [`crate::StorageError`] variant, and the
+//! statuses kvd answers for RPCs it does not serve.
+//!
+//! Invariants:
+//! - STATUS-1: the message of every etcd-facing error is the engine's `Display` text, which
+//!   is etcd's client-visible message verbatim (ERR-1); the code is etcd's
+//!   (`shared/spec/etcd.md` §13). etcd's Go client recognises errors by that text.
+//! - STATUS-2: the mapping is one exhaustive `match` per error enum with no `_` arm, so a new
+//!   variant does not compile until someone decides its code.
+//! - STATUS-3: RPCs kvd does not serve answer `Unimplemented` with a message that starts with
+//!   `kvd:` and says what is missing, never a bare "not implemented".
+//!
+//! Contact points: every service in `server/` maps its `Err` through [`from_error`].
+
+use tonic::{Code, Status};
+
+use crate::error::{Error, StorageError};
+
+/// Returns the gRPC status etcd answers for `err`.
+pub fn from_error(err: &Error) -> Status {
+    Status::new(code_of(err), err.to_string())
+}
+
+/// Returns the gRPC code of `err` (STATUS-2: no `_` arm).
+fn code_of(err: &Error) -> Code {
+    match err {
+        Error::KeyNotProvided
+        | Error::KeyNotFound
+        | Error::ValueProvided
+        | Error::LeaseProvided
+        | Error::RequestTooLarge
+        | Error::TooManyTxnOps
+        | Error::DuplicateKey
+        | Error::InvalidArgument(_) => Code::InvalidArgument,
+        Error::Compacted | Error::FutureRevision => Code::OutOfRange,
+        Error::LeaseNotFound => Code::NotFound,
+        // etcd returns this error as a plain Go error, not a gRPC status, so gRPC-go sends it
+        // with code Unknown; etcd's Go client then recognises it by its message
+        // (`shared/spec/etcd.md` §12). We send what etcd sends.
+        Error::TooManyRequests => Code::Unknown,
+        // etcd's "server stopped" is Unavailable: the client may try another endpoint.
+        Error::Closed => Code::Unavailable,
+        Error::Storage(storage) => storage_code(storage),
+    }
+}
+
+/// Returns the gRPC code of a storage failure (STATUS-2: no `_` arm).
+fn storage_code(err: &StorageError) -> Code {
+    match err {
+        // Only seen at open; a running server never answers with it.
+        StorageError::Locked { .. } => Code::Unavailable,
+        // The data is damaged: etcd answers its "corrupt cluster" with DataLoss.
+        StorageError::Corrupted(_) => Code::DataLoss,
+        // An I/O error or the poisoned state after one: the request may succeed after the
+        // operator fixes the disk and restarts, so the client should retry elsewhere or later.
+        StorageError::Io(_) | StorageError::Poisoned(_) => Code::Unavailable,
+        StorageError::UnsupportedSchema { .. } => Code::FailedPrecondition,
+    }
+}
+
+/// Returns the status for an engine call whose blocking task did not finish: it panicked
+/// (a bug, reported in the log) or the runtime is shutting down.
+pub fn from_join_error(err: &tokio::task::JoinError) -> Status {
+    if err.is_cancelled() {
+        Status::unavailable("kvd: server is shutting down")
+    } else {
+        Status::internal("kvd: the request failed inside the server; see the server log")
+    }
+}
+
+/// Returns the `Unimplemented` status for something kvd does not serve (STATUS-3).
+pub fn unimplemented(message: &'static str) -> Status {
+    Status::unimplemented(message)
+}
+
+/// The message of the Watch service until watches land.
+pub const WATCH_NOT_IMPLEMENTED: &str = "kvd: watch is not implemented yet";
+/// The message of the Lease service until leases land.
+pub const LEASE_NOT_IMPLEMENTED: &str = "kvd: leases are not implemented yet";
+/// The message of cluster reconfiguration RPCs.
+pub const MEMBERSHIP_NOT_SUPPORTED: &str =
+    "kvd: member reconfiguration is not supported: kvd is a single-member server";
+/// The message of auth administration RPCs.
+pub const AUTH_NOT_SUPPORTED: &str = "kvd: authentication is not supported";
+/// etcd's answer to Authenticate while auth is disabled; etcd's Go client carries on
+/// without a token when it sees exactly this (`docs/design/wire-protocol.md`).
+pub const AUTH_NOT_ENABLED: &str = "etcdserver: authentication is not enabled";
+/// The message of Maintenance.Hash.
+pub const HASH_NOT_IMPLEMENTED: &str = "kvd: Hash is not implemented: it hashes etcd's bbolt \
+     file, which kvd does not have; use HashKV (etcdctl endpoint hashkv)";
+/// The message of Maintenance.Snapshot.
+pub const SNAPSHOT_NOT_IMPLEMENTED: &str = "kvd: snapshot is not implemented yet: copying the \
+     database file while writes go on would not give a consistent image";
+/// The message of Maintenance.MoveLeader.
+pub const MOVE_LEADER_NOT_SUPPORTED: &str =
+    "kvd: move-leader is not supported: kvd is a single-member server and always the leader";
+/// The message of Maintenance.Downgrade.
+pub const DOWNGRADE_NOT_SUPPORTED: &str = "kvd: downgrade is not supported";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etcd_errors_keep_their_code_and_message() {
+        let cases = [
+            (
+                Error::KeyNotProvided,
+                Code::InvalidArgument,
+                "etcdserver: key is not provided",
+            ),
+            (
+                Error::KeyNotFound,
+                Code::InvalidArgument,
+                "etcdserver: key not found",
+            ),
+            (
+                Error::RequestTooLarge,
+                Code::InvalidArgument,
+                "etcdserver: request is too large",
+            ),
+            (
+                Error::TooManyTxnOps,
+                Code::InvalidArgument,
+                "etcdserver: too many operations in txn request",
+            ),
+            (
+                Error::DuplicateKey,
+                Code::InvalidArgument,
+                "etcdserver: duplicate key given in txn request",
+            ),
+            (
+                Error::Compacted,
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision has been compacted",
+            ),
+            (
+                Error::FutureRevision,
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision is a future revision",
+            ),
+            (
+                Error::LeaseNotFound,
+                Code::NotFound,
+                "etcdserver: requested lease not found",
+            ),
+            (
+                Error::TooManyRequests,
+                Code::Unknown,
+                "etcdserver: too many requests",
+            ),
+        ];
+        for (err, code, message) in cases {
+            let status = from_error(&err);
+            assert_eq!(
+                (status.code(), status.message()),
+                (code, message),
+                "{err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn storage_errors_say_what_happened() {
+        let corrupted = from_error(&Error::Storage(StorageError::Corrupted("bad page".into())));
+        assert_eq!(corrupted.code(), Code::DataLoss);
+        assert!(corrupted.message().contains("bad page"));
+        let poisoned = from_error(&Error::Storage(StorageError::Poisoned("EIO".into())));
+        assert_eq!(poisoned.code(), Code::Unavailable);
+        assert!(poisoned.message().contains("reopen"));
+    }
+}
