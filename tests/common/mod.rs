@@ -1,0 +1,313 @@
+//! Helpers shared by the server tests: start `kvd` or Debian's etcd 3.4 on a loopback port
+//! with a temporary data directory, stop it when dropped, run `etcdctl` with a timeout, and
+//! make plain HTTP requests.
+//!
+//! The tests that use etcd or etcdctl fail (never skip) when the binaries are missing:
+//! `.ci/install-deps.sh` installs them.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Seek, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long a server may take to start listening.
+pub const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long one etcdctl invocation may take.
+pub const ETCDCTL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A running server (kvd or etcd), killed when dropped.
+pub struct Server {
+    child: Child,
+    /// The client URL, `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    /// The peer URL (etcd only; kvd shows a placeholder).
+    pub peer_url: Option<String>,
+    /// The data directory (inside `_dir` unless the caller gave one).
+    pub data_dir: PathBuf,
+    log: PathBuf,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Server {
+    /// Returns the server's log so far (stderr of the process).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Returns the process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (e.g. "-INT", "-TERM") to the server and waits for it to exit,
+    /// returning its exit code.
+    pub fn signal_and_wait(&mut self, signal: &str) -> Option<i32> {
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} failed");
+        wait_with_timeout(&mut self.child, START_TIMEOUT)
+            .expect("server did not exit")
+            .code()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Returns the path of the kvd binary Cargo built for these tests.
+pub fn kvd_binary() -> &'static str {
+    env!("CARGO_BIN_EXE_kvd")
+}
+
+/// Starts kvd on a free loopback port with a fresh temporary data directory.
+pub fn start_kvd(extra_args: &[&str]) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let mut server = start_kvd_in(&data_dir, extra_args).unwrap_or_else(|e| panic!("{e}"));
+    server._dir = Some(dir);
+    server
+}
+
+/// Starts kvd on a free loopback port on `data_dir`; `Err` carries the exit code and log if
+/// it exits instead of listening.
+// The child is waited for by `Server`'s `Drop`, or before returning an error.
+#[allow(clippy::zombie_processes)]
+pub fn start_kvd_in(data_dir: &Path, extra_args: &[&str]) -> Result<Server, String> {
+    let log = data_dir.with_extension(format!("kvd-{}.log", unique()));
+    let log_file = File::create(&log).unwrap();
+    let mut child = Command::new(kvd_binary())
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--listen-client-urls", "http://127.0.0.1:0"])
+        .args(extra_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log_file))
+        .spawn()
+        .expect("start kvd");
+    // The first stdout line names the URL (kvd prints it once the listener is bound).
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let first = lines.next().and_then(|l| l.ok());
+        let _ = tx.send(first);
+        // Keep draining so kvd never blocks on a full pipe.
+        for _ in lines {}
+    });
+    let endpoint = match rx.recv_timeout(START_TIMEOUT) {
+        Ok(Some(line)) => line
+            .rsplit(' ')
+            .next()
+            .filter(|url| url.starts_with("http://"))
+            .map(str::to_owned)
+            .ok_or_else(|| format!("unexpected kvd stdout line: {line}"))?,
+        Ok(None) | Err(_) => {
+            let code = wait_with_timeout(&mut child, Duration::from_secs(5)).and_then(|s| s.code());
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            return Err(format!(
+                "kvd did not start (exit code {code:?}); log:\n{log}"
+            ));
+        }
+    };
+    Ok(Server {
+        child,
+        endpoint,
+        peer_url: None,
+        data_dir: data_dir.to_owned(),
+        log,
+        _dir: None,
+    })
+}
+
+/// Starts Debian's etcd (3.4) as a single member on free loopback ports with a fresh
+/// temporary data directory, and waits until `/health` answers.
+pub fn start_etcd() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("etcd-data");
+    let client = format!("http://127.0.0.1:{}", free_port());
+    let peer = format!("http://127.0.0.1:{}", free_port());
+    let log = dir.path().join("etcd.log");
+    let child = Command::new("etcd")
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .args(["--name", "default"])
+        .args([
+            "--listen-client-urls",
+            &client,
+            "--advertise-client-urls",
+            &client,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+        ])
+        .args(["--initial-cluster", &format!("default={peer}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(File::create(&log).unwrap()))
+        .stderr(Stdio::from(
+            File::create(dir.path().join("etcd.stderr")).unwrap(),
+        ))
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run `etcd` ({e}); install it with .ci/install-deps.sh"));
+    let server = Server {
+        child,
+        endpoint: client,
+        peer_url: Some(peer),
+        data_dir,
+        log: dir.path().join("etcd.stderr"),
+        _dir: Some(dir),
+    };
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Ok((200, _)) = http_get(&server.endpoint, "/health") {
+            return server;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "etcd did not become healthy:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Returns a port that was free a moment ago (bound and released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Waits for `child` to exit for at most `timeout`.
+pub fn wait_with_timeout(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// What one etcdctl run printed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    /// The exit code (-1 if killed by a signal).
+    pub code: i32,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+/// Runs `etcdctl --endpoints=<endpoint> args...` with `stdin`, killed after
+/// [`ETCDCTL_TIMEOUT`]. Panics if etcdctl is not installed.
+pub fn etcdctl(endpoint: &str, args: &[&str], stdin: Option<&[u8]>) -> Run {
+    let mut out = tempfile::tempfile().unwrap();
+    let mut err = tempfile::tempfile().unwrap();
+    let mut child = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"))
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(err.try_clone().unwrap()))
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot run `etcdctl` ({e}); install it with .ci/install-deps.sh")
+        });
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(input).unwrap();
+    }
+    let Some(status) = wait_with_timeout(&mut child, ETCDCTL_TIMEOUT) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("etcdctl {args:?} did not finish within {ETCDCTL_TIMEOUT:?}");
+    };
+    let read = |file: &mut File| {
+        file.rewind().unwrap();
+        let mut text = String::new();
+        file.read_to_string(&mut text).unwrap();
+        text
+    };
+    Run {
+        code: status.code().unwrap_or(-1),
+        stdout: read(&mut out),
+        stderr: read(&mut err),
+    }
+}
+
+/// Makes a plain HTTP/1.1 GET and returns the status code and body.
+pub fn http_get(endpoint: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let host = endpoint.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(host)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad HTTP response: {head}")))?;
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Ok((code, body))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}

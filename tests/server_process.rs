@@ -1,0 +1,171 @@
+//! The kvd process: clean shutdown on SIGINT and SIGTERM, data and identity that survive a
+//! restart, a clear refusal to share a data directory, flag errors, and the HTTP routes
+//! (`/health`, `/version`, `/metrics`) on the client port.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::process::Command;
+
+fn member_id(endpoint: &str) -> String {
+    let run = common::etcdctl(endpoint, &["member", "list"], None);
+    assert_eq!(run.code, 0, "{run:?}");
+    run.stdout.split(", ").next().unwrap().to_owned()
+}
+
+#[test]
+fn sigterm_and_sigint_shut_down_cleanly_and_data_and_identity_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let mut first = common::start_kvd_in(&data_dir, &[]).unwrap();
+    let put = common::etcdctl(&first.endpoint, &["put", "k", "v1"], None);
+    assert_eq!(put.stdout, "OK\n", "{put:?}");
+    let id = member_id(&first.endpoint);
+    assert_eq!(
+        first.signal_and_wait("-TERM"),
+        Some(0),
+        "log:\n{}",
+        first.log()
+    );
+    assert!(
+        first.log().contains("engine closed"),
+        "log:\n{}",
+        first.log()
+    );
+    // etcdctl prints the id in hex without leading zeros; the file keeps all 16 digits.
+    let stored = std::fs::read_to_string(data_dir.join("member_id")).unwrap();
+    let parse = |hex: &str| u64::from_str_radix(hex.trim(), 16).unwrap();
+    assert_eq!(parse(&stored), parse(&id));
+
+    let mut second = common::start_kvd_in(&data_dir, &[]).unwrap();
+    let get = common::etcdctl(&second.endpoint, &["get", "k"], None);
+    assert_eq!(get.stdout, "k\nv1\n", "{get:?}");
+    assert_eq!(member_id(&second.endpoint), id);
+    assert_eq!(
+        second.signal_and_wait("-INT"),
+        Some(0),
+        "log:\n{}",
+        second.log()
+    );
+    assert!(
+        second.log().contains("engine closed"),
+        "log:\n{}",
+        second.log()
+    );
+}
+
+#[test]
+fn a_second_kvd_on_the_same_data_dir_exits_with_a_clear_message() {
+    let first = common::start_kvd(&[]);
+    let output = Command::new(common::kvd_binary())
+        .arg("--data-dir")
+        .arg(&first.data_dir)
+        .args(["--listen-client-urls", "http://127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("is in use by another kvd process"),
+        "{stderr}"
+    );
+    // The first server is unharmed.
+    let run = common::etcdctl(&first.endpoint, &["put", "k", "v"], None);
+    assert_eq!(run.stdout, "OK\n", "{run:?}");
+}
+
+#[test]
+fn unsupported_urls_are_refused_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(common::kvd_binary())
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(["--listen-client-urls", "https://127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("only http:// URLs are served"), "{stderr}");
+}
+
+#[test]
+fn every_flag_has_help() {
+    let output = Command::new(common::kvd_binary())
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    for flag in [
+        "--data-dir",
+        "--listen-client-urls",
+        "--advertise-client-urls",
+        "--quota-backend-bytes",
+        "--auto-compaction-mode",
+        "--auto-compaction-retention",
+        "--max-request-bytes",
+        "--max-txn-ops",
+        "--name",
+        "--log-level",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
+    }
+}
+
+#[test]
+fn advertise_urls_show_in_member_list() {
+    let server = common::start_kvd(&["--advertise-client-urls", "http://kvd.example:2379"]);
+    let run = common::etcdctl(&server.endpoint, &["member", "list"], None);
+    assert!(
+        run.stdout
+            .ends_with(", default, http://127.0.0.1:2380, http://kvd.example:2379, false\n"),
+        "{run:?}"
+    );
+}
+
+#[test]
+fn http_routes_share_the_client_port() {
+    let server = common::start_kvd(&[]);
+    let (code, body) = common::http_get(&server.endpoint, "/health").unwrap();
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "{\"health\":\"true\",\"reason\":\"\"}")
+    );
+    let (code, body) = common::http_get(&server.endpoint, "/version").unwrap();
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "{\"etcdserver\":\"3.6.0\",\"etcdcluster\":\"3.6.0\"}")
+    );
+    let (code, _) = common::http_get(&server.endpoint, "/v3/kv/range").unwrap();
+    assert_eq!(code, 404);
+
+    for args in [
+        &["put", "m", "v"][..],
+        &["get", "m"],
+        &["get", "m", "--rev", "9"],
+    ] {
+        common::etcdctl(&server.endpoint, args, None);
+    }
+    let (code, metrics) = common::http_get(&server.endpoint, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    for line in [
+        "kvd_engine_up 1",
+        "kvd_current_revision 2",
+        "kvd_compact_revision -1",
+        "kvd_grpc_requests_total{grpc_service=\"etcdserverpb.KV\",grpc_method=\"Put\",grpc_code=\"OK\"} 1",
+        "kvd_grpc_requests_total{grpc_service=\"etcdserverpb.KV\",grpc_method=\"Range\",grpc_code=\"OK\"} 1",
+        "kvd_grpc_requests_total{grpc_service=\"etcdserverpb.KV\",grpc_method=\"Range\",grpc_code=\"OutOfRange\"} 1",
+        "kvd_grpc_request_duration_seconds_count{grpc_service=\"etcdserverpb.KV\",grpc_method=\"Range\"} 2",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} missing from /metrics:\n{metrics}"
+        );
+    }
+    for gauge in ["kvd_db_size_bytes ", "kvd_db_size_in_use_bytes "] {
+        assert!(
+            metrics.lines().any(|l| l.starts_with(gauge)),
+            "{gauge} missing:\n{metrics}"
+        );
+    }
+}
