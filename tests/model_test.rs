@@ -939,6 +939,30 @@ fn txn_nested_prechecks_follow_earlier_ops() {
 }
 
 #[test]
+fn txn_failing_nested_range_writes_nothing() {
+    // A nested Range below the compaction revision fails the whole txn (§4.4) before the Put
+    // ahead of it is applied: a request that fails changes nothing.
+    let old = RequestOp::Range(RangeRequest {
+        revision: 1,
+        ..RangeRequest::key("a")
+    });
+    let nested = RequestOp::Txn(txn(vec![], vec![old], vec![]));
+    let ops = vec![
+        put("a", "1"),
+        compact(2),
+        Op::Txn(txn(vec![], vec![rput("b", "1"), nested], vec![])),
+        get("b"),
+    ];
+    let r = check(
+        "txn_failing_nested_range_writes_nothing",
+        Limits::default(),
+        ops,
+    );
+    assert_eq!(r[2], Reply::Txn(Err(Error::Compacted)));
+    assert_eq!(r[3], range_ok(2, vec![], false, 0));
+}
+
+#[test]
 fn txn_inner_headers_follow_changes() {
     let ops = vec![
         put("a", "1"),

@@ -132,8 +132,10 @@ impl<S: Source> Builder<S> {
         self.src.below(n as u64) as usize
     }
 
+    /// True with `percent`% probability. A zero draw (what an exhausted byte source gives)
+    /// is false, so fuzz inputs that run out end in ordinary ops.
     fn chance(&mut self, percent: u64) -> bool {
-        self.src.below(100) < percent
+        self.src.below(100) >= 100 - percent.min(100)
     }
 
     fn pick<T: Copy>(&mut self, choices: &[T]) -> T {
@@ -175,7 +177,7 @@ impl<S: Source> Builder<S> {
         let near_limit = if max <= 4096 {
             self.chance(4)
         } else {
-            self.below(1000) == 0
+            self.below(1000) == 999
         };
         if near_limit {
             let len = max - 48 + self.below(64);
