@@ -18,6 +18,9 @@
 //!   term; headers of the responses inside a Txn carry only the revision, and nested Txns an
 //!   all-zero header, as etcd's do (`shared/spec/etcd.md` §4.5).
 //!
+//! - CONV-5: Status names this member as the leader (`leader == header.member_id`, so
+//!   `etcdctl endpoint status` shows IS LEADER = true) and reports raft term 1.
+//!
 //! Contact points: the services in `server/kv.rs` and `server/maintenance.rs`.
 
 use bytes::Bytes;
@@ -392,6 +395,26 @@ impl HeaderIds {
         }
     }
 
+    /// Returns etcd's Status response for the engine's `status` (CONV-5): this member is
+    /// the leader; `raftIndex` and `raftAppliedIndex` are the engine's applied index.
+    pub fn status(&self, status: api::Status, reported: &ReportedStatus) -> pb::StatusResponse {
+        pb::StatusResponse {
+            header: Some(self.header(status.header.revision)),
+            version: reported.version.to_owned(),
+            db_size: size_i64(status.db_size),
+            leader: self.member_id,
+            raft_index: status.applied_index,
+            raft_term: RAFT_TERM,
+            raft_applied_index: status.applied_index,
+            errors: Vec::new(),
+            db_size_in_use: size_i64(status.db_size_in_use),
+            is_learner: false,
+            storage_version: reported.storage_version.to_owned(),
+            db_size_quota: reported.quota_bytes,
+            downgrade_info: None,
+        }
+    }
+
     /// Returns etcd's HashKV response for `resp`.
     pub fn hash_kv(&self, resp: api::HashKvResponse) -> pb::HashKvResponse {
         pb::HashKvResponse {
@@ -401,6 +424,22 @@ impl HeaderIds {
             hash_revision: resp.hash_revision,
         }
     }
+}
+
+/// What Status reports beside the engine's own numbers.
+#[derive(Debug, Clone, Copy)]
+pub struct ReportedStatus<'a> {
+    /// The server version.
+    pub version: &'a str,
+    /// The storage version (etcd 3.6's field).
+    pub storage_version: &'a str,
+    /// The space quota in bytes, 0 if disabled.
+    pub quota_bytes: i64,
+}
+
+/// Converts a byte count to protobuf's int64, saturating (a file cannot reach 2^63 bytes).
+fn size_i64(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

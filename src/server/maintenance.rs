@@ -4,9 +4,9 @@
 //! Owns: how a single-member engine fills etcd's cluster-shaped Status.
 //!
 //! Invariants:
-//! - MAINT-1: Status reports `leader == header.member_id`, so `etcdctl endpoint status`
-//!   shows this member as the leader; `raftIndex` and `raftAppliedIndex` are both the
-//!   engine's applied index (one member commits what it applies); `raftTerm` is 1.
+//! - MAINT-1: Status is the engine's status translated by `convert` (CONV-5), with the
+//!   version and quota of this server; `raftIndex` and `raftAppliedIndex` are both the
+//!   engine's applied index (one member commits what it applies).
 //! - MAINT-2: Alarm GET answers no alarms and ACTIVATE/DEACTIVATE change nothing until the
 //!   engine keeps alarms; the header is filled (etcd 3.5+; 3.4 left it empty).
 //! - MAINT-3: Defragment answers OK without touching the file until the engine's defrag
@@ -17,6 +17,7 @@
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
+use crate::server::convert::ReportedStatus;
 use crate::server::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, Node};
 use crate::server::pb::etcdserverpb::maintenance_server::Maintenance;
 use crate::server::pb::etcdserverpb::{
@@ -24,7 +25,7 @@ use crate::server::pb::etcdserverpb::{
     DowngradeResponse, HashKvRequest, HashKvResponse, HashRequest, HashResponse, MoveLeaderRequest,
     MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest, StatusResponse,
 };
-use crate::server::{convert, status};
+use crate::server::status;
 use crate::sync::Arc;
 
 /// The Maintenance service.
@@ -38,11 +39,6 @@ impl MaintenanceService {
     pub fn new(node: Arc<Node>) -> MaintenanceService {
         MaintenanceService { node }
     }
-}
-
-/// Converts a byte count to protobuf's int64, saturating (a file cannot reach 2^63 bytes).
-fn size_i64(bytes: u64) -> i64 {
-    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 #[tonic::async_trait]
@@ -64,22 +60,12 @@ impl Maintenance for MaintenanceService {
         _request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
         let status = self.node.status().await?;
-        let member_id = self.node.ids.member_id;
-        Ok(Response::new(StatusResponse {
-            header: Some(self.node.ids.header(status.header.revision)),
-            version: ETCD_SERVER_VERSION.to_owned(),
-            db_size: size_i64(status.db_size),
-            leader: member_id,
-            raft_index: status.applied_index,
-            raft_term: convert::RAFT_TERM,
-            raft_applied_index: status.applied_index,
-            errors: Vec::new(),
-            db_size_in_use: size_i64(status.db_size_in_use),
-            is_learner: false,
-            storage_version: ETCD_CLUSTER_VERSION.to_owned(),
-            db_size_quota: self.node.settings.quota_bytes,
-            downgrade_info: None,
-        }))
+        let reported = ReportedStatus {
+            version: ETCD_SERVER_VERSION,
+            storage_version: ETCD_CLUSTER_VERSION,
+            quota_bytes: self.node.settings.quota_bytes,
+        };
+        Ok(Response::new(self.node.ids.status(status, &reported)))
     }
 
     async fn defragment(

@@ -133,14 +133,33 @@ pub fn start_kvd_in(data_dir: &Path, extra_args: &[&str]) -> Result<Server, Stri
     })
 }
 
+/// How many times etcd is started on fresh ports before giving up (another process may take
+/// a port between [`free_ports`] and etcd's bind).
+const ETCD_START_ATTEMPTS: usize = 3;
+
 /// Starts Debian's etcd (3.4) as a single member on free loopback ports with a fresh
 /// temporary data directory, and waits until `/health` answers.
 pub fn start_etcd() -> Server {
+    let mut last_log = String::new();
+    for _ in 0..ETCD_START_ATTEMPTS {
+        match try_start_etcd() {
+            Ok(server) => return server,
+            Err(log) => last_log = log,
+        }
+    }
+    panic!(
+        "etcd did not become healthy after {ETCD_START_ATTEMPTS} attempts; last log:\n{last_log}"
+    )
+}
+
+/// Starts etcd once; `Err` carries its log if it exits or does not get healthy in time.
+fn try_start_etcd() -> Result<Server, String> {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("etcd-data");
-    let client = format!("http://127.0.0.1:{}", free_port());
-    let peer = format!("http://127.0.0.1:{}", free_port());
-    let log = dir.path().join("etcd.log");
+    let [client_port, peer_port] = free_ports();
+    let client = format!("http://127.0.0.1:{client_port}");
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    let stderr = dir.path().join("etcd.stderr");
     let child = Command::new("etcd")
         .arg("--data-dir")
         .arg(&data_dir)
@@ -159,41 +178,41 @@ pub fn start_etcd() -> Server {
         ])
         .args(["--initial-cluster", &format!("default={peer}")])
         .stdin(Stdio::null())
-        .stdout(Stdio::from(File::create(&log).unwrap()))
-        .stderr(Stdio::from(
-            File::create(dir.path().join("etcd.stderr")).unwrap(),
+        .stdout(Stdio::from(
+            File::create(dir.path().join("etcd.stdout")).unwrap(),
         ))
+        .stderr(Stdio::from(File::create(&stderr).unwrap()))
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run `etcd` ({e}); install it with .ci/install-deps.sh"));
-    let server = Server {
+    let mut server = Server {
         child,
         endpoint: client,
         peer_url: Some(peer),
         data_dir,
-        log: dir.path().join("etcd.stderr"),
+        log: stderr,
         _dir: Some(dir),
     };
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         if let Ok((200, _)) = http_get(&server.endpoint, "/health") {
-            return server;
+            return Ok(server);
         }
-        assert!(
-            Instant::now() < deadline,
-            "etcd did not become healthy:\n{}",
-            server.log()
-        );
+        let exited = server.child.try_wait().unwrap().is_some();
+        if exited || Instant::now() >= deadline {
+            return Err(server.log());
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
-/// Returns a port that was free a moment ago (bound and released).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// Returns two distinct ports that were free a moment ago (bound together, then released).
+pub fn free_ports() -> [u16; 2] {
+    let first = TcpListener::bind("127.0.0.1:0").unwrap();
+    let second = TcpListener::bind("127.0.0.1:0").unwrap();
+    [
+        first.local_addr().unwrap().port(),
+        second.local_addr().unwrap().port(),
+    ]
 }
 
 fn unique() -> u64 {
