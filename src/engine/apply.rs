@@ -434,8 +434,12 @@ fn apply_txn(
     match writer.txn(req, &path) {
         Ok(response) => Ok(Ok(response)),
         Err(Error::Storage(e)) => Err(e),
-        // Checks passed, so no other error can come after the first change (WRITE-2).
-        Err(other) => Ok(Err(other)),
+        Err(other) if !writer.changed() => Ok(Err(other)),
+        // WRITE-2 says this cannot happen: every check ran before the first change. Should it
+        // happen anyway, abort the whole batch rather than commit half a txn.
+        Err(other) => Err(StorageError::Corrupted(format!(
+            "internal error: txn failed after its first change ({other}); batch aborted"
+        ))),
     }
 }
 

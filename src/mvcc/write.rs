@@ -223,7 +223,11 @@ impl<'a, 't> TxnWriter<'a, 't> {
         let mut nested = path.nested.iter();
         for op in branch {
             check(self, op)?;
-            if let (RequestOp::Txn(t), Some(p)) = (op, nested.next()) {
+            if let RequestOp::Txn(t) = op {
+                // One path per nested Txn op, in order: only Txn ops consume one.
+                let Some(p) = nested.next() else {
+                    return Err(Error::InvalidArgument("txn path does not match".into()));
+                };
                 self.check_branch(t, p, check)?;
             }
         }
