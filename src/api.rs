@@ -622,6 +622,218 @@ pub struct Status {
     pub applied_index: u64,
 }
 
+/// A lease grant (etcd's `LeaseGrantRequest`).
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// let lease = engine.lease_grant(kvd::LeaseGrantRequest { ttl: 1, id: 0 }).unwrap();
+/// assert_eq!(lease.ttl, 2, "raised to the minimum TTL");
+/// assert!(lease.id > 0);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseGrantRequest {
+    /// The time to live in seconds; below the minimum it is raised to it.
+    pub ttl: i64,
+    /// The lease id; 0 lets the engine choose one.
+    pub id: i64,
+}
+
+/// The answer to a lease grant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseGrantResponse {
+    /// Header; a grant does not move the revision.
+    pub header: ResponseHeader,
+    /// The lease id.
+    pub id: i64,
+    /// The granted TTL in seconds.
+    pub ttl: i64,
+}
+
+/// A lease revoke (etcd's `LeaseRevokeRequest`).
+///
+/// ```
+/// let req = kvd::LeaseRevokeRequest { id: 7 };
+/// assert_eq!(req.id, 7);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseRevokeRequest {
+    /// The lease to revoke.
+    pub id: i64,
+}
+
+/// The answer to a lease revoke.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseRevokeResponse {
+    /// Header; the new revision if keys were deleted.
+    pub header: ResponseHeader,
+}
+
+/// The answer to a keep-alive (etcd's `LeaseKeepAliveResponse`).
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// assert_eq!(engine.lease_keep_alive(12345).unwrap().ttl, 0, "unknown lease: TTL 0, no error");
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseKeepAliveResponse {
+    /// Header with the current revision.
+    pub header: ResponseHeader,
+    /// The lease id.
+    pub id: i64,
+    /// The renewed TTL; 0 if the lease does not exist.
+    pub ttl: i64,
+}
+
+/// The answer to TimeToLive (etcd's `LeaseTimeToLiveResponse`).
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// assert_eq!(engine.lease_time_to_live(12345, false).unwrap().ttl, -1, "unknown lease");
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseTimeToLiveResponse {
+    /// Header with the current revision.
+    pub header: ResponseHeader,
+    /// The lease id.
+    pub id: i64,
+    /// Seconds left; -1 if the lease does not exist.
+    pub ttl: i64,
+    /// The granted TTL; 0 if the lease does not exist.
+    pub granted_ttl: i64,
+    /// The attached keys, if asked for, in key order.
+    pub keys: Vec<Bytes>,
+}
+
+/// The answer to Leases (etcd's `LeaseLeasesResponse`).
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// assert!(engine.lease_leases().unwrap().leases.is_empty());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseLeasesResponse {
+    /// Header with the current revision.
+    pub header: ResponseHeader,
+    /// Every lease id, soonest expiry first.
+    pub leases: Vec<i64>,
+}
+
+/// A new watch on a key or a range (etcd's `WatchCreateRequest`).
+///
+/// ```
+/// let req = kvd::WatchCreateRequest { start_revision: 5, prev_kv: true, ..kvd::WatchCreateRequest::prefix("jobs/") };
+/// assert_eq!(&req.range_end[..], b"jobs0");
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WatchCreateRequest {
+    /// The key; empty means `"\0"` (every key from the start).
+    pub key: Bytes,
+    /// Same conventions as [`RangeRequest::range_end`].
+    pub range_end: Bytes,
+    /// The first revision to report; 0 means the next revision.
+    pub start_revision: i64,
+    /// Send a progress response now and then when there are no events.
+    pub progress_notify: bool,
+    /// Drop PUT events.
+    pub no_put: bool,
+    /// Drop DELETE events.
+    pub no_delete: bool,
+    /// Attach the previous key-value to each event.
+    pub prev_kv: bool,
+    /// The watch id to use; 0 lets the stream choose.
+    pub watch_id: i64,
+}
+
+impl WatchCreateRequest {
+    /// Returns a watch of the single key `key` from the next revision.
+    ///
+    /// ```
+    /// let req = kvd::WatchCreateRequest::key("k");
+    /// assert_eq!(req.start_revision, 0);
+    /// ```
+    pub fn key(key: impl Into<Bytes>) -> WatchCreateRequest {
+        WatchCreateRequest {
+            key: key.into(),
+            ..WatchCreateRequest::default()
+        }
+    }
+
+    /// Returns a watch of every key starting with `prefix` from the next revision.
+    ///
+    /// ```
+    /// let req = kvd::WatchCreateRequest::prefix("a/");
+    /// assert_eq!(&req.range_end[..], b"a0");
+    /// ```
+    pub fn prefix(prefix: impl Into<Bytes>) -> WatchCreateRequest {
+        let key: Bytes = prefix.into();
+        let range_end = prefix_end(&key);
+        WatchCreateRequest {
+            key,
+            range_end,
+            ..WatchCreateRequest::default()
+        }
+    }
+}
+
+/// The kind of a watch event (etcd's `Event.EventType`).
+///
+/// ```
+/// assert_ne!(kvd::EventType::Put, kvd::EventType::Delete);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EventType {
+    /// A Put.
+    #[default]
+    Put,
+    /// A delete.
+    Delete,
+}
+
+/// One change seen by a watch (etcd's `mvccpb.Event`).
+///
+/// ```
+/// let e = kvd::Event::default();
+/// assert_eq!(e.kind, kvd::EventType::Put);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Event {
+    /// Put or delete.
+    pub kind: EventType,
+    /// The new key-value; for a delete only the key and the mod revision.
+    pub kv: KeyValue,
+    /// The key-value before the change, if asked for and not compacted away.
+    pub prev_kv: Option<KeyValue>,
+}
+
+/// A message on a watch stream (etcd's `WatchResponse`).
+///
+/// ```
+/// let r = kvd::WatchResponse::default();
+/// assert!(!r.created && !r.canceled && r.events.is_empty());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WatchResponse {
+    /// Header: the revision of the events (live), or the current revision (catch-up,
+    /// created, canceled, progress).
+    pub header: ResponseHeader,
+    /// The watch this is about; -1 for a stream-wide progress response or a refused create.
+    pub watch_id: i64,
+    /// The watch was created.
+    pub created: bool,
+    /// The watch ended.
+    pub canceled: bool,
+    /// If the watch ended because its start was compacted: the compaction revision.
+    pub compact_revision: i64,
+    /// Why the watch ended, if the server ended it.
+    pub cancel_reason: String,
+    /// The events, in revision order; all events of one revision are in one response.
+    pub events: Vec<Event>,
+}
+
 /// Any write the apply thread executes. Also the unit the request-size limit applies to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WriteRequest {
@@ -633,6 +845,10 @@ pub enum WriteRequest {
     Txn(TxnRequest),
     /// A compaction.
     Compaction(CompactionRequest),
+    /// A lease grant.
+    LeaseGrant(LeaseGrantRequest),
+    /// A lease revoke (from a client or from expiry).
+    LeaseRevoke(LeaseRevokeRequest),
 }
 
 /// Bytes of framing etcd's raft entry adds around a request: the request header with its
@@ -655,6 +871,8 @@ impl WriteRequest {
             WriteRequest::DeleteRange(r) => r.encoded_len(),
             WriteRequest::Txn(r) => r.encoded_len(),
             WriteRequest::Compaction(r) => int_field(1, r.revision) + bool_field(2, r.physical),
+            WriteRequest::LeaseGrant(r) => int_field(1, r.ttl) + int_field(2, r.id),
+            WriteRequest::LeaseRevoke(r) => int_field(1, r.id),
         };
         RAFT_ENTRY_HEADER_BYTES + message_field(4, inner)
     }

@@ -100,6 +100,10 @@ pub enum Error {
     FutureRevision,
     /// The lease does not exist.
     LeaseNotFound,
+    /// A grant named a lease id that exists.
+    LeaseExists,
+    /// A grant asked for a TTL above the maximum.
+    LeaseTtlTooLarge,
     /// The write queue is full; retry later.
     TooManyRequests,
     /// A request argument is out of its domain; the text says which.
@@ -179,6 +183,8 @@ impl fmt::Display for Error {
             Error::Compacted => "etcdserver: mvcc: required revision has been compacted",
             Error::FutureRevision => "etcdserver: mvcc: required revision is a future revision",
             Error::LeaseNotFound => "etcdserver: requested lease not found",
+            Error::LeaseExists => "etcdserver: lease already exists",
+            Error::LeaseTtlTooLarge => "etcdserver: too large lease TTL",
             Error::TooManyRequests => "etcdserver: too many requests",
             Error::InvalidArgument(what) => return write!(f, "kvd: invalid argument: {what}"),
             Error::Closed => "kvd: engine is closed",

@@ -21,11 +21,13 @@ mod api;
 mod clock;
 mod engine;
 mod error;
+mod lease;
 mod mvcc;
 pub mod quota;
 pub mod server;
 mod storage;
 pub mod sync;
+mod watch;
 
 pub use api::*;
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -33,3 +35,4 @@ pub use engine::{Config, Engine};
 pub use error::{Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};
 pub use storage::faults::Faults;
+pub use watch::WatchStream;

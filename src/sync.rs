@@ -10,14 +10,17 @@
 //! Contact points: every module that shares state between the apply thread and readers.
 
 #[cfg(loom)]
-pub use loom::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+pub use loom::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub use loom::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+// loom has no weak pointer; nothing loom models holds one.
+#[cfg(loom)]
+pub use std::sync::Weak;
 
 #[cfg(not(loom))]
-pub use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+pub use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
-pub use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+pub use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 /// Locks `mutex`, recovering the guard if a panicking thread poisoned it: the data behind
 /// our mutexes is kept consistent by the code that holds them, so poisoning carries no

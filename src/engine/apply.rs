@@ -20,18 +20,24 @@
 
 use std::collections::VecDeque;
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use super::Shared;
 use crate::api::{
-    CompactionRequest, CompactionResponse, DeleteRangeResponse, PutResponse, ResponseHeader,
-    Status, TxnRequest, TxnResponse, WriteRequest,
+    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse,
+    LeaseGrantRequest, LeaseGrantResponse, LeaseRevokeRequest, LeaseRevokeResponse, PutResponse,
+    ResponseHeader, Status, TxnRequest, TxnResponse, WriteRequest,
 };
 use crate::error::{Error, Result, StorageError};
+use crate::lease::{self, LEASE_REVOKES_PER_PASS_MAX, LEASES_TABLE, Lessor};
 use crate::mvcc::compaction::CompactionJob;
 use crate::mvcc::read;
 use crate::mvcc::record::Record;
-use crate::mvcc::write::TxnWriter;
+use crate::mvcc::write::{Change, TxnWriter};
 use crate::mvcc::{Index, Revision};
 use crate::storage::{MetaKey, Snapshot, Store, WriteBatch};
 use crate::sync::{self, Arc};
@@ -64,6 +70,10 @@ pub enum WriteResponse {
     Txn(TxnResponse),
     /// A Compaction's answer.
     Compaction(CompactionResponse),
+    /// A lease grant's answer.
+    LeaseGrant(LeaseGrantResponse),
+    /// A lease revoke's answer.
+    LeaseRevoke(LeaseRevokeResponse),
 }
 
 /// What open found on disk.
@@ -76,10 +86,12 @@ pub struct Recovered {
     pub applied_index: u64,
     /// An interrupted compaction to resume.
     pub jobs: Vec<CompactionJob>,
+    /// The leases, with full TTLs from now (LEASE-3), and their keys.
+    pub lessor: Lessor,
 }
 
 /// Rebuilds the index from the history and the meta table.
-pub fn recover(store: &Store) -> Result<Recovered, StorageError> {
+pub fn recover(store: &Store, now: Duration) -> Result<Recovered, StorageError> {
     let snapshot = store.snapshot()?;
     let meta = |key| -> Result<i64, StorageError> {
         Ok(snapshot
@@ -90,11 +102,23 @@ pub fn recover(store: &Store) -> Result<Recovered, StorageError> {
     let scheduled = meta(MetaKey::ScheduledCompactRevision)?;
     let recorded_current = meta(MetaKey::CurrentRevision)?;
     let applied_index = snapshot.get_meta(MetaKey::AppliedIndex)?.unwrap_or(0);
+    let mut lessor = Lessor::new();
+    for (key, value) in snapshot.rows(LEASES_TABLE)? {
+        let (id, ttl) = lease::decode_row(&key, &value)?;
+        lessor.grant(id, ttl, now);
+    }
+    // The lease of each key's newest record, for keys that have one.
+    let mut attached: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
     let mut index = Index::new();
     let mut last_main = 1;
     snapshot.scan_history(.., usize::MAX, |key, value| {
         let rev = Revision::from_key(key);
         let head = Record::decode_head(value)?;
+        if head.tombstone || head.lease == 0 {
+            attached.remove(head.key);
+        } else {
+            attached.insert(head.key.to_vec(), head.lease);
+        }
         index.restore(
             head.key,
             rev,
@@ -112,14 +136,21 @@ pub fn recover(store: &Store) -> Result<Recovered, StorageError> {
     } else if finished >= 0 {
         index.compact(finished);
     }
+    for (key, lease) in attached {
+        lessor.attach(&Bytes::from(key), lease);
+    }
     let current = last_main.max(recorded_current).max(scheduled).max(1);
     Ok(Recovered {
         index,
         current,
         applied_index,
         jobs,
+        lessor,
     })
 }
+
+/// How long the idle apply thread sleeps before looking at lease deadlines again.
+const IDLE_WAKE_INTERVAL: Duration = Duration::from_millis(50);
 
 /// A compaction being carried out, with the callers waiting for its physical end.
 struct PendingCompaction {
@@ -137,6 +168,8 @@ pub struct Applier {
     compactions: VecDeque<PendingCompaction>,
     /// A proposal held back to start the next batch (APPLY-2).
     carried: Option<Proposal>,
+    /// The changes of the batch being applied, by revision, for watchers once it commits.
+    events: Vec<(i64, Vec<Change>)>,
 }
 
 /// What applying one request produced.
@@ -174,6 +207,7 @@ impl Applier {
             applied_index,
             compactions,
             carried: None,
+            events: Vec::new(),
         }
     }
 
@@ -183,10 +217,13 @@ impl Applier {
         loop {
             let first = match self.carried.take() {
                 Some(p) => Some(p),
-                None if self.compactions.is_empty() => match proposals.recv() {
-                    Ok(p) => Some(p),
-                    Err(_) => return,
-                },
+                None if self.compactions.is_empty() => {
+                    match proposals.recv_timeout(IDLE_WAKE_INTERVAL) {
+                        Ok(p) => Some(p),
+                        Err(RecvTimeoutError::Timeout) => None,
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                }
                 None => match proposals.try_recv() {
                     Ok(p) => Some(p),
                     Err(TryRecvError::Empty) => None,
@@ -200,7 +237,27 @@ impl Applier {
             if !self.compactions.is_empty() {
                 self.compaction_step();
             }
+            self.expire_leases();
         }
+    }
+
+    /// Revokes the leases whose deadline passed on the engine's clock, through the same
+    /// path as a client's revoke (so watchers see the deletions).
+    fn expire_leases(&mut self) {
+        let now = self.shared.config.clock.now();
+        let expired = sync::lock(&self.shared.lessor).expired(now, LEASE_REVOKES_PER_PASS_MAX);
+        if expired.is_empty() {
+            return;
+        }
+        let revokes = expired
+            .into_iter()
+            .map(|id| {
+                // Nobody waits for an expiry's answer; the receiver is dropped at once.
+                let (reply, _) = crossbeam_channel::bounded(1);
+                (WriteRequest::LeaseRevoke(LeaseRevokeRequest { id }), reply)
+            })
+            .collect();
+        self.apply_writes(revokes);
     }
 
     /// Takes up to a batch of proposals without waiting; a Compaction ends the batch before
@@ -255,13 +312,15 @@ impl Applier {
         });
         match committed {
             Ok(outcomes) => {
-                self.shared.published.publish(self.current);
+                let events = std::mem::take(&mut self.events);
+                self.shared.publish(self.current, events);
                 for ((_, reply), outcome) in writes.into_iter().zip(outcomes) {
                     self.answer(reply, outcome);
                 }
             }
             Err(e) => {
                 // APPLY-1: nothing of the batch is published; the store is now poisoned.
+                self.events.clear();
                 self.current = before_current;
                 self.applied_index = before_applied;
                 for (_, reply) in writes {
@@ -312,10 +371,14 @@ impl Applier {
     ) -> Result<Outcome, StorageError> {
         let shared = self.shared.clone();
         let mut index = sync::write(&shared.index);
-        if let WriteRequest::Compaction(c) = request {
-            return self.apply_compaction(&mut index, batch, *c);
+        let mut lessor = sync::lock(&shared.lessor);
+        match request {
+            WriteRequest::Compaction(c) => return self.apply_compaction(&mut index, batch, *c),
+            WriteRequest::LeaseGrant(g) => return self.apply_lease_grant(&mut lessor, batch, *g),
+            _ => {}
         }
-        let mut writer = TxnWriter::new(&mut index, batch, self.current);
+        let exists = |id: i64| lessor.contains(id);
+        let mut writer = TxnWriter::new(&mut index, batch, &exists, self.current);
         let answer = match request {
             WriteRequest::Put(p) => match writer.check_put(p) {
                 Ok(()) => Ok(WriteResponse::Put(writer.put(p)?)),
@@ -323,15 +386,62 @@ impl Applier {
             },
             WriteRequest::DeleteRange(d) => Ok(WriteResponse::DeleteRange(writer.delete_range(d)?)),
             WriteRequest::Txn(t) => apply_txn(&mut writer, t)?.map(WriteResponse::Txn),
-            WriteRequest::Compaction(_) => Err(Error::InvalidArgument("unreachable".into())),
+            WriteRequest::LeaseRevoke(r) => revoke_keys(&mut writer, &lessor, r.id)?,
+            WriteRequest::Compaction(_) | WriteRequest::LeaseGrant(_) => {
+                Err(Error::InvalidArgument("handled above".into()))
+            }
         };
-        if writer.changed() {
+        let changed = writer.changed();
+        let changes = writer.into_changes();
+        if let (WriteRequest::LeaseRevoke(r), Ok(_)) = (request, &answer) {
+            lessor.revoke(r.id);
+            batch.delete_row(LEASES_TABLE, &r.id.to_be_bytes())?;
+        }
+        for change in &changes {
+            // LEASE-1: a Put attaches its key to its lease (0 detaches); a delete detaches.
+            let lease = match change {
+                Change::Put(kv) => kv.lease,
+                Change::Delete(_) => 0,
+            };
+            lessor.attach(&change.kv().key, lease);
+        }
+        if changed {
             self.current += 1;
+            self.events.push((self.current, changes));
         }
         if answer.is_ok() {
             self.applied_index += 1;
         }
         Ok(Outcome::Answer(answer))
+    }
+
+    fn apply_lease_grant(
+        &mut self,
+        lessor: &mut Lessor,
+        batch: &mut WriteBatch<'_>,
+        req: LeaseGrantRequest,
+    ) -> Result<Outcome, StorageError> {
+        let id = match req.id {
+            0 => lease::generate_id(
+                self.applied_index ^ (self.current as u64).rotate_left(32),
+                |id| lessor.contains(id),
+            ),
+            id => id,
+        };
+        if lessor.contains(id) {
+            return Ok(Outcome::Answer(Err(Error::LeaseExists)));
+        }
+        let ttl = lease::effective_ttl(req.ttl, self.shared.config.lease_ttl_min_seconds);
+        let (key, value) = lease::encode_row(id, ttl);
+        batch.put_row(LEASES_TABLE, &key, &value)?;
+        lessor.grant(id, ttl, self.shared.config.clock.now());
+        self.applied_index += 1;
+        let header = ResponseHeader {
+            revision: self.current,
+        };
+        Ok(Outcome::Answer(Ok(WriteResponse::LeaseGrant(
+            LeaseGrantResponse { header, id, ttl },
+        ))))
     }
 
     fn apply_compaction(
@@ -441,6 +551,31 @@ fn apply_txn(
             "internal error: txn failed after its first change ({other}); batch aborted"
         ))),
     }
+}
+
+/// Deletes the keys of lease `id` in one revision (etcd: sorted, one delete each). The
+/// caller removes the lease itself once this succeeded.
+fn revoke_keys(
+    writer: &mut TxnWriter<'_, '_>,
+    lessor: &Lessor,
+    id: i64,
+) -> Result<Result<WriteResponse>, StorageError> {
+    let Some(ttl) = lessor.time_to_live(id, Duration::ZERO) else {
+        return Ok(Err(Error::LeaseNotFound));
+    };
+    for key in ttl.keys {
+        writer.delete_range(&DeleteRangeRequest {
+            key,
+            range_end: Bytes::new(),
+            prev_kv: false,
+        })?;
+    }
+    let header = ResponseHeader {
+        revision: writer.revision(),
+    };
+    Ok(Ok(WriteResponse::LeaseRevoke(LeaseRevokeResponse {
+        header,
+    })))
 }
 
 /// Runs a Txn whose branches only read, at the published revision, in the caller's thread.

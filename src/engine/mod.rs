@@ -29,22 +29,29 @@ mod apply;
 mod publish;
 
 use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Sender, TrySendError};
 
 use crate::api::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, HashKvResponse,
-    PutRequest, PutResponse, RangeRequest, RangeResponse, ResponseHeader, Status, TxnRequest,
-    TxnResponse, WriteRequest,
+    KeyValue, LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveResponse, LeaseLeasesResponse,
+    LeaseRevokeRequest, LeaseRevokeResponse, LeaseTimeToLiveResponse, PutRequest, PutResponse,
+    RangeRequest, RangeResponse, ResponseHeader, Status, TxnRequest, TxnResponse, WriteRequest,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result, StorageError};
+use crate::lease::{LEASE_TTL_MAX_SECONDS, LEASE_TTL_MIN_SECONDS_DEFAULT, LEASES_TABLE, Lessor};
 use crate::mvcc::hash::HashState;
+use crate::mvcc::write::Change;
 use crate::mvcc::{Index, read, validate};
 use crate::storage::faults::Faults;
 use crate::storage::{CommitSync, Store, StoreOptions};
-use crate::sync::{Arc, RwLock};
+use crate::sync::{Arc, AtomicBool, Mutex, Ordering, RwLock, Weak};
+use crate::watch::{Hub, WATCH_SYNC_INTERVAL, WatchSource, WatchStream};
 use apply::{Applier, Proposal, WriteResponse};
 pub use publish::Published;
 
@@ -61,6 +68,8 @@ pub const BATCH_REQUESTS_MAX_DEFAULT: usize = 1_024;
 pub const COMPACTION_BATCH_RECORDS_DEFAULT: usize = 1_000;
 /// Default redb page cache.
 pub const CACHE_SIZE_BYTES_DEFAULT: usize = 256 << 20;
+/// etcd's default progress notification interval (10 minutes).
+pub const WATCH_PROGRESS_NOTIFY_INTERVAL_DEFAULT: Duration = Duration::from_secs(600);
 /// How many times HashKV restarts when a compaction lands while it hashes.
 const HASH_RESTARTS_MAX: usize = 8;
 
@@ -93,6 +102,11 @@ pub struct Config {
     pub clock: Arc<dyn Clock>,
     /// Injected storage failures, for tests of the poisoned state. `None` in production.
     pub faults: Option<Arc<Faults>>,
+    /// Lease TTLs below this many seconds are raised to it (etcd derives 2 s from its
+    /// election timeout).
+    pub lease_ttl_min_seconds: i64,
+    /// How often watches with `progress_notify` get a progress response when idle.
+    pub watch_progress_notify_interval: Duration,
 }
 
 impl Default for Config {
@@ -107,6 +121,8 @@ impl Default for Config {
             unsafe_no_fsync: false,
             clock: Arc::new(SystemClock::new()),
             faults: None,
+            lease_ttl_min_seconds: LEASE_TTL_MIN_SECONDS_DEFAULT,
+            watch_progress_notify_interval: WATCH_PROGRESS_NOTIFY_INTERVAL_DEFAULT,
         }
     }
 }
@@ -130,12 +146,76 @@ impl Config {
 }
 
 /// State shared by the apply thread and readers.
+///
+/// Lock order: `index`, then `lessor`.
 #[derive(Debug)]
 struct Shared {
     store: Store,
     index: RwLock<Index>,
+    lessor: Mutex<Lessor>,
     published: Published,
+    hub: Arc<Hub>,
+    /// Tells the watch sync thread to stop.
+    stopping: AtomicBool,
     config: Config,
+}
+
+impl Shared {
+    /// Makes `revision` visible to readers and hands the batch's changes to watchers, in
+    /// one step of the hub (the watch switch protocol).
+    fn publish(&self, revision: i64, events: Vec<(i64, Vec<Change>)>) {
+        self.hub
+            .publish(revision, &events, |r| self.published.publish(r));
+    }
+
+    /// Reads a key or a range: the read path of the module doc.
+    fn range(&self, req: &RangeRequest) -> Result<RangeResponse> {
+        let (current, plan, snapshot) = {
+            let index = crate::sync::read(&self.index);
+            // ENG-5: load the revision under the lock, after any compaction it must cover.
+            let current = self.published.load();
+            let at = read::read_revision(req.revision, current, index.compact_revision)?;
+            let plan = read::plan_range(&index, req, at);
+            // ENG-3: open the snapshot before the lock is released.
+            (current, plan, self.store.snapshot()?)
+        };
+        Ok(read::finish_range(plan, &snapshot, req, current)?)
+    }
+
+    /// Runs the watch sync thread until the engine stops.
+    fn run_watch_sync(&self) {
+        let mut last_tick = self.config.clock.now();
+        while !self.stopping.load(Ordering::Acquire) {
+            let more = match self.hub.sync_pass(&self.store, &self.index) {
+                Ok(more) => more,
+                // A storage failure here is also seen by the writer, which poisons the
+                // store; watchers simply stop catching up until reopen.
+                Err(_) => false,
+            };
+            if !more {
+                self.hub.wait_for_work(WATCH_SYNC_INTERVAL);
+            }
+            let now = self.config.clock.now();
+            if now.saturating_sub(last_tick) >= self.config.watch_progress_notify_interval {
+                self.hub.progress_tick();
+                last_tick = now;
+            }
+        }
+    }
+}
+
+impl WatchSource for Shared {
+    fn compact_revision(&self) -> i64 {
+        crate::sync::read(&self.index).compact_revision
+    }
+
+    fn kv_at(&self, key: &Bytes, revision: i64) -> Option<KeyValue> {
+        let req = RangeRequest {
+            revision,
+            ..RangeRequest::key(key.clone())
+        };
+        self.range(&req).ok().and_then(|r| r.kvs.into_iter().next())
+    }
 }
 
 /// An open data directory serving etcd's KV semantics.
@@ -153,6 +233,7 @@ struct Running {
     shared: Arc<Shared>,
     proposals: Sender<Proposal>,
     apply_thread: JoinHandle<()>,
+    watch_thread: JoinHandle<()>,
 }
 
 impl Engine {
@@ -177,16 +258,19 @@ impl Engine {
             } else {
                 CommitSync::Durable
             },
-            row_tables: Vec::new(),
+            row_tables: vec![LEASES_TABLE],
             faults: config.faults.clone(),
         };
         let store = Store::open(dir.as_ref(), &options)?;
-        let recovered = apply::recover(&store)?;
+        let recovered = apply::recover(&store, config.clock.now())?;
         let (sender, receiver) = crossbeam_channel::bounded(config.proposal_queue_len);
         let shared = Arc::new(Shared {
             store,
             index: RwLock::new(recovered.index),
+            lessor: Mutex::new(recovered.lessor),
             published: Published::new(recovered.current),
+            hub: Arc::new(Hub::new(recovered.current)),
+            stopping: AtomicBool::new(false),
             config,
         });
         let applier = Applier::new(
@@ -199,11 +283,19 @@ impl Engine {
             .name("kvd-apply".into())
             .spawn(move || applier.run(receiver))
             .map_err(|e| StorageError::Io(format!("spawn apply thread: {e}")))?;
+        let watch_thread = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("kvd-watch".into())
+                .spawn(move || shared.run_watch_sync())
+                .map_err(|e| StorageError::Io(format!("spawn watch thread: {e}")))?
+        };
         Ok(Engine {
             running: Some(Running {
                 shared,
                 proposals: sender,
                 apply_thread,
+                watch_thread,
             }),
         })
     }
@@ -222,17 +314,7 @@ impl Engine {
     /// ```
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse> {
         validate::check_range(req)?;
-        let shared = self.shared()?;
-        let (current, plan, snapshot) = {
-            let index = crate::sync::read(&shared.index);
-            // ENG-5: load the revision under the lock, after any compaction it must cover.
-            let current = shared.published.load();
-            let at = read::read_revision(req.revision, current, index.compact_revision)?;
-            let plan = read::plan_range(&index, req, at);
-            // ENG-3: open the snapshot before the lock is released.
-            (current, plan, shared.store.snapshot()?)
-        };
-        Ok(read::finish_range(plan, &snapshot, req, current)?)
+        self.shared()?.range(req)
     }
 
     /// Writes a key (etcd's Put).
@@ -361,6 +443,129 @@ impl Engine {
         ))
     }
 
+    /// Opens a watch stream (etcd's Watch RPC): create watches on it and receive their
+    /// events in revision order.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// let stream = engine.watch_stream().unwrap();
+    /// let id = stream.create(kvd::WatchCreateRequest::prefix("jobs/")).unwrap();
+    /// assert!(stream.recv_timeout(Duration::from_secs(5)).unwrap().unwrap().created);
+    /// engine.put(kvd::PutRequest::new("jobs/1", "run")).unwrap();
+    /// let got = stream.recv_timeout(Duration::from_secs(5)).unwrap().unwrap();
+    /// assert_eq!((got.watch_id, got.header.revision, got.events.len()), (id, 2, 1));
+    /// ```
+    pub fn watch_stream(&self) -> Result<WatchStream> {
+        let running = self.running.as_ref().ok_or(Error::Closed)?;
+        let source: Weak<dyn WatchSource> =
+            Arc::downgrade(&running.shared) as Weak<dyn WatchSource>;
+        Ok(WatchStream::new(running.shared.hub.clone(), source))
+    }
+
+    /// Returns the number of watches open on all streams.
+    pub fn watchers(&self) -> Result<usize> {
+        Ok(self.shared()?.hub.watchers())
+    }
+
+    /// Grants a lease (etcd's LeaseGrant). A TTL below the minimum is raised to it.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// let lease = engine.lease_grant(kvd::LeaseGrantRequest { ttl: 60, id: 7 }).unwrap();
+    /// engine.put(kvd::PutRequest { lease: lease.id, ..kvd::PutRequest::new("k", "v") }).unwrap();
+    /// let ttl = engine.lease_time_to_live(7, true).unwrap();
+    /// assert_eq!((ttl.granted_ttl, ttl.keys.len()), (60, 1));
+    /// ```
+    pub fn lease_grant(&self, req: LeaseGrantRequest) -> Result<LeaseGrantResponse> {
+        if req.ttl > LEASE_TTL_MAX_SECONDS {
+            return Err(Error::LeaseTtlTooLarge);
+        }
+        match self.submit(WriteRequest::LeaseGrant(req))? {
+            WriteResponse::LeaseGrant(r) => Ok(r),
+            _ => Err(mismatched()),
+        }
+    }
+
+    /// Revokes a lease and deletes its keys in one revision (etcd's LeaseRevoke).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// let lease = engine.lease_grant(kvd::LeaseGrantRequest { ttl: 60, id: 0 }).unwrap();
+    /// for k in ["a", "b"] {
+    ///     engine.put(kvd::PutRequest { lease: lease.id, ..kvd::PutRequest::new(k, "v") }).unwrap();
+    /// }
+    /// let revoked = engine.lease_revoke(lease.id).unwrap();
+    /// assert_eq!(revoked.header.revision, 5, "two keys, one revision");
+    /// assert!(engine.lease_revoke(lease.id).unwrap_err().to_string().contains("lease not found"));
+    /// ```
+    pub fn lease_revoke(&self, id: i64) -> Result<LeaseRevokeResponse> {
+        match self.submit(WriteRequest::LeaseRevoke(LeaseRevokeRequest { id }))? {
+            WriteResponse::LeaseRevoke(r) => Ok(r),
+            _ => Err(mismatched()),
+        }
+    }
+
+    /// Renews a lease to its full TTL (etcd's LeaseKeepAlive); TTL 0 if it does not exist.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// let lease = engine.lease_grant(kvd::LeaseGrantRequest { ttl: 30, id: 0 }).unwrap();
+    /// assert_eq!(engine.lease_keep_alive(lease.id).unwrap().ttl, 30);
+    /// ```
+    pub fn lease_keep_alive(&self, id: i64) -> Result<LeaseKeepAliveResponse> {
+        let shared = self.shared()?;
+        let header = ResponseHeader {
+            revision: shared.published.load(),
+        };
+        let now = shared.config.clock.now();
+        let ttl = crate::sync::lock(&shared.lessor)
+            .keep_alive(id, now)
+            .unwrap_or(0);
+        Ok(LeaseKeepAliveResponse { header, id, ttl })
+    }
+
+    /// Reports a lease's remaining and granted TTL and, if asked, its keys (etcd's
+    /// LeaseTimeToLive); TTL -1 if it does not exist.
+    pub fn lease_time_to_live(&self, id: i64, keys: bool) -> Result<LeaseTimeToLiveResponse> {
+        let shared = self.shared()?;
+        let header = ResponseHeader {
+            revision: shared.published.load(),
+        };
+        let now = shared.config.clock.now();
+        let found = crate::sync::lock(&shared.lessor).time_to_live(id, now);
+        Ok(match found {
+            Some(t) => LeaseTimeToLiveResponse {
+                header,
+                id,
+                ttl: t.remaining,
+                granted_ttl: t.granted,
+                keys: if keys { t.keys } else { Vec::new() },
+            },
+            None => LeaseTimeToLiveResponse {
+                header,
+                id,
+                ttl: -1,
+                granted_ttl: 0,
+                keys: Vec::new(),
+            },
+        })
+    }
+
+    /// Lists every lease, soonest expiry first (etcd's LeaseLeases).
+    pub fn lease_leases(&self) -> Result<LeaseLeasesResponse> {
+        let shared = self.shared()?;
+        let header = ResponseHeader {
+            revision: shared.published.load(),
+        };
+        let leases = crate::sync::lock(&shared.lessor).list();
+        Ok(LeaseLeasesResponse { header, leases })
+    }
+
     /// Returns the revisions, sizes and applied index.
     ///
     /// ```
@@ -434,6 +639,9 @@ impl Engine {
 impl Running {
     /// Closes the proposal channel and waits for the apply thread to drain it.
     fn stop(self) -> Arc<Shared> {
+        self.shared.stopping.store(true, Ordering::Release);
+        // The watch thread wakes at least every WATCH_SYNC_INTERVAL and then sees the flag.
+        let _ = self.watch_thread.join();
         drop(self.proposals);
         // A panic in the apply thread has already been reported on stderr; the store is
         // closed by the caller either way.

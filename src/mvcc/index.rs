@@ -52,7 +52,6 @@ impl<'a> KeyRange<'a> {
     }
 
     /// Returns true if `key` lies in the range.
-    #[cfg(test)]
     pub fn contains(&self, key: &[u8]) -> bool {
         match self.bounds() {
             None => false,

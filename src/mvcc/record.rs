@@ -39,6 +39,8 @@ pub struct RecordHead<'a> {
     pub create_revision: i64,
     /// The version of the key after this change.
     pub version: i64,
+    /// The lease attached by this change.
+    pub lease: i64,
     value_offset: usize,
 }
 
@@ -90,14 +92,12 @@ impl Record {
     /// Decodes `bytes` (REC-2).
     pub fn decode(bytes: &[u8]) -> Result<Record, StorageError> {
         let head = Record::decode_head(bytes)?;
-        let mut lease = [0u8; 8];
-        lease.copy_from_slice(&bytes[17..25]);
         Ok(Record {
             key: Bytes::copy_from_slice(head.key),
             tombstone: head.tombstone,
             create_revision: head.create_revision,
             version: head.version,
-            lease: i64::from_be_bytes(lease),
+            lease: head.lease,
             value: Bytes::copy_from_slice(&bytes[head.value_offset..]),
         })
     }
@@ -129,6 +129,7 @@ impl Record {
             tombstone: bytes[0] & FLAG_TOMBSTONE != 0,
             create_revision: int(1),
             version: int(9),
+            lease: int(17),
             value_offset: key_end,
         })
     }

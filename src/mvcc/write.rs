@@ -23,8 +23,8 @@ use super::index::{Index, KeyRange};
 use super::read::{self, Records};
 use super::record::Record;
 use crate::api::{
-    DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, RangeRequest, RangeResponse,
-    RequestOp, ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
+    DeleteRangeRequest, DeleteRangeResponse, KeyValue, PutRequest, PutResponse, RangeRequest,
+    RangeResponse, RequestOp, ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
 };
 use crate::error::{Error, StorageError};
 use crate::storage::WriteBatch;
@@ -32,12 +32,32 @@ use crate::storage::WriteBatch;
 /// The newest revision the index holds, for reads inside the apply thread.
 const NEWEST: i64 = i64::MAX;
 
+/// One change a write request made, in order: what watchers and the lessor need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A Put: the full new key-value.
+    Put(KeyValue),
+    /// A delete: the key and the deletion's main revision only (etcd's delete event).
+    Delete(KeyValue),
+}
+
+impl Change {
+    /// Returns the changed key-value.
+    pub fn kv(&self) -> &KeyValue {
+        match self {
+            Change::Put(kv) | Change::Delete(kv) => kv,
+        }
+    }
+}
+
 /// One write request being applied.
 pub struct TxnWriter<'a, 't> {
     index: &'a mut Index,
     batch: &'a mut WriteBatch<'t>,
+    lease_exists: &'a dyn Fn(i64) -> bool,
     begin: i64,
     changes: i64,
+    log: Vec<Change>,
 }
 
 /// The branches a Txn takes, decided before any op runs (WRITE-3).
@@ -50,13 +70,25 @@ pub struct TxnPath {
 
 impl<'a, 't> TxnWriter<'a, 't> {
     /// Returns a writer for a request applied on top of revision `begin`.
-    pub fn new(index: &'a mut Index, batch: &'a mut WriteBatch<'t>, begin: i64) -> Self {
+    pub fn new(
+        index: &'a mut Index,
+        batch: &'a mut WriteBatch<'t>,
+        lease_exists: &'a dyn Fn(i64) -> bool,
+        begin: i64,
+    ) -> Self {
         TxnWriter {
             index,
             batch,
+            lease_exists,
             begin,
             changes: 0,
+            log: Vec::new(),
         }
+    }
+
+    /// Returns the changes made, in order (WRITE-1).
+    pub fn into_changes(self) -> Vec<Change> {
+        self.log
     }
 
     /// Returns true if the request changed anything.
@@ -79,11 +111,31 @@ impl<'a, 't> TxnWriter<'a, 't> {
         rev
     }
 
-    /// Checks a standalone Put against the current state (WRITE-2).
+    /// Checks a standalone Put against the current state (WRITE-2): the lease first, then
+    /// the key the ignore flags need (etcd's order for a plain Put).
     pub fn check_put(&self, req: &PutRequest) -> Result<(), Error> {
+        self.check_put_lease(req)?;
+        self.check_put_key(req)
+    }
+
+    /// Checks a Put inside a Txn: the key the ignore flags need, then the lease (etcd's
+    /// order for txn ops).
+    fn check_txn_put(&self, req: &PutRequest) -> Result<(), Error> {
+        self.check_put_key(req)?;
+        self.check_put_lease(req)
+    }
+
+    fn check_put_key(&self, req: &PutRequest) -> Result<(), Error> {
         if (req.ignore_value || req.ignore_lease) && self.index.get(&req.key, self.begin).is_none()
         {
             return Err(Error::KeyNotFound);
+        }
+        Ok(())
+    }
+
+    fn check_put_lease(&self, req: &PutRequest) -> Result<(), Error> {
+        if req.lease != 0 && !(self.lease_exists)(req.lease) {
+            return Err(Error::LeaseNotFound);
         }
         Ok(())
     }
@@ -123,6 +175,7 @@ impl<'a, 't> TxnWriter<'a, 't> {
         };
         self.batch.put_history(&rev.to_key(), &record.encode())?;
         self.index.put(&req.key, rev);
+        self.log.push(Change::Put(record.into_key_value(rev.main)));
         Ok(PutResponse {
             header: ResponseHeader {
                 revision: self.revision(),
@@ -153,6 +206,11 @@ impl<'a, 't> TxnWriter<'a, 't> {
             self.batch.put_history(&rev.to_key(), &record.encode())?;
             let alive = self.index.tombstone(key, rev);
             debug_assert!(alive, "the index listed a dead key as alive");
+            self.log.push(Change::Delete(KeyValue {
+                key: record.key,
+                mod_revision: rev.main,
+                ..KeyValue::default()
+            }));
         }
         Ok(DeleteRangeResponse {
             header: ResponseHeader {
@@ -199,7 +257,7 @@ impl<'a, 't> TxnWriter<'a, 't> {
     pub fn check_txn(&self, req: &TxnRequest, path: &TxnPath) -> Result<(), Error> {
         if !req.is_read_only() {
             self.check_branch(req, path, &|w, op| match op {
-                RequestOp::Put(p) => w.check_put(p),
+                RequestOp::Put(p) => w.check_txn_put(p),
                 _ => Ok(()),
             })?;
         }

@@ -36,6 +36,8 @@ fn code_of(err: &Error) -> Code {
         | Error::InvalidArgument(_) => Code::InvalidArgument,
         Error::Compacted | Error::FutureRevision => Code::OutOfRange,
         Error::LeaseNotFound => Code::NotFound,
+        Error::LeaseExists => Code::FailedPrecondition,
+        Error::LeaseTtlTooLarge => Code::OutOfRange,
         // etcd returns this error as a plain Go error, not a gRPC status, so gRPC-go sends it
         // with code Unknown; etcd's Go client then recognises it by its message
         // (`shared/spec/etcd.md` §12). We send what etcd sends.
