@@ -30,7 +30,7 @@ use super::Shared;
 use crate::api::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse,
     LeaseGrantRequest, LeaseGrantResponse, LeaseRevokeRequest, LeaseRevokeResponse, PutResponse,
-    ResponseHeader, Status, TxnRequest, TxnResponse, WriteRequest,
+    ResponseHeader, TxnRequest, TxnResponse, WriteRequest,
 };
 use crate::error::{Error, Result, StorageError};
 use crate::lease::{self, LEASE_REVOKES_PER_PASS_MAX, LEASES_TABLE, Lessor};
@@ -40,7 +40,7 @@ use crate::mvcc::record::Record;
 use crate::mvcc::write::{Change, TxnWriter};
 use crate::mvcc::{Index, Revision};
 use crate::storage::{MetaKey, Snapshot, Store, WriteBatch};
-use crate::sync::{self, Arc};
+use crate::sync::{self, Arc, Ordering};
 
 /// A message to the apply thread.
 #[derive(Debug)]
@@ -51,11 +51,6 @@ pub enum Proposal {
         request: WriteRequest,
         /// Where the answer goes.
         reply: Sender<Result<WriteResponse>>,
-    },
-    /// A status query, answered between batches.
-    Status {
-        /// Where the answer goes.
-        reply: Sender<Result<Status>>,
     },
 }
 
@@ -149,6 +144,9 @@ pub fn recover(store: &Store, now: Duration) -> Result<Recovered, StorageError> 
     })
 }
 
+/// Commits after which the size-in-use figure is refreshed even under load.
+const STATS_REFRESH_COMMITS: u64 = 256;
+
 /// How long the idle apply thread sleeps before looking at lease deadlines again.
 const IDLE_WAKE_INTERVAL: Duration = Duration::from_millis(50);
 
@@ -170,6 +168,8 @@ pub struct Applier {
     carried: Option<Proposal>,
     /// The changes of the batch being applied, by revision, for watchers once it commits.
     events: Vec<(i64, Vec<Change>)>,
+    /// Commits since the size-in-use figure was last refreshed.
+    commits_since_stats: u64,
 }
 
 /// What applying one request produced.
@@ -208,6 +208,7 @@ impl Applier {
             compactions,
             carried: None,
             events: Vec::new(),
+            commits_since_stats: 0,
         }
     }
 
@@ -230,10 +231,12 @@ impl Applier {
                     Err(TryRecvError::Disconnected) => return,
                 },
             };
+            let idle = first.is_none();
             if let Some(first) = first {
                 let batch = self.gather(first, &proposals);
                 self.apply_batch(batch);
             }
+            self.refresh_stats(idle);
             if !self.compactions.is_empty() {
                 self.compaction_step();
             }
@@ -278,20 +281,29 @@ impl Applier {
     }
 
     fn apply_batch(&mut self, batch: Vec<Proposal>) {
-        let mut writes = Vec::with_capacity(batch.len());
-        let mut statuses = Vec::new();
-        for proposal in batch {
-            match proposal {
-                Proposal::Write { request, reply } => writes.push((request, reply)),
-                Proposal::Status { reply } => statuses.push(reply),
-            }
-        }
+        let writes = batch
+            .into_iter()
+            .map(|proposal| match proposal {
+                Proposal::Write { request, reply } => (request, reply),
+            })
+            .collect::<Vec<_>>();
         if !writes.is_empty() {
             self.apply_writes(writes);
         }
-        for reply in statuses {
-            // A caller that gave up waiting is not an error of ours.
-            let _ = reply.send(self.status());
+    }
+
+    /// Refreshes the size-in-use figure readers see, when commits happened since the last
+    /// refresh and either the thread is idle or enough commits piled up (the figure costs a
+    /// walk of the page allocator, too much for every commit).
+    fn refresh_stats(&mut self, idle: bool) {
+        if self.commits_since_stats == 0
+            || !(idle || self.commits_since_stats >= STATS_REFRESH_COMMITS)
+        {
+            return;
+        }
+        if let Ok(in_use) = self.shared.store.size_in_use() {
+            self.shared.stats.in_use.store(in_use, Ordering::Release);
+            self.commits_since_stats = 0;
         }
     }
 
@@ -313,6 +325,11 @@ impl Applier {
         match committed {
             Ok(outcomes) => {
                 let events = std::mem::take(&mut self.events);
+                self.shared
+                    .stats
+                    .applied_index
+                    .store(self.applied_index, Ordering::Release);
+                self.commits_since_stats += 1;
                 self.shared.publish(self.current, events);
                 for ((_, reply), outcome) in writes.into_iter().zip(outcomes) {
                     self.answer(reply, outcome);
@@ -505,20 +522,6 @@ impl Applier {
                 }
             }
         }
-    }
-
-    fn status(&self) -> Result<Status> {
-        let store = &self.shared.store;
-        let compact_revision = sync::read(&self.shared.index).compact_revision;
-        Ok(Status {
-            header: ResponseHeader {
-                revision: self.shared.published.load(),
-            },
-            compact_revision,
-            db_size: store.file_size()?,
-            db_size_in_use: store.size_in_use()?,
-            applied_index: self.applied_index,
-        })
     }
 }
 

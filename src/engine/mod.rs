@@ -50,7 +50,7 @@ use crate::mvcc::write::Change;
 use crate::mvcc::{Index, read, validate};
 use crate::storage::faults::Faults;
 use crate::storage::{CommitSync, Store, StoreOptions};
-use crate::sync::{Arc, AtomicBool, Mutex, Ordering, RwLock, Weak};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, RwLock, Weak};
 use crate::watch::{Hub, WATCH_SYNC_INTERVAL, WatchSource, WatchStream};
 use apply::{Applier, Proposal, WriteResponse};
 pub use publish::Published;
@@ -155,9 +155,17 @@ struct Shared {
     lessor: Mutex<Lessor>,
     published: Published,
     hub: Arc<Hub>,
+    stats: Stats,
     /// Tells the watch sync thread to stop.
     stopping: AtomicBool,
     config: Config,
+}
+
+/// Figures the apply thread publishes for [`Engine::status`].
+#[derive(Debug)]
+struct Stats {
+    in_use: AtomicU64,
+    applied_index: AtomicU64,
 }
 
 impl Shared {
@@ -263,6 +271,7 @@ impl Engine {
         };
         let store = Store::open(dir.as_ref(), &options)?;
         let recovered = apply::recover(&store, config.clock.now())?;
+        let in_use = store.size_in_use()?;
         let (sender, receiver) = crossbeam_channel::bounded(config.proposal_queue_len);
         let shared = Arc::new(Shared {
             store,
@@ -270,6 +279,10 @@ impl Engine {
             lessor: Mutex::new(recovered.lessor),
             published: Published::new(recovered.current),
             hub: Arc::new(Hub::new(recovered.current)),
+            stats: Stats {
+                in_use: AtomicU64::new(in_use),
+                applied_index: AtomicU64::new(recovered.applied_index),
+            },
             stopping: AtomicBool::new(false),
             config,
         });
@@ -575,10 +588,22 @@ impl Engine {
     /// assert_eq!((status.header.revision, status.compact_revision), (1, -1));
     /// assert!(status.db_size >= status.db_size_in_use);
     /// ```
+    ///
+    /// Reads published figures only, so it never waits behind writes; `db_size_in_use` is
+    /// refreshed by the apply thread when it is idle or every few hundred commits.
     pub fn status(&self) -> Result<Status> {
-        let (reply, answer) = crossbeam_channel::bounded(1);
-        self.send(Proposal::Status { reply })?;
-        answer.recv().map_err(|_| Error::Closed)?
+        let shared = self.shared()?;
+        let (revision, compact_revision) = {
+            let index = crate::sync::read(&shared.index);
+            (shared.published.load(), index.compact_revision)
+        };
+        Ok(Status {
+            header: ResponseHeader { revision },
+            compact_revision,
+            db_size: shared.store.file_size()?,
+            db_size_in_use: shared.stats.in_use.load(Ordering::Acquire),
+            applied_index: shared.stats.applied_index.load(Ordering::Acquire),
+        })
     }
 
     /// Stops the apply thread after the queued writes and closes the database, returning

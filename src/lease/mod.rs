@@ -210,11 +210,11 @@ mod tests {
         lessor.attach(&key("a"), 1);
         lessor.attach(&key("b"), 1);
         lessor.attach(&key("a"), 2);
-        let ttl = |id| lessor.time_to_live(id, Duration::ZERO).map(|t| t.keys);
-        assert_eq!(ttl(1), Some(vec![key("b")]));
-        assert_eq!(ttl(2), Some(vec![key("a")]));
+        let ttl = |lessor: &Lessor, id| lessor.time_to_live(id, Duration::ZERO).map(|t| t.keys);
+        assert_eq!(ttl(&lessor, 1), Some(vec![key("b")]));
+        assert_eq!(ttl(&lessor, 2), Some(vec![key("a")]));
         lessor.attach(&key("b"), 0);
-        assert_eq!(ttl(1), Some(vec![]));
+        assert_eq!(ttl(&lessor, 1), Some(vec![]));
         assert_eq!(lessor.revoke(2), Some(vec![key("a")]));
         assert_eq!(lessor.revoke(2), None);
     }
