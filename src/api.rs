@@ -601,6 +601,9 @@ pub struct HashKvResponse {
 
 /// A snapshot of the engine's state, for etcd's Status.
 ///
+/// `db_size_in_use` counts the pages redb has allocated inside the file, pages pinned by
+/// readers included; it is what the space quota is measured against.
+///
 /// ```
 /// # let dir = tempfile::tempdir().unwrap();
 /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
@@ -608,7 +611,7 @@ pub struct HashKvResponse {
 /// let status = engine.status().unwrap();
 /// assert_eq!((status.header.revision, status.applied_index), (2, 1));
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Status {
     /// Header with the current revision.
     pub header: ResponseHeader,
@@ -620,6 +623,10 @@ pub struct Status {
     pub db_size_in_use: u64,
     /// The number of write requests applied since the store was created.
     pub applied_index: u64,
+    /// The space quota in bytes (etcd 3.6's `dbSizeQuota`); 0 when the quota is disabled.
+    pub db_size_quota: u64,
+    /// The active alarms.
+    pub alarms: Vec<AlarmMember>,
 }
 
 /// A lease grant (etcd's `LeaseGrantRequest`).
@@ -834,6 +841,114 @@ pub struct WatchResponse {
     pub events: Vec<Event>,
 }
 
+/// The kinds of alarm (etcd's `AlarmType`).
+///
+/// ```
+/// assert_eq!(kvd::AlarmType::NoSpace.name(), "NOSPACE");
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AlarmType {
+    /// No alarm; in a GET it means every kind.
+    #[default]
+    None,
+    /// The space quota or the filesystem reserve was hit: writes that cost space stop.
+    NoSpace,
+    /// An integrity check failed: every write stops.
+    Corrupt,
+}
+
+impl AlarmType {
+    /// Returns etcd's name of the alarm.
+    pub fn name(self) -> &'static str {
+        match self {
+            AlarmType::None => "NONE",
+            AlarmType::NoSpace => "NOSPACE",
+            AlarmType::Corrupt => "CORRUPT",
+        }
+    }
+}
+
+/// One raised alarm (etcd's `AlarmMember`).
+///
+/// ```
+/// let a = kvd::AlarmMember { member_id: 7, alarm: kvd::AlarmType::NoSpace };
+/// assert_eq!(a.alarm, kvd::AlarmType::NoSpace);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AlarmMember {
+    /// The member that raised it.
+    pub member_id: u64,
+    /// The kind.
+    pub alarm: AlarmType,
+}
+
+/// What an alarm request does (etcd's `AlarmRequest.AlarmAction`).
+///
+/// ```
+/// assert_eq!(kvd::AlarmAction::default(), kvd::AlarmAction::Get);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AlarmAction {
+    /// List alarms (of one kind, or all with `AlarmType::None`).
+    #[default]
+    Get,
+    /// Raise an alarm.
+    Activate,
+    /// Clear an alarm.
+    Deactivate,
+}
+
+/// An alarm request (etcd's `AlarmRequest`).
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// let all = engine.alarm(kvd::AlarmRequest::default()).unwrap();
+/// assert!(all.alarms.is_empty());
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AlarmRequest {
+    /// Get, activate or deactivate.
+    pub action: AlarmAction,
+    /// The member the alarm is about (ignored by Get).
+    pub member_id: u64,
+    /// The kind.
+    pub alarm: AlarmType,
+}
+
+/// The answer to an alarm request (etcd's `AlarmResponse`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AlarmResponse {
+    /// Header with the current revision.
+    pub header: ResponseHeader,
+    /// The alarms listed, raised or cleared.
+    pub alarms: Vec<AlarmMember>,
+}
+
+/// The result of a defragmentation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DefragResponse {
+    /// Header with the current revision.
+    pub header: ResponseHeader,
+    /// The database file length before.
+    pub db_size_before: u64,
+    /// The database file length after.
+    pub db_size_after: u64,
+    /// The longest time writes were paused, in microseconds.
+    pub pause_micros: u64,
+}
+
+/// How far a running defragmentation is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DefragProgress {
+    /// True while a defragmentation runs.
+    pub running: bool,
+    /// Bytes of records copied so far.
+    pub copied_bytes: u64,
+    /// Bytes of records to copy (the in-use size when it started).
+    pub total_bytes: u64,
+}
+
 /// Any write the apply thread executes. Also the unit the request-size limit applies to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WriteRequest {
@@ -849,6 +964,8 @@ pub enum WriteRequest {
     LeaseGrant(LeaseGrantRequest),
     /// A lease revoke (from a client or from expiry).
     LeaseRevoke(LeaseRevokeRequest),
+    /// An alarm activation or deactivation.
+    Alarm(AlarmRequest),
 }
 
 /// Bytes of framing etcd's raft entry adds around a request: the request header with its
@@ -873,6 +990,11 @@ impl WriteRequest {
             WriteRequest::Compaction(r) => int_field(1, r.revision) + bool_field(2, r.physical),
             WriteRequest::LeaseGrant(r) => int_field(1, r.ttl) + int_field(2, r.id),
             WriteRequest::LeaseRevoke(r) => int_field(1, r.id),
+            WriteRequest::Alarm(r) => {
+                int_field(1, r.action as i64)
+                    + int_field(2, r.member_id as i64)
+                    + int_field(3, r.alarm as i64)
+            }
         };
         RAFT_ENTRY_HEADER_BYTES + message_field(4, inner)
     }

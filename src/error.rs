@@ -106,6 +106,11 @@ pub enum Error {
     LeaseTtlTooLarge,
     /// The write queue is full; retry later.
     TooManyRequests,
+    /// The write needs space and the space quota, the filesystem reserve or an active
+    /// NOSPACE alarm says there is none.
+    NoSpace,
+    /// A CORRUPT alarm is active: writes are refused until it is cleared.
+    Corrupt,
     /// A request argument is out of its domain; the text says which.
     InvalidArgument(String),
     /// The engine is closed.
@@ -160,6 +165,15 @@ impl Error {
         matches!(self, Error::Storage(StorageError::Locked { .. }))
     }
 
+    /// Returns true for the NOSPACE refusal.
+    ///
+    /// ```
+    /// assert!(kvd::Error::NoSpace.is_no_space());
+    /// ```
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, Error::NoSpace)
+    }
+
     /// Returns true if the request was refused because the write queue is full.
     ///
     /// ```
@@ -186,6 +200,8 @@ impl fmt::Display for Error {
             Error::LeaseExists => "etcdserver: lease already exists",
             Error::LeaseTtlTooLarge => "etcdserver: too large lease TTL",
             Error::TooManyRequests => "etcdserver: too many requests",
+            Error::NoSpace => "etcdserver: mvcc: database space exceeded",
+            Error::Corrupt => "etcdserver: corrupt cluster",
             Error::InvalidArgument(what) => return write!(f, "kvd: invalid argument: {what}"),
             Error::Closed => "kvd: engine is closed",
             Error::Storage(e) => return e.fmt(f),

@@ -17,6 +17,7 @@
 //! (revisions, the key index, range, txn, compaction, hash), `storage` (the only module that
 //! names redb). See `docs/ARCHITECTURE.md`.
 
+mod alarm;
 mod api;
 mod clock;
 mod engine;
@@ -25,14 +26,16 @@ mod lease;
 mod mvcc;
 pub mod quota;
 pub mod server;
+mod space;
 mod storage;
 pub mod sync;
 mod watch;
 
 pub use api::*;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use engine::{Config, Engine};
+pub use engine::{Config, DefragFailpoint, Engine};
 pub use error::{Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};
+pub use space::{cost as write_cost, quota_bytes as space_quota_bytes};
 pub use storage::faults::Faults;
 pub use watch::WatchStream;

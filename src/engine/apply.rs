@@ -27,10 +27,13 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use super::Shared;
+use super::defrag::{self, DefragStep};
+use crate::alarm::{self, ALARMS_TABLE};
 use crate::api::{
-    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse,
-    LeaseGrantRequest, LeaseGrantResponse, LeaseRevokeRequest, LeaseRevokeResponse, PutResponse,
-    ResponseHeader, TxnRequest, TxnResponse, WriteRequest,
+    AlarmAction, AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionRequest,
+    CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest,
+    LeaseGrantResponse, LeaseRevokeRequest, LeaseRevokeResponse, PutResponse, ResponseHeader,
+    TxnRequest, TxnResponse, WriteRequest,
 };
 use crate::error::{Error, Result, StorageError};
 use crate::lease::{self, LEASE_REVOKES_PER_PASS_MAX, LEASES_TABLE, Lessor};
@@ -39,12 +42,15 @@ use crate::mvcc::read;
 use crate::mvcc::record::Record;
 use crate::mvcc::write::{Change, TxnWriter};
 use crate::mvcc::{Index, Revision};
+use crate::space;
 use crate::storage::{MetaKey, Snapshot, Store, WriteBatch};
 use crate::sync::{self, Arc, Ordering};
 
 /// A message to the apply thread.
 #[derive(Debug)]
 pub enum Proposal {
+    /// A step of a defrag, run between two batches.
+    Defrag(DefragStep),
     /// A write to apply.
     Write {
         /// The request.
@@ -69,6 +75,8 @@ pub enum WriteResponse {
     LeaseGrant(LeaseGrantResponse),
     /// A lease revoke's answer.
     LeaseRevoke(LeaseRevokeResponse),
+    /// An alarm request's answer.
+    Alarm(AlarmResponse),
 }
 
 /// What open found on disk.
@@ -83,6 +91,8 @@ pub struct Recovered {
     pub jobs: Vec<CompactionJob>,
     /// The leases, with full TTLs from now (LEASE-3), and their keys.
     pub lessor: Lessor,
+    /// The active alarms (ALARM-1).
+    pub alarms: Vec<AlarmMember>,
 }
 
 /// Rebuilds the index from the history and the meta table.
@@ -97,6 +107,10 @@ pub fn recover(store: &Store, now: Duration) -> Result<Recovered, StorageError> 
     let scheduled = meta(MetaKey::ScheduledCompactRevision)?;
     let recorded_current = meta(MetaKey::CurrentRevision)?;
     let applied_index = snapshot.get_meta(MetaKey::AppliedIndex)?.unwrap_or(0);
+    let mut alarms = Vec::new();
+    for (key, _) in snapshot.rows(ALARMS_TABLE)? {
+        alarms.push(alarm::decode_key(&key)?);
+    }
     let mut lessor = Lessor::new();
     for (key, value) in snapshot.rows(LEASES_TABLE)? {
         let (id, ttl) = lease::decode_row(&key, &value)?;
@@ -141,6 +155,7 @@ pub fn recover(store: &Store, now: Duration) -> Result<Recovered, StorageError> 
         applied_index,
         jobs,
         lessor,
+        alarms,
     })
 }
 
@@ -170,6 +185,10 @@ pub struct Applier {
     events: Vec<(i64, Vec<Change>)>,
     /// Commits since the size-in-use figure was last refreshed.
     commits_since_stats: u64,
+    /// The cost of the writes applied so far in the current batch.
+    batch_cost: u64,
+    /// An exact in-use measurement taken during the current batch.
+    batch_measured: Option<u64>,
 }
 
 /// What applying one request produced.
@@ -209,6 +228,8 @@ impl Applier {
             carried: None,
             events: Vec::new(),
             commits_since_stats: 0,
+            batch_cost: 0,
+            batch_measured: None,
         }
     }
 
@@ -232,12 +253,17 @@ impl Applier {
                 },
             };
             let idle = first.is_none();
-            if let Some(first) = first {
-                let batch = self.gather(first, &proposals);
-                self.apply_batch(batch);
+            match first {
+                Some(Proposal::Defrag(step)) => self.defrag_step(step),
+                Some(first) => {
+                    let batch = self.gather(first, &proposals);
+                    self.apply_batch(batch);
+                }
+                None => {}
             }
             self.refresh_stats(idle);
-            if !self.compactions.is_empty() {
+            // EDEFRAG-1: no compaction step while a defrag copies.
+            if !self.compactions.is_empty() && !self.shared.defrag.running.load(Ordering::Acquire) {
                 self.compaction_step();
             }
             self.expire_leases();
@@ -271,7 +297,7 @@ impl Applier {
             let Ok(next) = proposals.try_recv() else {
                 break;
             };
-            if is_compaction(&next) {
+            if is_compaction(&next) || matches!(next, Proposal::Defrag(_)) {
                 self.carried = Some(next);
                 break;
             }
@@ -281,14 +307,28 @@ impl Applier {
     }
 
     fn apply_batch(&mut self, batch: Vec<Proposal>) {
-        let writes = batch
-            .into_iter()
-            .map(|proposal| match proposal {
-                Proposal::Write { request, reply } => (request, reply),
-            })
-            .collect::<Vec<_>>();
+        let mut writes = Vec::with_capacity(batch.len());
+        for proposal in batch {
+            match proposal {
+                Proposal::Write { request, reply } => writes.push((request, reply)),
+                // gather() ends a batch before a defrag step; handle one that slipped in anyway.
+                Proposal::Defrag(step) => self.defrag_step(step),
+            }
+        }
         if !writes.is_empty() {
             self.apply_writes(writes);
+        }
+    }
+
+    fn defrag_step(&mut self, step: DefragStep) {
+        // A caller that gave up waiting is not an error of ours, hence the ignored sends.
+        match step {
+            DefragStep::Begin(reply) => {
+                let _ = reply.send(self.shared.store.snapshot().map_err(Error::from));
+            }
+            DefragStep::Swap(target, reply) => {
+                let _ = reply.send(defrag::swap(&self.shared, *target));
+            }
         }
     }
 
@@ -302,7 +342,7 @@ impl Applier {
             return;
         }
         if let Ok(in_use) = self.shared.store.size_in_use() {
-            self.shared.stats.in_use.store(in_use, Ordering::Release);
+            self.shared.space.measured(in_use);
             self.commits_since_stats = 0;
         }
     }
@@ -310,10 +350,16 @@ impl Applier {
     fn apply_writes(&mut self, writes: Vec<(WriteRequest, Sender<Result<WriteResponse>>)>) {
         let shared = self.shared.clone();
         let (before_current, before_applied) = (self.current, self.applied_index);
+        self.batch_cost = 0;
+        self.batch_measured = None;
         let committed = shared.store.write(|batch| {
             let mut outcomes = Vec::with_capacity(writes.len());
             for (request, _) in &writes {
-                outcomes.push(self.apply_one(batch, request)?);
+                let outcome = self.apply_one(batch, request)?;
+                if matches!(outcome, Outcome::Answer(Ok(_))) {
+                    self.batch_cost += space::cost(request);
+                }
+                outcomes.push(outcome);
             }
             batch.put_meta(
                 MetaKey::CurrentRevision,
@@ -329,6 +375,10 @@ impl Applier {
                     .stats
                     .applied_index
                     .store(self.applied_index, Ordering::Release);
+                if let Some(measured) = self.batch_measured.take() {
+                    self.shared.space.measured(measured);
+                }
+                self.shared.space.committed(self.batch_cost);
                 self.commits_since_stats += 1;
                 self.shared.publish(self.current, events);
                 for ((_, reply), outcome) in writes.into_iter().zip(outcomes) {
@@ -387,6 +437,12 @@ impl Applier {
         request: &WriteRequest,
     ) -> Result<Outcome, StorageError> {
         let shared = self.shared.clone();
+        if let WriteRequest::Alarm(a) = request {
+            return self.apply_alarm(batch, *a);
+        }
+        if let Some(refusal) = self.gate(batch, request)? {
+            return Ok(Outcome::Answer(Err(refusal)));
+        }
         let mut index = sync::write(&shared.index);
         let mut lessor = sync::lock(&shared.lessor);
         match request {
@@ -404,7 +460,7 @@ impl Applier {
             WriteRequest::DeleteRange(d) => Ok(WriteResponse::DeleteRange(writer.delete_range(d)?)),
             WriteRequest::Txn(t) => apply_txn(&mut writer, t)?.map(WriteResponse::Txn),
             WriteRequest::LeaseRevoke(r) => revoke_keys(&mut writer, &lessor, r.id)?,
-            WriteRequest::Compaction(_) | WriteRequest::LeaseGrant(_) => {
+            WriteRequest::Compaction(_) | WriteRequest::LeaseGrant(_) | WriteRequest::Alarm(_) => {
                 Err(Error::InvalidArgument("handled above".into()))
             }
         };
@@ -459,6 +515,112 @@ impl Applier {
         Ok(Outcome::Answer(Ok(WriteResponse::LeaseGrant(
             LeaseGrantResponse { header, id, ttl },
         ))))
+    }
+
+    /// The alarm and space gate of the apply chain (etcd's capped and quota appliers):
+    /// returns the refusal, if any, of a request before it changes anything. CORRUPT stops
+    /// every write; NOSPACE, the quota and the filesystem reserve stop writes with a cost,
+    /// and the first such refusal raises NOSPACE in this batch (ALARM-3, SPACE-2).
+    fn gate(
+        &mut self,
+        batch: &mut WriteBatch<'_>,
+        request: &WriteRequest,
+    ) -> Result<Option<Error>, StorageError> {
+        let cost = space::cost(request);
+        {
+            let alarms = sync::lock(&self.shared.alarms);
+            if alarms.corrupt() {
+                return Ok(Some(Error::Corrupt));
+            }
+            if cost == 0 {
+                return Ok(None);
+            }
+            if alarms.nospace() {
+                return Ok(Some(Error::NoSpace));
+            }
+        }
+        if self.space_available(batch, cost)? {
+            return Ok(None);
+        }
+        let member = AlarmMember {
+            member_id: self.shared.config.member_id,
+            alarm: AlarmType::NoSpace,
+        };
+        if sync::lock(&self.shared.alarms).activate(member) {
+            batch.put_row(ALARMS_TABLE, &alarm::encode_key(member), &[])?;
+        }
+        Ok(Some(Error::NoSpace))
+    }
+
+    /// Returns true if a write of `cost` fits the quota and the filesystem reserve: first
+    /// against the running estimate, then, if that says no, against an exact measurement of
+    /// this transaction's allocated pages.
+    fn space_available(
+        &mut self,
+        batch: &mut WriteBatch<'_>,
+        cost: u64,
+    ) -> Result<bool, StorageError> {
+        let config = &self.shared.config;
+        let quota = space::quota_bytes(config.quota_backend_bytes);
+        if let Some(free) = space::fs_available(self.shared.store.dir()) {
+            let reserve = config
+                .fs_reserve_bytes
+                .unwrap_or_else(|| space::default_fs_reserve_bytes(quota));
+            if free < reserve.saturating_add(cost) {
+                return Ok(false);
+            }
+        }
+        let base = self
+            .batch_measured
+            .unwrap_or_else(|| self.shared.space.estimate());
+        if space::fits(base.saturating_add(self.batch_cost), cost, quota) {
+            return Ok(true);
+        }
+        let exact = batch.allocated_bytes()?;
+        self.batch_measured = Some(exact);
+        self.batch_cost = 0;
+        Ok(space::fits(exact, cost, quota))
+    }
+
+    fn apply_alarm(
+        &mut self,
+        batch: &mut WriteBatch<'_>,
+        req: AlarmRequest,
+    ) -> Result<Outcome, StorageError> {
+        let member = AlarmMember {
+            member_id: req.member_id,
+            alarm: req.alarm,
+        };
+        let mut alarms = sync::lock(&self.shared.alarms);
+        let listed = match req.action {
+            AlarmAction::Activate => {
+                if alarms.activate(member) {
+                    batch.put_row(ALARMS_TABLE, &alarm::encode_key(member), &[])?;
+                }
+                if member.alarm == AlarmType::None {
+                    Vec::new()
+                } else {
+                    vec![member]
+                }
+            }
+            AlarmAction::Deactivate => {
+                if alarms.deactivate(member) {
+                    batch.delete_row(ALARMS_TABLE, &alarm::encode_key(member))?;
+                    vec![member]
+                } else {
+                    Vec::new()
+                }
+            }
+            AlarmAction::Get => alarms.list(req.alarm),
+        };
+        self.applied_index += 1;
+        let header = ResponseHeader {
+            revision: self.current,
+        };
+        Ok(Outcome::Answer(Ok(WriteResponse::Alarm(AlarmResponse {
+            header,
+            alarms: listed,
+        }))))
     }
 
     fn apply_compaction(

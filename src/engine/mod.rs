@@ -26,6 +26,7 @@
 //! Contact points: the public API of the crate.
 
 mod apply;
+mod defrag;
 mod publish;
 
 use std::path::Path;
@@ -36,8 +37,10 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Sender, TrySendError};
 
+use crate::alarm::{ALARMS_TABLE, Alarms};
 use crate::api::{
-    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, HashKvResponse,
+    AlarmAction, AlarmRequest, AlarmResponse, AlarmType, CompactionRequest, CompactionResponse,
+    DefragProgress, DefragResponse, DeleteRangeRequest, DeleteRangeResponse, HashKvResponse,
     KeyValue, LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveResponse, LeaseLeasesResponse,
     LeaseRevokeRequest, LeaseRevokeResponse, LeaseTimeToLiveResponse, PutRequest, PutResponse,
     RangeRequest, RangeResponse, ResponseHeader, Status, TxnRequest, TxnResponse, WriteRequest,
@@ -48,11 +51,14 @@ use crate::lease::{LEASE_TTL_MAX_SECONDS, LEASE_TTL_MIN_SECONDS_DEFAULT, LEASES_
 use crate::mvcc::hash::HashState;
 use crate::mvcc::write::Change;
 use crate::mvcc::{Index, read, validate};
+use crate::space::{self, SpaceTracker};
 use crate::storage::faults::Faults;
 use crate::storage::{CommitSync, Store, StoreOptions};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, RwLock, Weak};
 use crate::watch::{Hub, WATCH_SYNC_INTERVAL, WatchSource, WatchStream};
 use apply::{Applier, Proposal, WriteResponse};
+pub use defrag::DefragFailpoint;
+use defrag::DefragState;
 pub use publish::Published;
 
 /// etcd's default `--max-request-bytes`.
@@ -107,6 +113,16 @@ pub struct Config {
     pub lease_ttl_min_seconds: i64,
     /// How often watches with `progress_notify` get a progress response when idle.
     pub watch_progress_notify_interval: Duration,
+    /// etcd's `--quota-backend-bytes`: 0 means the 2 GiB default, negative disables the
+    /// space quota.
+    pub quota_backend_bytes: i64,
+    /// Writes with a cost stop while the data directory's filesystem has less than this
+    /// free; `None` means an eighth of the quota, at least 64 MiB.
+    pub fs_reserve_bytes: Option<u64>,
+    /// The member id alarms raised by this engine carry.
+    pub member_id: u64,
+    /// Makes a defrag stop at a step as if the process died there (tests only).
+    pub defrag_failpoint: Option<DefragFailpoint>,
 }
 
 impl Default for Config {
@@ -123,6 +139,10 @@ impl Default for Config {
             faults: None,
             lease_ttl_min_seconds: LEASE_TTL_MIN_SECONDS_DEFAULT,
             watch_progress_notify_interval: WATCH_PROGRESS_NOTIFY_INTERVAL_DEFAULT,
+            quota_backend_bytes: 0,
+            fs_reserve_bytes: None,
+            member_id: 0,
+            defrag_failpoint: None,
         }
     }
 }
@@ -156,6 +176,9 @@ struct Shared {
     published: Published,
     hub: Arc<Hub>,
     stats: Stats,
+    space: SpaceTracker,
+    alarms: Mutex<Alarms>,
+    defrag: DefragState,
     /// Tells the watch sync thread to stop.
     stopping: AtomicBool,
     config: Config,
@@ -164,7 +187,6 @@ struct Shared {
 /// Figures the apply thread publishes for [`Engine::status`].
 #[derive(Debug)]
 struct Stats {
-    in_use: AtomicU64,
     applied_index: AtomicU64,
 }
 
@@ -266,7 +288,7 @@ impl Engine {
             } else {
                 CommitSync::Durable
             },
-            row_tables: vec![LEASES_TABLE],
+            row_tables: vec![LEASES_TABLE, ALARMS_TABLE],
             faults: config.faults.clone(),
         };
         let store = Store::open(dir.as_ref(), &options)?;
@@ -280,9 +302,11 @@ impl Engine {
             published: Published::new(recovered.current),
             hub: Arc::new(Hub::new(recovered.current)),
             stats: Stats {
-                in_use: AtomicU64::new(in_use),
                 applied_index: AtomicU64::new(recovered.applied_index),
             },
+            space: SpaceTracker::new(in_use),
+            alarms: Mutex::new(Alarms::new(recovered.alarms)),
+            defrag: DefragState::default(),
             stopping: AtomicBool::new(false),
             config,
         });
@@ -341,6 +365,11 @@ impl Engine {
     /// assert_eq!(&second.prev_kv.unwrap().value[..], b"v1");
     /// ```
     pub fn put(&self, req: PutRequest) -> Result<PutResponse> {
+        let req = WriteRequest::Put(req);
+        self.admit(&req)?;
+        let WriteRequest::Put(req) = req else {
+            return Err(mismatched());
+        };
         validate::check_put(&req)?;
         match self.submit(WriteRequest::Put(req))? {
             WriteResponse::Put(r) => Ok(r),
@@ -380,6 +409,11 @@ impl Engine {
     /// assert!(!engine.txn(create_if_absent).unwrap().succeeded);
     /// ```
     pub fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
+        let req = WriteRequest::Txn(req);
+        self.admit(&req)?;
+        let WriteRequest::Txn(req) = req else {
+            return Err(mismatched());
+        };
         validate::check_txn(&req, self.shared()?.config.max_txn_ops)?;
         if req.is_read_only() {
             return self.read_only_txn(&req);
@@ -493,6 +527,7 @@ impl Engine {
     /// assert_eq!((ttl.granted_ttl, ttl.keys.len()), (60, 1));
     /// ```
     pub fn lease_grant(&self, req: LeaseGrantRequest) -> Result<LeaseGrantResponse> {
+        self.admit(&WriteRequest::LeaseGrant(req))?;
         if req.ttl > LEASE_TTL_MAX_SECONDS {
             return Err(Error::LeaseTtlTooLarge);
         }
@@ -512,7 +547,7 @@ impl Engine {
     ///     engine.put(kvd::PutRequest { lease: lease.id, ..kvd::PutRequest::new(k, "v") }).unwrap();
     /// }
     /// let revoked = engine.lease_revoke(lease.id).unwrap();
-    /// assert_eq!(revoked.header.revision, 5, "two keys, one revision");
+    /// assert_eq!(revoked.header.revision, 4, "two keys, one revision");
     /// assert!(engine.lease_revoke(lease.id).unwrap_err().to_string().contains("lease not found"));
     /// ```
     pub fn lease_revoke(&self, id: i64) -> Result<LeaseRevokeResponse> {
@@ -579,6 +614,62 @@ impl Engine {
         Ok(LeaseLeasesResponse { header, leases })
     }
 
+    /// Lists, raises or clears alarms (etcd's Alarm). Raising and clearing are persisted
+    /// through the apply path; clearing NOSPACE while the data is still over the quota lets
+    /// the next write raise it again.
+    ///
+    /// ```
+    /// use kvd::{AlarmAction, AlarmMember, AlarmRequest, AlarmType};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// let raise = AlarmRequest { action: AlarmAction::Activate, member_id: 1, alarm: AlarmType::NoSpace };
+    /// engine.alarm(raise).unwrap();
+    /// assert!(engine.put(kvd::PutRequest::new("k", "v")).unwrap_err().is_no_space());
+    /// engine.alarm(AlarmRequest { action: AlarmAction::Deactivate, ..raise }).unwrap();
+    /// assert!(engine.put(kvd::PutRequest::new("k", "v")).is_ok());
+    /// ```
+    pub fn alarm(&self, req: AlarmRequest) -> Result<AlarmResponse> {
+        if req.action == AlarmAction::Get {
+            let shared = self.shared()?;
+            let header = ResponseHeader {
+                revision: shared.published.load(),
+            };
+            let alarms = crate::sync::lock(&shared.alarms).list(req.alarm);
+            return Ok(AlarmResponse { header, alarms });
+        }
+        match self.submit(WriteRequest::Alarm(req))? {
+            WriteResponse::Alarm(r) => Ok(r),
+            _ => Err(mismatched()),
+        }
+    }
+
+    /// Rewrites the database into a fresh, densely packed file while writes go on, pausing
+    /// them only to copy the last revisions and swap the files (etcd's Defragment, without
+    /// stopping the world). Allowed while NOSPACE is active; clears no alarm.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// for i in 0..100 { engine.put(kvd::PutRequest::new(format!("k{i}"), "v")).unwrap(); }
+    /// let before = engine.hash_kv(0).unwrap();
+    /// engine.defrag().unwrap();
+    /// assert_eq!(engine.hash_kv(0).unwrap(), before);
+    /// ```
+    pub fn defrag(&self) -> Result<DefragResponse> {
+        let running = self.running.as_ref().ok_or(Error::Closed)?;
+        defrag::run(&running.shared, |step| {
+            running
+                .proposals
+                .send(Proposal::Defrag(step))
+                .map_err(|_| Error::Closed)
+        })
+    }
+
+    /// Returns how far a running defrag is.
+    pub fn defrag_progress(&self) -> Result<DefragProgress> {
+        Ok(self.shared()?.defrag.progress())
+    }
+
     /// Returns the revisions, sizes and applied index.
     ///
     /// ```
@@ -601,8 +692,10 @@ impl Engine {
             header: ResponseHeader { revision },
             compact_revision,
             db_size: shared.store.file_size()?,
-            db_size_in_use: shared.stats.in_use.load(Ordering::Acquire),
+            db_size_in_use: shared.space.last_measured(),
             applied_index: shared.stats.applied_index.load(Ordering::Acquire),
+            db_size_quota: space::quota_bytes(shared.config.quota_backend_bytes).unwrap_or(0),
+            alarms: crate::sync::lock(&shared.alarms).list(AlarmType::None),
         })
     }
 
@@ -634,6 +727,21 @@ impl Engine {
         let current = shared.published.load();
         let snapshot = shared.store.snapshot()?;
         apply::read_only_txn(&index, &snapshot, req, current)
+    }
+
+    /// The admission half of the alarm gate (etcd checks the quota before validating the
+    /// request): refuses fast while an alarm blocks the write. The space check itself is
+    /// exact only in the apply thread, which measures when the estimate is near the quota.
+    fn admit(&self, request: &WriteRequest) -> Result<()> {
+        let shared = self.shared()?;
+        let alarms = crate::sync::lock(&shared.alarms);
+        if alarms.corrupt() {
+            return Err(Error::Corrupt);
+        }
+        if space::cost(request) > 0 && alarms.nospace() {
+            return Err(Error::NoSpace);
+        }
+        Ok(())
     }
 
     fn submit(&self, request: WriteRequest) -> Result<WriteResponse> {

@@ -42,6 +42,8 @@ fn code_of(err: &Error) -> Code {
         // with code Unknown; etcd's Go client then recognises it by its message
         // (`shared/spec/etcd.md` §12). We send what etcd sends.
         Error::TooManyRequests => Code::Unknown,
+        Error::NoSpace => Code::ResourceExhausted,
+        Error::Corrupt => Code::DataLoss,
         // etcd's "server stopped" is Unavailable: the client may try another endpoint.
         Error::Closed => Code::Unavailable,
         Error::Storage(storage) => storage_code(storage),
@@ -77,10 +79,6 @@ pub fn unimplemented(message: &'static str) -> Status {
     Status::unimplemented(message)
 }
 
-/// The message of the Watch service until watches land.
-pub const WATCH_NOT_IMPLEMENTED: &str = "kvd: watch is not implemented yet";
-/// The message of the Lease service until leases land.
-pub const LEASE_NOT_IMPLEMENTED: &str = "kvd: leases are not implemented yet";
 /// The message of cluster reconfiguration RPCs.
 pub const MEMBERSHIP_NOT_SUPPORTED: &str =
     "kvd: member reconfiguration is not supported: kvd is a single-member server";

@@ -35,10 +35,11 @@ use redb::{
     TableDefinition, WriteTransaction,
 };
 
+pub mod defrag;
 pub mod faults;
 
 use crate::error::StorageError;
-use crate::sync::{Arc, Mutex, lock};
+use crate::sync::{Arc, Mutex, RwLock, lock};
 use faults::{Faults, FaultyBackend};
 
 /// The name of the database file inside the data directory.
@@ -95,8 +96,6 @@ pub struct RowTable {
 
 impl RowTable {
     /// Returns a table handle named `name`; the name is its identity in the file.
-    // Used by the lease, alarm and quota layers as they land (STORE tables).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub const fn new(name: &'static str) -> RowTable {
         RowTable { name }
     }
@@ -136,7 +135,10 @@ const UNSAFE_NO_FSYNC_DURABLE_EVERY_COMMITS: u64 = 64;
 /// The open database of one data directory.
 #[derive(Debug)]
 pub struct Store {
-    db: Database,
+    /// Swapped whole by defrag (DEFRAG-3); readers keep the one they started on.
+    db: RwLock<Arc<Database>>,
+    row_tables: Vec<RowTable>,
+    cache_size_bytes: usize,
     dir: PathBuf,
     sync: CommitSync,
     state: Mutex<WriteState>,
@@ -172,6 +174,12 @@ impl Store {
                 return Err(io_error("lock data directory", &lock_path, &e));
             }
         }
+        // DEFRAG-2: a leftover copy is an unfinished defrag; kvd.redb is complete.
+        let leftover = dir.join(defrag::DEFRAG_FILE_NAME);
+        if leftover.exists() {
+            fs::remove_file(&leftover)
+                .map_err(|e| io_error("remove unfinished defrag copy", &leftover, &e))?;
+        }
         let path = dir.join(DB_FILE_NAME);
         let mut builder = redb::Builder::new();
         builder.set_cache_size(options.cache_size_bytes);
@@ -192,7 +200,9 @@ impl Store {
         }
         .map_err(|e| open_error(&path, e.into()))?;
         let store = Store {
-            db,
+            db: RwLock::new(Arc::new(db)),
+            row_tables: options.row_tables.clone(),
+            cache_size_bytes: options.cache_size_bytes,
             dir: dir.to_path_buf(),
             sync: options.sync,
             state: Mutex::new(WriteState::default()),
@@ -205,7 +215,7 @@ impl Store {
     /// Creates the tables, writes the schema version on a new file and checks it on an
     /// existing one.
     fn initialize(&self, row_tables: &[RowTable]) -> Result<(), StorageError> {
-        let txn = self.db.begin_write().map_err(storage_error)?;
+        let txn = self.database().begin_write().map_err(storage_error)?;
         {
             txn.open_table(HISTORY).map_err(storage_error)?;
             let mut meta = txn.open_table(META).map_err(storage_error)?;
@@ -234,6 +244,11 @@ impl Store {
         txn.commit().map_err(storage_error)
     }
 
+    /// Returns the data directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Runs `f` in one write transaction and commits it (STORE-1). Returns what `f` returned.
     /// An error from `f` or from the commit aborts the batch and poisons the store (STORE-2).
     pub fn write<R>(
@@ -258,7 +273,7 @@ impl Store {
         state: &mut WriteState,
         f: impl FnOnce(&mut WriteBatch<'_>) -> Result<R, StorageError>,
     ) -> Result<R, StorageError> {
-        let mut txn = self.db.begin_write().map_err(storage_error)?;
+        let mut txn = self.database().begin_write().map_err(storage_error)?;
         state.commits += 1;
         let durable = match self.sync {
             CommitSync::Durable => true,
@@ -284,11 +299,26 @@ impl Store {
         Ok(result)
     }
 
+    /// Refuses every later write until reopen, as after an I/O error (STORE-2).
+    pub fn poison(&self, cause: &str) {
+        lock(&self.state).poisoned = Some(cause.to_owned());
+    }
+
     /// Opens a read snapshot of the last committed state (STORE-5).
     pub fn snapshot(&self) -> Result<Snapshot, StorageError> {
-        let txn = self.db.begin_read().map_err(storage_error)?;
+        let db = self.database();
+        let txn = db.begin_read().map_err(storage_error)?;
         let history = txn.open_table(HISTORY).map_err(storage_error)?;
-        Ok(Snapshot { txn, history })
+        Ok(Snapshot {
+            txn,
+            history,
+            _db: db,
+        })
+    }
+
+    /// Returns the database in service.
+    fn database(&self) -> Arc<Database> {
+        crate::sync::read(&self.db).clone()
     }
 
     /// Returns the length of the database file in bytes.
@@ -303,7 +333,7 @@ impl Store {
     /// pages pinned by readers). Waits for the writer: call it from the apply thread or
     /// when writes are idle.
     pub fn size_in_use(&self) -> Result<u64, StorageError> {
-        let txn = self.db.begin_write().map_err(storage_error)?;
+        let txn = self.database().begin_write().map_err(storage_error)?;
         let stats = txn.stats().map_err(storage_error)?;
         let bytes = stats.allocated_pages() * stats.page_size() as u64;
         txn.abort().map_err(storage_error)?;
@@ -312,13 +342,20 @@ impl Store {
 
     /// Closes the database, returning any error redb reports on the way.
     pub fn close(self) -> Result<(), StorageError> {
-        self.db.close().map_err(storage_error)
+        let db = self
+            .db
+            .into_inner()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match Arc::try_unwrap(db) {
+            Ok(db) => db.close().map_err(storage_error),
+            // A reader still holds it: redb closes it when that reader drops it.
+            Err(_) => Ok(()),
+        }
     }
 }
 
 /// The tables of one write transaction, open for the duration of a batch.
 pub struct WriteBatch<'t> {
-    #[cfg_attr(not(test), allow(dead_code))]
     txn: &'t WriteTransaction,
     history: redb::Table<'t, RevisionKey, &'static [u8]>,
     meta: redb::Table<'t, &'static str, &'static [u8]>,
@@ -374,9 +411,14 @@ impl WriteBatch<'_> {
         Ok(())
     }
 
+    /// Returns the bytes this transaction has allocated in the file (pages in use, pending
+    /// frees and pages pinned by readers included). Walks the trees: call it rarely.
+    pub fn allocated_bytes(&self) -> Result<u64, StorageError> {
+        let stats = self.txn.stats().map_err(storage_error)?;
+        Ok(stats.allocated_pages() * stats.page_size() as u64)
+    }
+
     /// Writes a row of a registered table.
-    // Used by the lease, alarm and quota layers as they land (STORE tables).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub fn put_row(
         &mut self,
         table: RowTable,
@@ -392,8 +434,6 @@ impl WriteBatch<'_> {
     }
 
     /// Deletes a row of a registered table; returns true if it existed.
-    // Used by the lease, alarm and quota layers as they land (STORE tables).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub fn delete_row(&mut self, table: RowTable, key: &[u8]) -> Result<bool, StorageError> {
         let mut t = self
             .txn
@@ -408,6 +448,8 @@ impl WriteBatch<'_> {
 pub struct Snapshot {
     txn: ReadTransaction,
     history: ReadOnlyTable<RevisionKey, &'static [u8]>,
+    /// Keeps the file this snapshot reads alive across a defrag swap.
+    _db: Arc<Database>,
 }
 
 impl Snapshot {
@@ -449,8 +491,6 @@ impl Snapshot {
     }
 
     /// Returns every row of a registered table in key order.
-    // Used by the lease, alarm and quota layers as they land (STORE tables).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub fn rows(&self, table: RowTable) -> Result<Vec<Row>, StorageError> {
         let t = self
             .txn

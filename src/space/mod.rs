@@ -1,0 +1,253 @@
+//! The space quota: etcd's cost model, the quota in bytes, the in-use estimate admission
+//! reads, and the filesystem reserve guard.
+//!
+//! Why in-use size and not the file length: redb grows its file by doubling and never
+//! shrinks it below the highest page in use, so the file length says little about what the
+//! data needs; the pages redb has allocated (history, pinned pages and pending frees
+//! included) do. Compaction frees pages and so relieves the quota; defrag gives the file
+//! back to the filesystem.
+//!
+//! Invariants:
+//! - SPACE-1: costs are etcd's: Put 256 + |key| + |value|; Txn the larger of its branches,
+//!   nested txns included (etcd 3.6.14); LeaseGrant 64; everything else 0.
+//! - SPACE-2: a write with cost `c` is applied only if `in_use + c < quota` (strict, etcd)
+//!   and the filesystem keeps its reserve; `in_use` is the exact allocated size measured in
+//!   the apply thread's own transaction whenever the running estimate says it might not fit.
+//! - SPACE-3: the estimate never undercounts between measurements: every commit adds its
+//!   record bytes plus a page allowance; only a measurement lowers it.
+//!
+//! Contact points: `Engine` (admission) and `engine::apply` (the exact check); `alarm` is
+//! raised on the first refusal.
+
+use std::path::Path;
+
+use crate::api::{RequestOp, TxnRequest, WriteRequest};
+use crate::sync::{AtomicU64, Ordering};
+
+/// etcd's DefaultQuotaBytes: 2 GiB.
+pub const QUOTA_BYTES_DEFAULT: u64 = 2 << 30;
+/// etcd's MaxQuotaBytes: above it etcd (and kvd) warns.
+pub const QUOTA_BYTES_WARN: u64 = 8 << 30;
+/// etcd's kvOverhead: the cost of a Put beyond its key and value.
+pub const PUT_OVERHEAD_BYTES: u64 = 256;
+/// etcd's leaseOverhead: the cost of a LeaseGrant.
+pub const LEASE_GRANT_COST_BYTES: u64 = 64;
+/// Bytes of page churn the estimate adds per commit (the copy-on-write pages a commit
+/// touches beyond its records).
+pub const COMMIT_PAGE_ALLOWANCE_BYTES: u64 = 4 * 4096;
+/// The smallest filesystem reserve: writes stop while less than this is free.
+pub const FS_RESERVE_BYTES_MIN: u64 = 64 << 20;
+
+const _: () = assert!(QUOTA_BYTES_DEFAULT < QUOTA_BYTES_WARN);
+
+/// Returns the quota in force for etcd's `--quota-backend-bytes` value: 0 means the 2 GiB
+/// default, a negative value disables the quota (`None`).
+///
+/// ```
+/// assert_eq!(kvd::space_quota_bytes(0), Some(2 << 30));
+/// assert_eq!(kvd::space_quota_bytes(-1), None);
+/// assert_eq!(kvd::space_quota_bytes(1_000_000), Some(1_000_000));
+/// ```
+pub fn quota_bytes(configured: i64) -> Option<u64> {
+    match configured {
+        0 => Some(QUOTA_BYTES_DEFAULT),
+        n if n < 0 => None,
+        n => Some(n.unsigned_abs()),
+    }
+}
+
+/// Returns the filesystem reserve for a quota: an eighth of the quota, at least
+/// `FS_RESERVE_BYTES_MIN`. Headroom for redb to grow its file and write a commit when the
+/// quota is disabled or larger than the disk.
+pub fn default_fs_reserve_bytes(quota: Option<u64>) -> u64 {
+    quota.map_or(FS_RESERVE_BYTES_MIN, |q| (q / 8).max(FS_RESERVE_BYTES_MIN))
+}
+
+/// Returns the cost of a write (SPACE-1).
+///
+/// ```
+/// use kvd::{PutRequest, WriteRequest};
+/// assert_eq!(kvd::write_cost(&WriteRequest::Put(PutRequest::new("ab", "xyz"))), 256 + 2 + 3);
+/// ```
+pub fn cost(request: &WriteRequest) -> u64 {
+    match request {
+        WriteRequest::Put(p) => put_cost(p.key.len(), p.value.len()),
+        WriteRequest::Txn(t) => txn_cost(t),
+        WriteRequest::LeaseGrant(_) => LEASE_GRANT_COST_BYTES,
+        WriteRequest::DeleteRange(_)
+        | WriteRequest::Compaction(_)
+        | WriteRequest::LeaseRevoke(_)
+        | WriteRequest::Alarm(_) => 0,
+    }
+}
+
+fn put_cost(key: usize, value: usize) -> u64 {
+    PUT_OVERHEAD_BYTES + key as u64 + value as u64
+}
+
+fn txn_cost(txn: &TxnRequest) -> u64 {
+    let branch = |ops: &[RequestOp]| -> u64 {
+        ops.iter()
+            .map(|op| match op {
+                RequestOp::Put(p) => put_cost(p.key.len(), p.value.len()),
+                RequestOp::Txn(t) => txn_cost(t),
+                RequestOp::Range(_) | RequestOp::DeleteRange(_) => 0,
+            })
+            .sum()
+    };
+    branch(&txn.success).max(branch(&txn.failure))
+}
+
+/// The in-use figure admission reads: the last exact measurement plus what commits added
+/// since (SPACE-3).
+#[derive(Debug)]
+pub struct SpaceTracker {
+    measured: AtomicU64,
+    added_since: AtomicU64,
+}
+
+impl SpaceTracker {
+    /// Returns a tracker starting from a measurement.
+    pub fn new(measured: u64) -> SpaceTracker {
+        SpaceTracker {
+            measured: AtomicU64::new(measured),
+            added_since: AtomicU64::new(0),
+        }
+    }
+
+    /// Records an exact measurement.
+    pub fn measured(&self, bytes: u64) {
+        self.added_since.store(0, Ordering::Release);
+        self.measured.store(bytes, Ordering::Release);
+    }
+
+    /// Records a commit that wrote `record_bytes`.
+    pub fn committed(&self, record_bytes: u64) {
+        self.added_since
+            .fetch_add(record_bytes + COMMIT_PAGE_ALLOWANCE_BYTES, Ordering::AcqRel);
+    }
+
+    /// Returns the last exact measurement.
+    pub fn last_measured(&self) -> u64 {
+        self.measured.load(Ordering::Acquire)
+    }
+
+    /// Returns the estimate: never below the truth since the last measurement.
+    pub fn estimate(&self) -> u64 {
+        self.measured
+            .load(Ordering::Acquire)
+            .saturating_add(self.added_since.load(Ordering::Acquire))
+    }
+}
+
+/// Returns true if `in_use + cost` fits strictly under `quota` (SPACE-2).
+pub fn fits(in_use: u64, cost: u64, quota: Option<u64>) -> bool {
+    quota.is_none_or(|q| in_use.saturating_add(cost) < q)
+}
+
+/// Returns the bytes free on the filesystem holding `dir`, or `None` if it cannot be read
+/// (then the guard does not refuse: an unreadable figure is not evidence of a full disk).
+pub fn fs_available(dir: &Path) -> Option<u64> {
+    fs4::available_space(dir).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{DeleteRangeRequest, LeaseGrantRequest, PutRequest, RangeRequest};
+
+    fn put(key: &str, value: &str) -> RequestOp {
+        RequestOp::Put(PutRequest::new(key.to_owned(), value.to_owned()))
+    }
+
+    #[test]
+    fn cost_model_matches_etcds_formula() {
+        let txn = |success, failure| {
+            WriteRequest::Txn(TxnRequest {
+                compare: vec![],
+                success,
+                failure,
+            })
+        };
+        let cases: Vec<(&str, WriteRequest, u64)> = vec![
+            (
+                "put",
+                WriteRequest::Put(PutRequest::new("k", "vv")),
+                256 + 1 + 2,
+            ),
+            (
+                "empty put",
+                WriteRequest::Put(PutRequest::new("k", "")),
+                257,
+            ),
+            (
+                "delete",
+                WriteRequest::DeleteRange(DeleteRangeRequest::key("k")),
+                0,
+            ),
+            (
+                "lease grant",
+                WriteRequest::LeaseGrant(LeaseGrantRequest { ttl: 5, id: 0 }),
+                64,
+            ),
+            (
+                "larger branch",
+                txn(vec![put("a", "1"), put("b", "2")], vec![put("c", "12345")]),
+                2 * 258,
+            ),
+            (
+                "failure larger",
+                txn(vec![put("a", "1")], vec![put("c", "1234567890")]),
+                267,
+            ),
+            (
+                "reads and deletes are free",
+                txn(
+                    vec![
+                        RequestOp::Range(RangeRequest::key("a")),
+                        RequestOp::DeleteRange(DeleteRangeRequest::key("a")),
+                    ],
+                    vec![],
+                ),
+                0,
+            ),
+            (
+                "nested txns count (etcd 3.6.14)",
+                txn(
+                    vec![RequestOp::Txn(TxnRequest {
+                        compare: vec![],
+                        success: vec![put("n", "1")],
+                        failure: vec![put("n", "1234")],
+                    })],
+                    vec![],
+                ),
+                256 + 1 + 4,
+            ),
+        ];
+        for (name, request, want) in cases {
+            assert_eq!(cost(&request), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn quota_fits_strictly_below_and_none_disables() {
+        assert!(fits(99, 0, Some(100)));
+        assert!(!fits(90, 10, Some(100)), "strict <, as etcd");
+        assert!(fits(u64::MAX, 1, None));
+        assert_eq!(quota_bytes(0), Some(QUOTA_BYTES_DEFAULT));
+        assert_eq!(default_fs_reserve_bytes(Some(8 << 30)), 1 << 30);
+        assert_eq!(
+            default_fs_reserve_bytes(Some(1 << 20)),
+            FS_RESERVE_BYTES_MIN
+        );
+    }
+
+    #[test]
+    fn estimate_never_drops_below_measurement_until_remeasured() {
+        let tracker = SpaceTracker::new(1000);
+        tracker.committed(500);
+        assert_eq!(tracker.estimate(), 1000 + 500 + COMMIT_PAGE_ALLOWANCE_BYTES);
+        tracker.measured(1200);
+        assert_eq!(tracker.estimate(), 1200);
+    }
+}

@@ -1,0 +1,239 @@
+//! Online defrag: copy the live data into a fresh, densely packed file while writes go on,
+//! then copy the little that was committed meanwhile and swap the files.
+//!
+//! Steps (the engine drives them, `engine::defrag`):
+//! 1. **begin**: with physical compaction paused, take a snapshot; create
+//!    `kvd.redb.defrag` and copy every table from the snapshot in key order (history
+//!    appends, so pages fill densely), committing every `DEFRAG_COPY_ROWS_PER_COMMIT` rows.
+//! 2. **catch up**: from fresh snapshots, copy history records above the last one copied,
+//!    while writes continue, until the remainder is small.
+//! 3. **swap** (in the apply thread, so no write is in flight): copy the remaining history,
+//!    replace the small tables (meta, leases, alarms, ...) wholesale, commit durably, rename
+//!    the new file over `kvd.redb`, sync the directory, and put the new database in service.
+//!
+//! Invariants:
+//! - DEFRAG-1: while a defrag runs, history changes only by appends (compaction deletions
+//!   are paused), so "records above the last copied key" is exactly what is new.
+//! - DEFRAG-2: the data directory always holds a complete `kvd.redb`: the new file replaces it
+//!   by one atomic rename, after a durable commit; a leftover `kvd.redb.defrag` is an
+//!   unfinished copy and is deleted on open.
+//! - DEFRAG-3: a reader keeps the database it opened its snapshot on until it ends; readers
+//!   never see a mix of the two files.
+//!
+//! Contact points: `Store::begin_defrag`, `Store::swap_defragged`; `engine` pauses compaction
+//! and runs the swap between batches.
+
+use std::fs::{self, File};
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+
+use redb::{Database, Durability, ReadableTable, TableDefinition, WriteTransaction};
+
+use super::{
+    DB_FILE_NAME, HISTORY, META, RevisionKey, Snapshot, Store, io_error, open_error, storage_error,
+};
+use crate::error::StorageError;
+use crate::sync::{Arc, AtomicU64, Ordering};
+
+/// The name of the file a defrag writes before it replaces `kvd.redb`.
+pub const DEFRAG_FILE_NAME: &str = "kvd.redb.defrag";
+/// Rows copied per commit of the new file.
+pub const DEFRAG_COPY_ROWS_PER_COMMIT: usize = 10_000;
+
+/// Bytes copied so far and to copy in all, for progress reports.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Bytes of keys and values copied.
+    pub copied: AtomicU64,
+    /// Bytes in use when the copy started.
+    pub total: AtomicU64,
+}
+
+/// The new file being filled.
+pub struct Target {
+    db: Database,
+    path: PathBuf,
+    /// The last history key copied.
+    last_history: Option<RevisionKey>,
+}
+
+impl Store {
+    /// Creates the defrag target and copies every table of `snapshot` into it (step 1).
+    pub fn begin_defrag(
+        &self,
+        snapshot: &Snapshot,
+        progress: &Progress,
+    ) -> Result<Target, StorageError> {
+        let path = self.dir.join(DEFRAG_FILE_NAME);
+        remove_if_present(&path)?;
+        let db = redb::Builder::new()
+            .set_cache_size(self.cache_size_bytes)
+            .create(&path)
+            .map_err(|e| open_error(&path, e.into()))?;
+        let mut target = Target {
+            db,
+            path,
+            last_history: None,
+        };
+        target.copy_history(snapshot, progress)?;
+        target.replace_small_tables(snapshot, &self.row_tables)?;
+        Ok(target)
+    }
+
+    /// Copies what was committed since the last copy (steps 2 and 3); returns the number of
+    /// history records copied.
+    pub fn catch_up_defrag(
+        &self,
+        target: &mut Target,
+        snapshot: &Snapshot,
+        progress: &Progress,
+    ) -> Result<usize, StorageError> {
+        target.copy_history(snapshot, progress)
+    }
+
+    /// Finishes the copy from `snapshot` (which must see every commit: no write may be in
+    /// flight), makes the new file durable, renames it over the old one and puts it in
+    /// service (step 3, DEFRAG-2, DEFRAG-3).
+    pub fn swap_defragged(
+        &self,
+        mut target: Target,
+        snapshot: &Snapshot,
+        progress: &Progress,
+    ) -> Result<(), StorageError> {
+        target.copy_history(snapshot, progress)?;
+        target.replace_small_tables(snapshot, &self.row_tables)?;
+        let Target { db, path, .. } = target;
+        let live = self.dir.join(DB_FILE_NAME);
+        fs::rename(&path, &live)
+            .map_err(|e| io_error("rename defragmented file over", &live, &e))?;
+        // From the rename on, the new file is the one at the live path: put it in service
+        // before anything else can fail, so no write can go to the old, unlinked file.
+        *crate::sync::write(&self.db) = Arc::new(db);
+        sync_dir(&self.dir)
+    }
+
+    /// Renames the new file over the old one without putting it in service: what a crash
+    /// right after the rename leaves behind (test failpoint).
+    pub fn rename_only_for_failpoint(&self, target: Target) -> Result<(), StorageError> {
+        let Target { db, path, .. } = target;
+        drop(db);
+        let live = self.dir.join(DB_FILE_NAME);
+        fs::rename(&path, &live)
+            .map_err(|e| io_error("rename defragmented file over", &live, &e))?;
+        sync_dir(&self.dir)
+    }
+
+    /// Removes an unfinished defrag copy (DEFRAG-2).
+    pub fn abandon_defrag(&self, target: Option<Target>) -> Result<(), StorageError> {
+        drop(target);
+        remove_if_present(&self.dir.join(DEFRAG_FILE_NAME))
+    }
+}
+
+impl Target {
+    /// Copies history records above the last one copied; returns how many.
+    fn copy_history(
+        &mut self,
+        snapshot: &Snapshot,
+        progress: &Progress,
+    ) -> Result<usize, StorageError> {
+        let from = match self.last_history {
+            Some(key) => Bound::Excluded(key),
+            None => Bound::Unbounded,
+        };
+        let mut copied = 0;
+        let mut rows: Vec<(RevisionKey, Vec<u8>)> = Vec::with_capacity(DEFRAG_COPY_ROWS_PER_COMMIT);
+        let mut next = from;
+        loop {
+            rows.clear();
+            snapshot.scan_history(
+                (next, Bound::Unbounded),
+                DEFRAG_COPY_ROWS_PER_COMMIT,
+                |key, value| {
+                    rows.push((*key, value.to_vec()));
+                    Ok(true)
+                },
+            )?;
+            let Some((last, _)) = rows.last() else {
+                break;
+            };
+            let last = *last;
+            let txn = self.begin(rows.len() == DEFRAG_COPY_ROWS_PER_COMMIT)?;
+            {
+                let mut table = txn.open_table(HISTORY).map_err(storage_error)?;
+                for (key, value) in &rows {
+                    table.insert(key, value.as_slice()).map_err(storage_error)?;
+                    progress
+                        .copied
+                        .fetch_add((key.len() + value.len()) as u64, Ordering::Relaxed);
+                }
+            }
+            txn.commit().map_err(storage_error)?;
+            copied += rows.len();
+            self.last_history = Some(last);
+            next = Bound::Excluded(last);
+        }
+        Ok(copied)
+    }
+
+    /// Replaces the meta table and every row table with the snapshot's, then commits
+    /// durably.
+    fn replace_small_tables(
+        &mut self,
+        snapshot: &Snapshot,
+        row_tables: &[super::RowTable],
+    ) -> Result<(), StorageError> {
+        let txn = self.begin(false)?;
+        copy_table(&txn, snapshot, META)?;
+        for table in row_tables {
+            copy_table(&txn, snapshot, table.definition())?;
+        }
+        txn.commit().map_err(storage_error)
+    }
+
+    /// Begins a write transaction on the new file; bulk commits skip the fsync, the last
+    /// one of each step is durable (redb makes earlier ones durable with it).
+    fn begin(&self, bulk: bool) -> Result<WriteTransaction, StorageError> {
+        let mut txn = self.db.begin_write().map_err(storage_error)?;
+        if bulk {
+            txn.set_durability(Durability::None)
+                .map_err(|e| StorageError::Io(e.to_string()))?;
+        }
+        Ok(txn)
+    }
+
+    /// Returns the path of the new file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Replaces table `def` in `txn` with the snapshot's copy.
+fn copy_table<K: redb::Key + 'static>(
+    txn: &WriteTransaction,
+    snapshot: &Snapshot,
+    def: TableDefinition<'static, K, &'static [u8]>,
+) -> Result<(), StorageError> {
+    txn.delete_table(def).map_err(storage_error)?;
+    let mut to = txn.open_table(def).map_err(storage_error)?;
+    let from = snapshot.txn.open_table(def).map_err(storage_error)?;
+    for entry in from.iter().map_err(storage_error)? {
+        let (k, v) = entry.map_err(storage_error)?;
+        to.insert(k.value(), v.value()).map_err(storage_error)?;
+    }
+    Ok(())
+}
+
+fn remove_if_present(path: &Path) -> Result<(), StorageError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_error("remove", path, &e)),
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StorageError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_error("sync directory", dir, &e))
+}

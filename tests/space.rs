@@ -1,0 +1,428 @@
+//! The space quota, the latched NOSPACE alarm, online defrag and Status: the recovery
+//! story of `docs/operations.md`, the filesystem guard on a real small filesystem, defrag
+//! under load and interrupted at each step.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use kvd::{
+    AlarmAction, AlarmMember, AlarmRequest, AlarmType, CompactionRequest, Config, DefragFailpoint,
+    DeleteRangeRequest, Engine, Error, LeaseGrantRequest, PutRequest, RangeRequest, RequestOp,
+    TxnRequest,
+};
+
+const QUOTA_BYTES: i64 = 1 << 20;
+const VALUE_BYTES: usize = 4096;
+
+fn config(quota: i64) -> Config {
+    Config {
+        quota_backend_bytes: quota,
+        cache_size_bytes: 4 << 20,
+        fs_reserve_bytes: Some(0),
+        ..Config::default()
+    }
+}
+
+fn value() -> Vec<u8> {
+    vec![b'x'; VALUE_BYTES]
+}
+
+/// Writes distinct keys until the engine refuses one; returns how many were written.
+fn fill(engine: &Engine, prefix: &str) -> usize {
+    for i in 0..10_000 {
+        match engine.put(PutRequest::new(format!("{prefix}{i:05}"), value())) {
+            Ok(_) => {}
+            Err(Error::NoSpace) => return i,
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    panic!("the quota never filled")
+}
+
+fn nospace_alarms(engine: &Engine) -> Vec<AlarmMember> {
+    engine
+        .alarm(AlarmRequest {
+            alarm: AlarmType::NoSpace,
+            ..AlarmRequest::default()
+        })
+        .unwrap()
+        .alarms
+}
+
+fn disarm(engine: &Engine, member: AlarmMember) {
+    engine
+        .alarm(AlarmRequest {
+            action: AlarmAction::Deactivate,
+            member_id: member.member_id,
+            alarm: member.alarm,
+        })
+        .unwrap();
+}
+
+#[test]
+fn nospace_recovery_story_fill_read_delete_compact_defrag_disarm_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(QUOTA_BYTES)).unwrap();
+    let written = fill(&engine, "k");
+    assert!(written > 10, "only {written} writes fit a 1 MiB quota");
+    let alarms = nospace_alarms(&engine);
+    assert_eq!(alarms.len(), 1, "the first refusal raises NOSPACE");
+    assert_eq!(engine.status().unwrap().alarms, alarms);
+
+    // While NOSPACE is active: writes with a cost are refused, the rest works.
+    assert!(
+        engine
+            .put(PutRequest::new("tiny", "v"))
+            .unwrap_err()
+            .is_no_space()
+    );
+    assert!(
+        engine
+            .put(PutRequest::new("", "v"))
+            .unwrap_err()
+            .is_no_space(),
+        "quota before validation, as etcd"
+    );
+    assert!(
+        engine
+            .lease_grant(LeaseGrantRequest { ttl: 10, id: 0 })
+            .unwrap_err()
+            .is_no_space()
+    );
+    let writing_txn = TxnRequest {
+        failure: vec![RequestOp::Put(PutRequest::new("t", "v"))],
+        ..TxnRequest::default()
+    };
+    assert!(
+        engine.txn(writing_txn).unwrap_err().is_no_space(),
+        "a put in either branch counts"
+    );
+    assert_eq!(
+        engine.range(&RangeRequest::prefix("k")).unwrap().count,
+        written as i64
+    );
+    let delete_only = TxnRequest {
+        success: vec![RequestOp::DeleteRange(DeleteRangeRequest::key("k00000"))],
+        ..TxnRequest::default()
+    };
+    assert!(engine.txn(delete_only).is_ok());
+    let deleted = engine
+        .delete_range(DeleteRangeRequest::prefix("k"))
+        .unwrap();
+    assert_eq!(deleted.deleted, written as i64 - 1);
+
+    // Compact, defrag: space comes back, the alarm stays until disarmed (etcd).
+    let revision = engine.status().unwrap().header.revision;
+    engine
+        .compact(CompactionRequest {
+            revision,
+            physical: true,
+        })
+        .unwrap();
+    let defrag = engine.defrag().unwrap();
+    assert!(defrag.db_size_after < defrag.db_size_before, "{defrag:?}");
+    assert!(
+        engine
+            .put(PutRequest::new("after-defrag", "v"))
+            .unwrap_err()
+            .is_no_space(),
+        "still latched"
+    );
+    disarm(&engine, alarms[0]);
+    assert!(nospace_alarms(&engine).is_empty());
+    engine
+        .put(PutRequest::new("after-disarm", value()))
+        .unwrap();
+    let again = fill(&engine, "m");
+    assert!(again > 10, "space came back: {again} writes fit");
+}
+
+#[test]
+fn disarm_without_freeing_space_raises_nospace_again_on_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(QUOTA_BYTES)).unwrap();
+    fill(&engine, "k");
+    let alarm = nospace_alarms(&engine)[0];
+    disarm(&engine, alarm);
+    assert!(
+        engine
+            .put(PutRequest::new("more", value()))
+            .unwrap_err()
+            .is_no_space()
+    );
+    assert_eq!(nospace_alarms(&engine), vec![alarm]);
+}
+
+#[test]
+fn nospace_alarm_survives_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(QUOTA_BYTES)).unwrap();
+    fill(&engine, "k");
+    engine.close().unwrap();
+    // Reopen with the quota disabled: the alarm is latched, not recomputed.
+    let engine = Engine::open(dir.path(), config(-1)).unwrap();
+    assert_eq!(nospace_alarms(&engine).len(), 1);
+    assert!(
+        engine
+            .put(PutRequest::new("k", "v"))
+            .unwrap_err()
+            .is_no_space()
+    );
+}
+
+#[test]
+fn admitted_writes_never_take_size_in_use_past_the_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let quota = 3 * QUOTA_BYTES;
+    {
+        let engine = Engine::open(dir.path(), config(quota)).unwrap();
+        // Mixed sizes, overwrites and txns until refused.
+        let mut seed = 7_u64;
+        for i in 0..20_000 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let size = (seed >> 33) as usize % 8000;
+            let key = format!("k{}", (seed >> 20) % 300);
+            let result = if i % 5 == 0 {
+                let ops = vec![
+                    RequestOp::Put(PutRequest::new(format!("{key}/a"), vec![1u8; size])),
+                    RequestOp::Put(PutRequest::new(format!("{key}/b"), vec![2u8; size / 2])),
+                ];
+                engine
+                    .txn(TxnRequest {
+                        success: ops,
+                        ..TxnRequest::default()
+                    })
+                    .map(drop)
+            } else {
+                engine.put(PutRequest::new(key, vec![0u8; size])).map(drop)
+            };
+            match result {
+                Ok(()) => {}
+                Err(Error::NoSpace) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(nospace_alarms(&engine).len(), 1, "the quota was reached");
+        engine.close().unwrap();
+    }
+    // A fresh open measures the allocated pages exactly.
+    let engine = Engine::open(dir.path(), config(quota)).unwrap();
+    let status = engine.status().unwrap();
+    assert!(
+        status.db_size_in_use < quota as u64,
+        "in use {} >= quota {quota}",
+        status.db_size_in_use
+    );
+    assert_eq!(status.db_size_quota, quota as u64);
+}
+
+#[test]
+fn defrag_under_load_keeps_every_acknowledged_write_and_shrinks_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Arc::new(Engine::open(dir.path(), config(-1)).unwrap());
+    // A big history, mostly superseded and compacted away.
+    for round in 0..10 {
+        let ops: Vec<RequestOp> = (0..100)
+            .map(|k| {
+                RequestOp::Put(PutRequest::new(
+                    format!("base/{k:03}"),
+                    vec![round as u8; 2000],
+                ))
+            })
+            .collect();
+        engine
+            .txn(TxnRequest {
+                success: ops,
+                ..TxnRequest::default()
+            })
+            .unwrap();
+    }
+    let revision = engine.status().unwrap().header.revision;
+    engine
+        .compact(CompactionRequest {
+            revision,
+            physical: true,
+        })
+        .unwrap();
+    let hash_at = engine.hash_kv(revision).unwrap();
+
+    let writers: Vec<_> = (0..3)
+        .map(|t| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                let mut acked = Vec::new();
+                for i in 0..400 {
+                    let key = format!("live/{t}/{i}");
+                    let rev = engine
+                        .put(PutRequest::new(key.clone(), format!("{i}")))
+                        .unwrap()
+                        .header
+                        .revision;
+                    acked.push((key, rev));
+                }
+                acked
+            })
+        })
+        .collect();
+    let reader = {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            for _ in 0..300 {
+                let all = engine.range(&RangeRequest::prefix("base/")).unwrap();
+                assert_eq!(all.count, 100, "readers never see a mix of files");
+            }
+        })
+    };
+    let defrag = engine.defrag().unwrap();
+    let acked: Vec<(String, i64)> = writers
+        .into_iter()
+        .flat_map(|w| w.join().unwrap())
+        .collect();
+    reader.join().unwrap();
+    for (key, rev) in &acked {
+        let got = engine.range(&RangeRequest::key(key.clone())).unwrap();
+        assert_eq!(got.kvs[0].mod_revision, *rev, "{key} lost by defrag");
+    }
+    assert_eq!(
+        engine.hash_kv(revision).unwrap().hash,
+        hash_at.hash,
+        "HashKV unchanged by defrag"
+    );
+    assert!(defrag.db_size_after < defrag.db_size_before, "{defrag:?}");
+    let progress = engine.defrag_progress().unwrap();
+    assert!(!progress.running && progress.copied_bytes > 0);
+    // Live data is about 100 × 2 KB + 1200 small keys; the file holds little more.
+    assert!(
+        defrag.db_size_after < 2 << 20,
+        "file after defrag {} bytes",
+        defrag.db_size_after
+    );
+}
+
+#[test]
+fn defrag_interrupted_at_each_step_loses_nothing() {
+    for failpoint in [
+        DefragFailpoint::AfterCopy,
+        DefragFailpoint::AfterCatchUp,
+        DefragFailpoint::AfterRename,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(
+            dir.path(),
+            Config {
+                defrag_failpoint: Some(failpoint),
+                ..config(-1)
+            },
+        )
+        .unwrap();
+        for i in 0..300 {
+            engine
+                .put(PutRequest::new(format!("k{}", i % 50), format!("{i}")))
+                .unwrap();
+        }
+        engine
+            .delete_range(DeleteRangeRequest::prefix("k1"))
+            .unwrap();
+        let lease = engine
+            .lease_grant(LeaseGrantRequest { ttl: 100, id: 9 })
+            .unwrap();
+        engine
+            .put(PutRequest {
+                lease: lease.id,
+                ..PutRequest::new("leased", "v")
+            })
+            .unwrap();
+        let before = engine.hash_kv(0).unwrap();
+        let status = engine.status().unwrap();
+        assert!(engine.defrag().is_err(), "{failpoint:?} stops the defrag");
+        assert!(
+            engine
+                .put(PutRequest::new("after", "v"))
+                .unwrap_err()
+                .is_poisoned(),
+            "{failpoint:?}"
+        );
+        drop(engine); // the "crash"
+
+        let engine = Engine::open(dir.path(), config(-1)).unwrap();
+        assert_eq!(engine.hash_kv(0).unwrap(), before, "{failpoint:?}");
+        let after = engine.status().unwrap();
+        assert_eq!(
+            (after.header.revision, after.compact_revision),
+            (status.header.revision, status.compact_revision)
+        );
+        assert_eq!(
+            engine.lease_time_to_live(9, true).unwrap().keys.len(),
+            1,
+            "{failpoint:?}: leases carried over"
+        );
+        assert!(
+            !dir.path().join("kvd.redb.defrag").exists(),
+            "{failpoint:?}: the unfinished copy is removed"
+        );
+    }
+}
+
+#[test]
+fn filesystem_guard_refuses_before_a_real_small_filesystem_fills() {
+    // A 48 MiB tmpfs mounted by the test (root is needed, as in CI); the engine must refuse
+    // writes before redb meets ENOSPC, stay usable, and keep every acknowledged write.
+    let mount = tempfile::tempdir().unwrap();
+    let status = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=48m", "tmpfs"])
+        .arg(mount.path())
+        .status()
+        .expect("mount(8) must be available");
+    assert!(
+        status.success(),
+        "mounting a tmpfs failed: this test needs root"
+    );
+    let result = std::panic::catch_unwind(|| fill_small_filesystem(mount.path()));
+    let unmounted = Command::new("umount")
+        .arg(mount.path())
+        .status()
+        .map(|s| s.success());
+    assert!(matches!(unmounted, Ok(true)), "umount failed");
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+fn fill_small_filesystem(dir: &Path) {
+    let config = Config {
+        fs_reserve_bytes: Some(8 << 20),
+        quota_backend_bytes: -1,
+        ..config(-1)
+    };
+    let engine = Engine::open(dir, config.clone()).unwrap();
+    let mut acked = 0;
+    let refused = loop {
+        match engine.put(PutRequest::new(format!("k{acked:06}"), vec![7u8; 64 << 10])) {
+            Ok(_) => acked += 1,
+            Err(e) => break e,
+        }
+        assert!(acked < 10_000, "never refused");
+    };
+    assert!(refused.is_no_space(), "refused with {refused}, not NOSPACE");
+    assert!(acked > 10, "only {acked} writes before the guard");
+    assert_eq!(
+        engine.range(&RangeRequest::prefix("k")).unwrap().count,
+        acked as i64,
+        "not poisoned: reads work"
+    );
+    engine
+        .delete_range(DeleteRangeRequest::key("k000000"))
+        .unwrap();
+    engine.close().unwrap();
+    let engine = Engine::open(dir, config).unwrap();
+    assert_eq!(
+        engine.range(&RangeRequest::prefix("k")).unwrap().count,
+        acked as i64 - 1
+    );
+    engine.close().unwrap();
+}
