@@ -33,7 +33,7 @@ mod watch;
 
 pub use api::*;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use engine::{Config, DefragFailpoint, Engine};
+pub use engine::{AutoCompaction, Config, DefragFailpoint, Engine};
 pub use error::{Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};
 pub use space::{cost as write_cost, quota_bytes as space_quota_bytes};

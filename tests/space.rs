@@ -426,3 +426,43 @@ fn fill_small_filesystem(dir: &Path) {
     );
     engine.close().unwrap();
 }
+
+#[test]
+fn auto_compaction_in_revision_mode_follows_the_engine_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(kvd::ManualClock::new());
+    let config = Config {
+        clock: clock.clone(),
+        auto_compaction: Some(kvd::AutoCompaction::Revision(10)),
+        ..config(-1)
+    };
+    let engine = Engine::open(dir.path(), config).unwrap();
+    for i in 0..50 {
+        engine
+            .put(PutRequest::new(format!("k{}", i % 5), "v"))
+            .unwrap();
+    }
+    assert_eq!(
+        engine.status().unwrap().compact_revision,
+        -1,
+        "not due before five minutes"
+    );
+    clock.advance(std::time::Duration::from_secs(301));
+    let started = std::time::Instant::now();
+    while engine.status().unwrap().compact_revision != 41 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "auto-compaction did not run"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(
+        engine
+            .range(&RangeRequest {
+                revision: 40,
+                ..RangeRequest::key("k0")
+            })
+            .unwrap_err()
+            .is_compacted()
+    );
+}

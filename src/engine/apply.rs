@@ -27,6 +27,7 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use super::Shared;
+use super::auto_compact::AutoCompactor;
 use super::defrag::{self, DefragStep};
 use crate::alarm::{self, ALARMS_TABLE};
 use crate::api::{
@@ -189,6 +190,7 @@ pub struct Applier {
     batch_cost: u64,
     /// An exact in-use measurement taken during the current batch.
     batch_measured: Option<u64>,
+    auto_compactor: Option<AutoCompactor>,
 }
 
 /// What applying one request produced.
@@ -220,6 +222,10 @@ impl Applier {
                 waiters: Vec::new(),
             })
             .collect();
+        let auto_compactor = shared
+            .config
+            .auto_compaction
+            .map(|mode| AutoCompactor::new(mode, shared.config.clock.now()));
         Applier {
             shared,
             current,
@@ -230,6 +236,7 @@ impl Applier {
             commits_since_stats: 0,
             batch_cost: 0,
             batch_measured: None,
+            auto_compactor,
         }
     }
 
@@ -267,7 +274,27 @@ impl Applier {
                 self.compaction_step();
             }
             self.expire_leases();
+            self.auto_compact();
         }
+    }
+
+    /// Submits the compaction auto-compaction asks for, through the apply path (AUTO-2).
+    fn auto_compact(&mut self) {
+        let Some(compactor) = self.auto_compactor.as_mut() else {
+            return;
+        };
+        let now = self.shared.config.clock.now();
+        let compacted = sync::read(&self.shared.index).compact_revision;
+        let Some(revision) = compactor.due(now, self.shared.published.load(), compacted) else {
+            return;
+        };
+        // Nobody waits for the answer; the receiver is dropped at once.
+        let (reply, _) = crossbeam_channel::bounded(1);
+        let request = WriteRequest::Compaction(CompactionRequest {
+            revision,
+            physical: false,
+        });
+        self.apply_writes(vec![(request, reply)]);
     }
 
     /// Revokes the leases whose deadline passed on the engine's clock, through the same

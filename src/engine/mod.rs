@@ -26,6 +26,7 @@
 //! Contact points: the public API of the crate.
 
 mod apply;
+mod auto_compact;
 mod defrag;
 mod publish;
 
@@ -57,6 +58,7 @@ use crate::storage::{CommitSync, Store, StoreOptions};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, RwLock, Weak};
 use crate::watch::{Hub, WATCH_SYNC_INTERVAL, WatchSource, WatchStream};
 use apply::{Applier, Proposal, WriteResponse};
+pub use auto_compact::AutoCompaction;
 pub use defrag::DefragFailpoint;
 use defrag::DefragState;
 pub use publish::Published;
@@ -123,6 +125,8 @@ pub struct Config {
     pub member_id: u64,
     /// Makes a defrag stop at a step as if the process died there (tests only).
     pub defrag_failpoint: Option<DefragFailpoint>,
+    /// etcd's `--auto-compaction-mode` and `--auto-compaction-retention`; `None` is off.
+    pub auto_compaction: Option<AutoCompaction>,
 }
 
 impl Default for Config {
@@ -143,6 +147,7 @@ impl Default for Config {
             fs_reserve_bytes: None,
             member_id: 0,
             defrag_failpoint: None,
+            auto_compaction: None,
         }
     }
 }
