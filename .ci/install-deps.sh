@@ -1,11 +1,24 @@
 #!/usr/bin/env bash
-# Installs the system packages the integration tests need: Debian's etcd 3.4 server and
-# etcdctl (the differential oracle, tests/etcdctl.rs). Idempotent: when both binaries are
-# already on PATH it does nothing, so it is cheap to call from every CI run.
+# Installs the system packages the tests need:
+# - Debian's etcd 3.4 server and etcdctl: the differential oracle (tests/etcdctl.rs) and
+#   the other side of the server benchmark (docs/benchmarks-server.md);
+# - protoc and the protobuf well-known types (protobuf-compiler, libprotobuf-dev): the
+#   etcd-client crate (dev-dependency of tests/client_crate.rs) runs protoc in its build
+#   script. /usr/bin/protoc is on PATH and finds /usr/include/google/protobuf by itself,
+#   so no PROTOC variable is needed.
+# Idempotent: when every binary and file is already there it does nothing, so it is cheap
+# to call from every CI run.
 set -euo pipefail
 
-if command -v etcd >/dev/null 2>&1 && command -v etcdctl >/dev/null 2>&1; then
-    echo "install-deps: etcd and etcdctl already installed ($(etcd --version 2>/dev/null | head -n 1))"
+have_all() {
+    command -v etcd >/dev/null 2>&1 &&
+        command -v etcdctl >/dev/null 2>&1 &&
+        command -v protoc >/dev/null 2>&1 &&
+        [ -f /usr/include/google/protobuf/descriptor.proto ]
+}
+
+if have_all; then
+    echo "install-deps: etcd, etcdctl and protoc already installed ($(etcd --version 2>/dev/null | head -n 1); $(protoc --version))"
     exit 0
 fi
 
@@ -17,8 +30,8 @@ fi
 
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update
-$SUDO apt-get install -y --no-install-recommends etcd-server etcd-client
+$SUDO apt-get install -y --no-install-recommends \
+    etcd-server etcd-client protobuf-compiler libprotobuf-dev
 
-command -v etcd >/dev/null
-command -v etcdctl >/dev/null
-echo "install-deps: installed $(etcd --version 2>/dev/null | head -n 1)"
+have_all
+echo "install-deps: installed $(etcd --version 2>/dev/null | head -n 1); $(protoc --version)"

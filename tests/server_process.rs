@@ -1,4 +1,5 @@
-//! The kvd process: clean shutdown on SIGINT and SIGTERM, data and identity that survive a
+//! The kvd process: clean shutdown on SIGINT and SIGTERM (open Watch and LeaseKeepAlive
+//! streams end with "server stopped" instead of holding it up), data and identity that survive a
 //! restart, a clear refusal to share a data directory, flag errors, and the HTTP routes
 //! (`/health`, `/version`, `/metrics`) on the client port.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -168,4 +169,84 @@ fn http_routes_share_the_client_port() {
             "{gauge} missing:\n{metrics}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_and_keep_alive_streams_end_at_shutdown_without_the_grace_period() {
+    use kvd::server::pb::etcdserverpb::lease_client::LeaseClient;
+    use kvd::server::pb::etcdserverpb::watch_client::WatchClient;
+    use kvd::server::pb::etcdserverpb::watch_request::RequestUnion;
+    use kvd::server::pb::etcdserverpb::{
+        LeaseGrantRequest, LeaseKeepAliveRequest, WatchCreateRequest, WatchRequest,
+    };
+    use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+
+    let mut server = common::start_kvd(&[]);
+    let channel = tonic::transport::Channel::from_shared(server.endpoint.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let (watch_requests, receiver) = tokio::sync::mpsc::channel(1);
+    let mut watch = WatchClient::new(channel.clone())
+        .watch(ReceiverStream::new(receiver))
+        .await
+        .unwrap()
+        .into_inner();
+    let create = WatchCreateRequest {
+        key: "k".into(),
+        ..WatchCreateRequest::default()
+    };
+    watch_requests
+        .send(WatchRequest {
+            request_union: Some(RequestUnion::CreateRequest(create)),
+        })
+        .await
+        .unwrap();
+    assert!(watch.message().await.unwrap().unwrap().created);
+    let mut lease = LeaseClient::new(channel);
+    let id = lease
+        .lease_grant(LeaseGrantRequest { ttl: 60, id: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let (keep_alive_requests, receiver) = tokio::sync::mpsc::channel(1);
+    let mut keep_alive = lease
+        .lease_keep_alive(ReceiverStream::new(receiver))
+        .await
+        .unwrap()
+        .into_inner();
+    keep_alive_requests
+        .send(LeaseKeepAliveRequest { id })
+        .await
+        .unwrap();
+    assert_eq!(keep_alive.message().await.unwrap().unwrap().ttl, 60);
+
+    let started = std::time::Instant::now();
+    let (code, server) = tokio::task::spawn_blocking(move || {
+        let code = server.signal_and_wait("-TERM");
+        (code, server)
+    })
+    .await
+    .unwrap();
+    let took = started.elapsed();
+    assert_eq!(code, Some(0), "log:\n{}", server.log());
+    assert!(
+        took < kvd::server::SHUTDOWN_GRACE / 2,
+        "shutdown took {took:?}: open streams held it up; log:\n{}",
+        server.log()
+    );
+    // Each stream ended with etcd's "server stopped".
+    for ended in [
+        watch.message().await.map(|_| ()),
+        keep_alive.message().await.map(|_| ()),
+    ] {
+        let status = ended.expect_err("the stream ends with an error");
+        assert_eq!(
+            (status.code(), status.message()),
+            (tonic::Code::Unavailable, "etcdserver: server stopped")
+        );
+    }
+    drop((watch_requests, keep_alive_requests));
 }

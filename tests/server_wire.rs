@@ -1,7 +1,8 @@
 //! Bad and unusual input over the wire, with the generated gRPC client: each request gets
 //! etcd's gRPC code and message (`shared/spec/etcd.md` §12–13), and the server keeps serving
 //! on the same connection afterwards. Also the shape of the answers etcd's clients rely on
-//! (Status, MemberList, headers) and the refusals of what kvd does not serve yet.
+//! (Status, MemberList, headers) and the refusals of what kvd does not serve yet. Leases and
+//! watches over the wire are in `server_lease_watch.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -11,15 +12,12 @@ use kvd::server::pb::etcdserverpb::auth_client::AuthClient;
 use kvd::server::pb::etcdserverpb::cluster_client::ClusterClient;
 use kvd::server::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use kvd::server::pb::etcdserverpb::kv_client::KvClient;
-use kvd::server::pb::etcdserverpb::lease_client::LeaseClient;
 use kvd::server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
 use kvd::server::pb::etcdserverpb::request_op::Request;
-use kvd::server::pb::etcdserverpb::watch_client::WatchClient;
 use kvd::server::pb::etcdserverpb::{
     AlarmRequest, AuthStatusRequest, AuthenticateRequest, CompactionRequest, Compare,
-    DeleteRangeRequest, HashKvRequest, HashRequest, LeaseGrantRequest, MemberAddRequest,
-    MemberListRequest, PutRequest, RangeRequest, RequestOp, SnapshotRequest, StatusRequest,
-    TxnRequest, WatchRequest,
+    DeleteRangeRequest, HashKvRequest, HashRequest, MemberAddRequest, MemberListRequest,
+    PutRequest, RangeRequest, RequestOp, SnapshotRequest, StatusRequest, TxnRequest,
 };
 use tonic::Code;
 use tonic::transport::Channel;
@@ -358,23 +356,6 @@ async fn unserved_rpcs_say_what_is_missing() {
             .starts_with("kvd: snapshot is not implemented yet")
     );
 
-    let mut lease = LeaseClient::new(channel.clone());
-    let grant = lease
-        .lease_grant(LeaseGrantRequest { ttl: 10, id: 0 })
-        .await;
-    assert_status(
-        grant,
-        Code::Unimplemented,
-        "kvd: leases are not implemented yet",
-    );
-    let requests = tokio_stream_of(WatchRequest::default());
-    let watch = WatchClient::new(channel.clone()).watch(requests).await;
-    assert_status(
-        watch,
-        Code::Unimplemented,
-        "kvd: watch is not implemented yet",
-    );
-
     let add = ClusterClient::new(channel.clone())
         .member_add(MemberAddRequest::default())
         .await;
@@ -398,13 +379,6 @@ async fn unserved_rpcs_say_what_is_missing() {
             .enabled
     );
     assert_serving(&mut KvClient::new(channel)).await;
-}
-
-/// Returns a request stream that yields `request` once and then stays open.
-fn tokio_stream_of(
-    request: WatchRequest,
-) -> impl tonic::codegen::tokio_stream::Stream<Item = WatchRequest> + Send + 'static {
-    tonic::codegen::tokio_stream::iter(vec![request])
 }
 
 #[tokio::test]

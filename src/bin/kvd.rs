@@ -11,6 +11,10 @@
 //!   use by another kvd).
 //! - BIN-3: the listening URLs are printed on stdout, one line each, once every listener is
 //!   bound: `kvd: listening for client requests on http://HOST:PORT`.
+//! - BIN-4: `kvd bench WORKLOAD [flags]` runs the load generator against any etcd endpoint
+//!   instead of serving; it prints its report on stdout (text, or one JSON line with
+//!   `--json`) and exits 0 if every request succeeded, 2 if some failed, 1 if the run could
+//!   not be made. Serving flags and `bench` do not mix.
 //!
 //! Contact points: `kvd::server::run`; `docs/operations.md` documents the flags.
 
@@ -19,8 +23,10 @@ mod cli {
     use std::io::Write;
     use std::path::PathBuf;
     use std::process::ExitCode;
+    use std::time::Duration;
 
-    use clap::Parser;
+    use clap::{Args, Parser, Subcommand, ValueEnum};
+    use kvd::server::bench::{self, BenchConfig, Workload};
 
     /// Default of `--max-request-bytes` (etcd's 1.5 MiB).
     const MAX_REQUEST_BYTES_DEFAULT: usize = 1_572_864;
@@ -32,7 +38,29 @@ mod cli {
     /// Speaks etcd's v3 gRPC API (etcdctl and etcd client libraries work unchanged) and
     /// serves /health, /version and /metrics on the same port.
     #[derive(Debug, Parser)]
-    #[command(name = "kvd", version, about, long_about = None)]
+    #[command(
+        name = "kvd",
+        version,
+        about,
+        long_about = None,
+        args_conflicts_with_subcommands = true
+    )]
+    struct Cli {
+        #[command(subcommand)]
+        command: Option<Command>,
+        #[command(flatten)]
+        serve: Flags,
+    }
+
+    #[derive(Debug, Subcommand)]
+    enum Command {
+        /// Load generator: sends etcd KV requests (put, range or txn) to any etcd v3
+        /// endpoint, kvd or etcd, and reports throughput and latency percentiles.
+        Bench(BenchFlags),
+    }
+
+    /// The serving flags (the default command).
+    #[derive(Debug, Args)]
     struct Flags {
         /// Path to the data directory (created if missing; locked while kvd runs).
         #[arg(long, value_name = "DIR", default_value = "./default.kvd")]
@@ -91,9 +119,183 @@ mod cli {
         log_level: tracing::Level,
     }
 
-    /// Parses the flags, runs the server and returns the exit code (BIN-2).
+    /// What each benchmark request does.
+    #[derive(Debug, Clone, Copy, ValueEnum)]
+    enum WorkloadArg {
+        /// One Put of a random key of the key space.
+        Put,
+        /// One Range over --range-keys consecutive keys (the key space is preloaded first).
+        Range,
+        /// One Txn with a compare and --txn-ops Puts of distinct random keys.
+        Txn,
+    }
+
+    /// Flags of `kvd bench` (BIN-4).
+    #[derive(Debug, Args)]
+    struct BenchFlags {
+        /// What each request does.
+        #[arg(value_enum)]
+        workload: WorkloadArg,
+
+        /// Comma-separated client URLs (`http://host:port`, or `host:port`); connections
+        /// are spread over them.
+        #[arg(
+            long,
+            value_name = "URLS",
+            value_delimiter = ',',
+            default_value = "http://127.0.0.1:2379"
+        )]
+        endpoints: Vec<String>,
+
+        /// Concurrent clients, each with one request in flight.
+        #[arg(long, value_name = "N", default_value_t = 16)]
+        clients: usize,
+
+        /// gRPC connections the clients share.
+        #[arg(long, value_name = "M", default_value_t = 4)]
+        conns: usize,
+
+        /// Number of distinct keys.
+        #[arg(long, value_name = "N", default_value_t = 10_000)]
+        key_space: u64,
+
+        /// Prefix of every key.
+        #[arg(long, value_name = "PREFIX", default_value = "bench/")]
+        key_prefix: String,
+
+        /// Bytes per value.
+        #[arg(long, value_name = "BYTES", default_value_t = 256)]
+        value_size: usize,
+
+        /// Keys per range (range workload).
+        #[arg(long, value_name = "N", default_value_t = 1_000)]
+        range_keys: u64,
+
+        /// Puts per txn (txn workload).
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        txn_ops: usize,
+
+        /// Range consistency: l (linearizable) or s (serializable), as etcdctl's.
+        #[arg(long, value_name = "C", default_value = "l", value_parser = ["l", "s"])]
+        consistency: String,
+
+        /// Requests to send, at most.
+        #[arg(long, value_name = "N", default_value_t = 10_000)]
+        total: u64,
+
+        /// Longest the measured run may take (e.g. 30s, 500ms, 2m).
+        #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_duration)]
+        duration: Duration,
+
+        /// Write every key of the key space before measuring (the default for range).
+        #[arg(long, conflicts_with = "no_preload")]
+        preload: bool,
+
+        /// Do not preload, even for range.
+        #[arg(long)]
+        no_preload: bool,
+
+        /// Seed of the key generators; the same seed sends the same keys.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+
+        /// Stop after this many failed requests.
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        max_errors: u64,
+
+        /// Print the report as one JSON line.
+        #[arg(long)]
+        json: bool,
+
+        /// No progress line on stderr.
+        #[arg(long)]
+        quiet: bool,
+    }
+
+    /// Parses `30s`, `500ms`, `2m` or a bare number of seconds.
+    fn parse_duration(text: &str) -> Result<Duration, String> {
+        let text = text.trim();
+        let (number, unit) = match text.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+            Some(at) => text.split_at(at),
+            None => (text, "s"),
+        };
+        let value: f64 = number
+            .parse()
+            .map_err(|_| format!("{text:?} is not a duration like 30s, 500ms or 2m"))?;
+        let seconds = match unit {
+            "ms" => value / 1_000.0,
+            "s" => value,
+            "m" => value * 60.0,
+            "h" => value * 3_600.0,
+            _ => return Err(format!("unknown unit {unit:?} in {text:?} (ms, s, m or h)")),
+        };
+        Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+    }
+
+    /// Returns `endpoint` with `http://` in front if it has no scheme.
+    fn with_scheme(endpoint: &str) -> String {
+        if endpoint.contains("://") {
+            endpoint.to_owned()
+        } else {
+            format!("http://{endpoint}")
+        }
+    }
+
+    /// Runs `kvd bench` and returns its exit code (BIN-4).
+    fn bench_main(flags: BenchFlags) -> ExitCode {
+        let workload = match flags.workload {
+            WorkloadArg::Put => Workload::Put,
+            WorkloadArg::Range => Workload::Range,
+            WorkloadArg::Txn => Workload::Txn,
+        };
+        let config = BenchConfig {
+            endpoints: flags.endpoints.iter().map(|e| with_scheme(e)).collect(),
+            workload,
+            clients: flags.clients,
+            connections: flags.conns,
+            key_space: flags.key_space,
+            key_prefix: flags.key_prefix,
+            value_size: flags.value_size,
+            range_keys: flags.range_keys,
+            txn_ops: flags.txn_ops,
+            serializable: flags.consistency == "s",
+            total: flags.total,
+            duration: flags.duration,
+            preload: flags.preload || (workload == Workload::Range && !flags.no_preload),
+            seed: flags.seed,
+            max_errors: flags.max_errors.max(1),
+            progress: !flags.quiet,
+        };
+        let report = match bench::run(config) {
+            Ok(report) => report,
+            Err(err) => {
+                eprintln!("{err}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let mut out = std::io::stdout().lock();
+        let printed = if flags.json {
+            writeln!(out, "{}", report.json())
+        } else {
+            write!(out, "{}", report.text())
+        };
+        if printed.and_then(|()| out.flush()).is_err() {
+            return ExitCode::FAILURE;
+        }
+        if report.errors > 0 {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        }
+    }
+
+    /// Parses the flags, runs the server (or `bench`) and returns the exit code (BIN-2).
     pub fn main() -> ExitCode {
-        let flags = Flags::parse();
+        let cli = Cli::parse();
+        if let Some(Command::Bench(flags)) = cli.command {
+            return bench_main(flags);
+        }
+        let flags = cli.serve;
         tracing_subscriber::fmt()
             .with_max_level(flags.log_level)
             .with_writer(std::io::stderr)

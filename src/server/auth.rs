@@ -1,26 +1,21 @@
-//! The services kvd answers only with refusals for now: Watch and Lease (they land with
-//! their own engine work) and Auth (kvd has no authentication; AuthStatus says so).
+//! etcd's Auth service for a server without authentication: AuthStatus says auth is
+//! disabled, Authenticate answers etcd's own "not enabled", everything else is refused.
 //!
-//! Owns: the exact refusal each of these RPCs gives.
+//! Owns: the exact answer each Auth RPC gives.
 //!
 //! Invariants:
-//! - STUB-1: Watch answers `Unimplemented "kvd: watch is not implemented yet"`, every Lease
-//!   RPC `Unimplemented "kvd: leases are not implemented yet"` (STATUS-3).
-//! - STUB-2: AuthStatus answers `enabled = false`; Authenticate answers etcd's own
+//! - AUTH-1: AuthStatus answers `enabled = false`; Authenticate answers etcd's own
 //!   `FailedPrecondition "etcdserver: authentication is not enabled"`, which etcd's Go client
 //!   takes as "go on without a token", so `etcdctl --user ...` keeps working; every other Auth
-//!   RPC is refused with `Unimplemented`.
+//!   RPC is refused with `Unimplemented` (STATUS-3).
 //!
 //! Contact points: `server::status` (messages), `server::node` (headers).
 
-use tonic::codegen::BoxStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 
 use crate::server::node::Node;
 use crate::server::pb::etcdserverpb as pb;
 use crate::server::pb::etcdserverpb::auth_server::Auth;
-use crate::server::pb::etcdserverpb::lease_server::Lease;
-use crate::server::pb::etcdserverpb::watch_server::Watch;
 use crate::server::status;
 use crate::sync::Arc;
 
@@ -28,67 +23,7 @@ use crate::sync::Arc;
 /// etcd 3.4 client calls AuthStatus, so this was not checked against the oracle.
 const AUTH_REVISION: u64 = 1;
 
-/// The Watch service (refuses, STUB-1).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct WatchService;
-
-#[tonic::async_trait]
-impl Watch for WatchService {
-    type WatchStream = BoxStream<pb::WatchResponse>;
-
-    async fn watch(
-        &self,
-        _request: Request<Streaming<pb::WatchRequest>>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
-        Err(status::unimplemented(status::WATCH_NOT_IMPLEMENTED))
-    }
-}
-
-/// The Lease service (refuses, STUB-1).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LeaseService;
-
-#[tonic::async_trait]
-impl Lease for LeaseService {
-    type LeaseKeepAliveStream = BoxStream<pb::LeaseKeepAliveResponse>;
-
-    async fn lease_keep_alive(
-        &self,
-        _request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
-    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
-        Err(status::unimplemented(status::LEASE_NOT_IMPLEMENTED))
-    }
-
-    async fn lease_grant(
-        &self,
-        _request: Request<pb::LeaseGrantRequest>,
-    ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
-        Err(status::unimplemented(status::LEASE_NOT_IMPLEMENTED))
-    }
-
-    async fn lease_revoke(
-        &self,
-        _request: Request<pb::LeaseRevokeRequest>,
-    ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
-        Err(status::unimplemented(status::LEASE_NOT_IMPLEMENTED))
-    }
-
-    async fn lease_time_to_live(
-        &self,
-        _request: Request<pb::LeaseTimeToLiveRequest>,
-    ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
-        Err(status::unimplemented(status::LEASE_NOT_IMPLEMENTED))
-    }
-
-    async fn lease_leases(
-        &self,
-        _request: Request<pb::LeaseLeasesRequest>,
-    ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
-        Err(status::unimplemented(status::LEASE_NOT_IMPLEMENTED))
-    }
-}
-
-/// The Auth service (STUB-2).
+/// The Auth service (AUTH-1).
 #[derive(Debug, Clone)]
 pub struct AuthService {
     node: Arc<Node>,

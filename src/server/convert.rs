@@ -20,8 +20,14 @@
 //!
 //! - CONV-5: Status names this member as the leader (`leader == header.member_id`, so
 //!   `etcdctl endpoint status` shows IS LEADER = true) and reports raft term 1.
+//! - CONV-6: watch filters etcd does not define are ignored, as etcd ignores them;
+//!   `fragment` is ignored (kvd never splits a watch response).
+//! - CONV-7: every Lease and Watch response carries the full header (cluster id, member id,
+//!   raft term) at the revision the engine gives, including 0 for a watch canceled because
+//!   its start was compacted, as etcd's.
 //!
-//! Contact points: the services in `server/kv.rs` and `server/maintenance.rs`.
+//! Contact points: the services in `server/kv.rs`, `lease.rs`, `watch.rs` and
+//! `maintenance.rs`.
 
 use bytes::Bytes;
 
@@ -32,6 +38,7 @@ use crate::server::pb::etcdserverpb::compare::{CompareResult, CompareTarget, Tar
 use crate::server::pb::etcdserverpb::range_request::{SortOrder, SortTarget};
 use crate::server::pb::etcdserverpb::request_op::Request;
 use crate::server::pb::etcdserverpb::response_op::Response;
+use crate::server::pb::etcdserverpb::watch_create_request::FilterType;
 use crate::server::pb::mvccpb;
 
 /// etcd's raft term, constant for a single member that never holds an election.
@@ -142,6 +149,21 @@ pub fn compaction_request(req: &pb::CompactionRequest) -> api::CompactionRequest
     api::CompactionRequest {
         revision: req.revision,
         physical: req.physical,
+    }
+}
+
+/// Returns the engine's watch create request for `req` (CONV-6 for the filters).
+pub fn watch_create_request(req: pb::WatchCreateRequest) -> api::WatchCreateRequest {
+    let has = |filter: FilterType| req.filters.contains(&(filter as i32));
+    api::WatchCreateRequest {
+        no_put: has(FilterType::Noput),
+        no_delete: has(FilterType::Nodelete),
+        key: req.key,
+        range_end: req.range_end,
+        start_revision: req.start_revision,
+        progress_notify: req.progress_notify,
+        prev_kv: req.prev_kv,
+        watch_id: req.watch_id,
     }
 }
 
@@ -424,6 +446,88 @@ impl HeaderIds {
             hash_revision: resp.hash_revision,
         }
     }
+
+    /// Returns etcd's LeaseGrant response for `resp`.
+    pub fn lease_grant(&self, resp: api::LeaseGrantResponse) -> pb::LeaseGrantResponse {
+        pb::LeaseGrantResponse {
+            header: Some(self.header(resp.header.revision)),
+            id: resp.id,
+            ttl: resp.ttl,
+            error: String::new(),
+        }
+    }
+
+    /// Returns etcd's LeaseRevoke response for `resp`.
+    pub fn lease_revoke(&self, resp: api::LeaseRevokeResponse) -> pb::LeaseRevokeResponse {
+        pb::LeaseRevokeResponse {
+            header: Some(self.header(resp.header.revision)),
+        }
+    }
+
+    /// Returns etcd's LeaseKeepAlive response for `resp`.
+    pub fn lease_keep_alive(
+        &self,
+        resp: api::LeaseKeepAliveResponse,
+    ) -> pb::LeaseKeepAliveResponse {
+        pb::LeaseKeepAliveResponse {
+            header: Some(self.header(resp.header.revision)),
+            id: resp.id,
+            ttl: resp.ttl,
+        }
+    }
+
+    /// Returns etcd's LeaseTimeToLive response for `resp`.
+    pub fn lease_time_to_live(
+        &self,
+        resp: api::LeaseTimeToLiveResponse,
+    ) -> pb::LeaseTimeToLiveResponse {
+        pb::LeaseTimeToLiveResponse {
+            header: Some(self.header(resp.header.revision)),
+            id: resp.id,
+            ttl: resp.ttl,
+            granted_ttl: resp.granted_ttl,
+            keys: resp.keys,
+        }
+    }
+
+    /// Returns etcd's LeaseLeases response for `resp`.
+    pub fn lease_leases(&self, resp: api::LeaseLeasesResponse) -> pb::LeaseLeasesResponse {
+        pb::LeaseLeasesResponse {
+            header: Some(self.header(resp.header.revision)),
+            leases: resp
+                .leases
+                .into_iter()
+                .map(|id| pb::LeaseStatus { id })
+                .collect(),
+        }
+    }
+
+    /// Returns etcd's WatchResponse for `resp` (CONV-7).
+    pub fn watch(&self, resp: api::WatchResponse) -> pb::WatchResponse {
+        pb::WatchResponse {
+            header: Some(self.header(resp.header.revision)),
+            watch_id: resp.watch_id,
+            created: resp.created,
+            canceled: resp.canceled,
+            compact_revision: resp.compact_revision,
+            cancel_reason: resp.cancel_reason,
+            fragment: false,
+            events: resp.events.into_iter().map(event).collect(),
+        }
+    }
+}
+
+/// Returns etcd's `Event` for `e`.
+fn event(e: api::Event) -> mvccpb::Event {
+    let kind = match e.kind {
+        api::EventType::Put => mvccpb::event::EventType::Put,
+        api::EventType::Delete => mvccpb::event::EventType::Delete,
+    };
+    mvccpb::Event {
+        r#type: kind as i32,
+        kv: Some(key_value(e.kv)),
+        prev_kv: e.prev_kv.map(key_value),
+    }
 }
 
 /// What Status reports beside the engine's own numbers.
@@ -569,6 +673,68 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(txn_request(txn, 128), Err(Error::KeyNotFound));
+    }
+
+    #[test]
+    fn watch_filters_map_and_unknown_ones_are_ignored() {
+        let req = pb::WatchCreateRequest {
+            key: Bytes::from_static(b"k"),
+            filters: vec![FilterType::Nodelete as i32, 7],
+            ..pb::WatchCreateRequest::default()
+        };
+        let got = watch_create_request(req);
+        assert_eq!((got.no_put, got.no_delete), (false, true));
+        let req = pb::WatchCreateRequest {
+            filters: vec![FilterType::Noput as i32],
+            ..pb::WatchCreateRequest::default()
+        };
+        let got = watch_create_request(req);
+        assert_eq!((got.no_put, got.no_delete), (true, false));
+    }
+
+    #[test]
+    fn compacted_watch_cancel_keeps_revision_zero_and_the_ids() {
+        let ids = HeaderIds {
+            cluster_id: 7,
+            member_id: 9,
+        };
+        let resp = api::WatchResponse {
+            watch_id: 3,
+            canceled: true,
+            compact_revision: 5,
+            ..api::WatchResponse::default()
+        };
+        let got = ids.watch(resp);
+        assert_eq!(
+            got.header,
+            Some(pb::ResponseHeader {
+                cluster_id: 7,
+                member_id: 9,
+                revision: 0,
+                raft_term: RAFT_TERM,
+            })
+        );
+        assert_eq!(
+            (got.watch_id, got.canceled, got.compact_revision),
+            (3, true, 5)
+        );
+    }
+
+    #[test]
+    fn delete_events_carry_the_delete_type() {
+        let e = api::Event {
+            kind: api::EventType::Delete,
+            kv: api::KeyValue {
+                key: Bytes::from_static(b"k"),
+                mod_revision: 4,
+                ..api::KeyValue::default()
+            },
+            prev_kv: None,
+        };
+        let got = event(e);
+        assert_eq!(got.r#type, mvccpb::event::EventType::Delete as i32);
+        assert_eq!(got.kv.map(|kv| kv.mod_revision), Some(4));
+        assert!(got.prev_kv.is_none());
     }
 
     #[test]

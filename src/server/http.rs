@@ -16,7 +16,7 @@
 //!   plain 404.
 //!
 //! Contact points: `server::run` serves this router; the gRPC services live in `kv.rs`,
-//! `maintenance.rs`, `cluster.rs` and `stubs.rs`.
+//! `lease.rs`, `watch.rs`, `maintenance.rs`, `cluster.rs` and `auth.rs`.
 
 use std::time::Instant;
 
@@ -29,10 +29,12 @@ use axum::routing::get;
 use tonic::service::Routes;
 use tonic::{Code, Status};
 
+use crate::server::auth::AuthService;
 use crate::server::cluster::ClusterService;
 use crate::server::kv::KvService;
+use crate::server::lease::LeaseService;
 use crate::server::maintenance::MaintenanceService;
-use crate::server::metrics::Metrics;
+use crate::server::metrics::{EngineGauges, Metrics, StreamGauges};
 use crate::server::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, Node};
 use crate::server::pb::etcdserverpb::auth_server::AuthServer;
 use crate::server::pb::etcdserverpb::cluster_server::ClusterServer;
@@ -40,8 +42,8 @@ use crate::server::pb::etcdserverpb::kv_server::KvServer;
 use crate::server::pb::etcdserverpb::lease_server::LeaseServer;
 use crate::server::pb::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::server::pb::etcdserverpb::watch_server::WatchServer;
-use crate::server::stubs::{AuthService, LeaseService, WatchService};
-use crate::sync::Arc;
+use crate::server::watch::WatchService;
+use crate::sync::{Arc, Ordering};
 
 /// The text tonic gives a message over the receive limit, before the numbers.
 const TONIC_OVERSIZE_PREFIX: &str = "Error, decoded message length too large: found ";
@@ -72,10 +74,16 @@ pub fn router(node: Arc<Node>, metrics: Arc<Metrics>, max_receive_bytes: usize) 
             .max_decoding_message_size(max_receive_bytes),
     )
     .add_service(
-        AuthServer::new(AuthService::new(node)).max_decoding_message_size(max_receive_bytes),
+        AuthServer::new(AuthService::new(node.clone()))
+            .max_decoding_message_size(max_receive_bytes),
     )
-    .add_service(WatchServer::new(WatchService).max_decoding_message_size(max_receive_bytes))
-    .add_service(LeaseServer::new(LeaseService).max_decoding_message_size(max_receive_bytes));
+    .add_service(
+        WatchServer::new(WatchService::new(node.clone()))
+            .max_decoding_message_size(max_receive_bytes),
+    )
+    .add_service(
+        LeaseServer::new(LeaseService::new(node)).max_decoding_message_size(max_receive_bytes),
+    );
     routes
         .into_axum_router()
         .route("/health", get(health).with_state(shared.clone()))
@@ -170,8 +178,22 @@ async fn version() -> Response {
 
 /// `GET /metrics`: Prometheus text format (MET-3: the engine is asked now).
 async fn metrics_text(State(shared): State<Shared>) -> Response {
-    let status = shared.node.status().await.ok();
-    let body = shared.metrics.render(status.as_ref());
+    let engine = shared
+        .node
+        .call(|engine| {
+            Ok(EngineGauges {
+                status: engine.status()?,
+                watchers: engine.watchers()?,
+                leases: engine.lease_leases()?.leases.len(),
+            })
+        })
+        .await
+        .ok();
+    let streams = StreamGauges {
+        watch: shared.node.streams.watch.load(Ordering::Relaxed),
+        keep_alive: shared.node.streams.keep_alive.load(Ordering::Relaxed),
+    };
+    let body = shared.metrics.render(engine.as_ref(), &streams);
     let mut response = (StatusCode::OK, body).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -81,28 +81,50 @@ impl Metrics {
         stats.count += 1;
     }
 
-    /// Returns the Prometheus text exposition: the engine gauges from `status` (or
-    /// `kvd_engine_up 0` if the engine did not answer) and the per-method series.
-    pub fn render(&self, status: Option<&api::Status>) -> String {
+    /// Returns the Prometheus text exposition: the engine gauges (or `kvd_engine_up 0` if
+    /// the engine did not answer), the open streams and the per-method series.
+    pub fn render(&self, engine: Option<&EngineGauges>, streams: &StreamGauges) -> String {
         let mut out = String::new();
-        render_engine(&mut out, status);
+        render_engine(&mut out, engine);
+        render_streams(&mut out, streams);
         let methods = lock(&self.methods).clone();
         render_requests(&mut out, &methods);
         out
     }
 }
 
-fn render_engine(out: &mut String, status: Option<&api::Status>) {
+/// What the engine reports at scrape time (MET-3).
+#[derive(Debug, Clone)]
+pub struct EngineGauges {
+    /// Revisions, sizes and the applied index.
+    pub status: api::Status,
+    /// Watches open on all streams.
+    pub watchers: usize,
+    /// Leases granted and not yet revoked or expired.
+    pub leases: usize,
+}
+
+/// The long-lived gRPC streams open at scrape time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StreamGauges {
+    /// Watch streams.
+    pub watch: usize,
+    /// LeaseKeepAlive streams.
+    pub keep_alive: usize,
+}
+
+fn render_engine(out: &mut String, engine: Option<&EngineGauges>) {
     gauge(
         out,
         "kvd_engine_up",
         "1 if the engine answered the scrape, else 0.",
-        status.is_some(),
+        engine.is_some(),
     );
-    let Some(status) = status else {
+    let Some(engine) = engine else {
         return;
     };
-    let gauges: [(&str, &str, i128); 5] = [
+    let status = &engine.status;
+    let gauges: [(&str, &str, i128); 7] = [
         (
             "kvd_db_size_bytes",
             "Length of the database file in bytes.",
@@ -128,6 +150,16 @@ fn render_engine(out: &mut String, status: Option<&api::Status>) {
             "Write requests applied since creation.",
             status.applied_index.into(),
         ),
+        (
+            "kvd_watchers",
+            "Watches open on all watch streams.",
+            count(engine.watchers),
+        ),
+        (
+            "kvd_leases",
+            "Leases granted and not yet revoked or expired.",
+            count(engine.leases),
+        ),
     ];
     for (name, help, value) in gauges {
         let _ = writeln!(
@@ -135,6 +167,25 @@ fn render_engine(out: &mut String, status: Option<&api::Status>) {
             "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
         );
     }
+}
+
+fn render_streams(out: &mut String, streams: &StreamGauges) {
+    let name = "kvd_grpc_streams_open";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Long-lived gRPC streams open, by kind.\n# TYPE {name} gauge"
+    );
+    let _ = writeln!(out, "{name}{{stream=\"watch\"}} {}", streams.watch);
+    let _ = writeln!(
+        out,
+        "{name}{{stream=\"lease_keep_alive\"}} {}",
+        streams.keep_alive
+    );
+}
+
+/// Converts a count to the gauge's integer type (a `usize` always fits in an `i128`).
+fn count(n: usize) -> i128 {
+    i128::try_from(n).unwrap_or(i128::MAX)
 }
 
 fn gauge(out: &mut String, name: &str, help: &str, value: bool) {
@@ -238,8 +289,9 @@ mod tests {
             Code::OutOfRange,
             Duration::from_millis(30),
         );
-        let text = metrics.render(None);
+        let text = metrics.render(None, &StreamGauges::default());
         assert!(text.contains("kvd_engine_up 0"));
+        assert!(text.contains("kvd_grpc_streams_open{stream=\"watch\"} 0"));
         assert!(text.contains(
             "kvd_grpc_requests_total{grpc_service=\"etcdserverpb.KV\",grpc_method=\"Range\",grpc_code=\"OK\"} 1"
         ));
@@ -273,10 +325,24 @@ mod tests {
             db_size: 4096,
             db_size_in_use: 1024,
             applied_index: 6,
+            ..api::Status::default()
         };
-        let text = Metrics::new().render(Some(&status));
+        let engine = EngineGauges {
+            status,
+            watchers: 3,
+            leases: 2,
+        };
+        let streams = StreamGauges {
+            watch: 1,
+            keep_alive: 4,
+        };
+        let text = Metrics::new().render(Some(&engine), &streams);
         for line in [
             "kvd_engine_up 1",
+            "kvd_watchers 3",
+            "kvd_leases 2",
+            "kvd_grpc_streams_open{stream=\"watch\"} 1",
+            "kvd_grpc_streams_open{stream=\"lease_keep_alive\"} 4",
             "kvd_db_size_bytes 4096",
             "kvd_db_size_in_use_bytes 1024",
             "kvd_current_revision 7",

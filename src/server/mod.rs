@@ -10,31 +10,36 @@
 //! - SRV-2: the gRPC receive limit is `--max-request-bytes` + 512 KiB, as etcd's; requests
 //!   between the two limits reach the engine, which refuses them with
 //!   `etcdserver: request is too large`.
-//! - SRV-3: on SIGINT or SIGTERM the server stops accepting connections, lets requests in
-//!   flight finish (at most [`SHUTDOWN_GRACE`]), and then closes the engine, which drains its
-//!   apply queue and closes the database.
+//! - SRV-3: on SIGINT or SIGTERM the server stops accepting connections, ends its Watch and
+//!   LeaseKeepAlive streams (NODE-3), lets unary requests in flight finish (at most
+//!   [`SHUTDOWN_GRACE`]), and then closes the engine, which drains its apply queue and
+//!   closes the database.
 //! - SRV-4: the member and cluster ids come from the data directory (ID-1) and are read only
 //!   after the engine holds its lock (ID-4).
 //!
 //! Contact points: `src/bin/kvd.rs` parses flags into [`ServerConfig`] and calls [`run`];
 //! tests drive the server through the `kvd` binary and the generated clients in [`pb`].
 //! Module map: `authority` (repairs the HTTP/2 authority of etcd 3.4 clients), `http`
-//! (router, metrics layer, HTTP routes), `kv`, `maintenance`, `cluster`,
-//! `stubs` (Watch, Lease, Auth), `convert` (pb ↔ api), `status` (errors → gRPC),
-//! `identity` (ids on disk), `metrics`, `node` (shared state).
+//! (router, metrics layer, HTTP routes), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
+//! `auth` (answers "auth disabled"), `convert` (pb ↔ api), `status` (errors → gRPC),
+//! `identity` (ids on disk), `metrics`, `node` (shared state), `bench` (the load generator
+//! of `kvd bench`, a client of any etcd endpoint).
 
+mod auth;
 mod authority;
+pub mod bench;
 mod cluster;
 mod convert;
 mod http;
 mod identity;
 mod kv;
+mod lease;
 mod maintenance;
 mod metrics;
 mod node;
 pub mod pb;
 mod status;
-mod stubs;
+mod watch;
 
 use std::fmt;
 use std::io;
@@ -203,11 +208,11 @@ async fn serve(
         quota_bytes: quota_reported(config.quota_backend_bytes),
         max_txn_ops: config.max_txn_ops,
     };
-    let node = Arc::new(Node::new(engine, ids, settings));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let node = Arc::new(Node::new(engine, ids, settings, stopped.clone()));
     let max_receive_bytes = config.max_request_bytes.saturating_add(GRPC_OVERHEAD_BYTES);
     let router = http::router(node, Arc::new(Metrics::new()), max_receive_bytes);
 
-    let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
     for (listener, url) in listeners.into_iter().zip(&urls) {
         let listener = FixingListener::new(listener);

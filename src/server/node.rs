@@ -6,10 +6,16 @@
 //! Invariants:
 //! - NODE-1: every engine call runs on tokio's blocking pool ([`Node::call`]), never on a
 //!   reactor thread: the engine blocks on locks, on the apply thread and on disk.
-//! - NODE-2: the node holds no state of its own beyond configuration; everything a client
-//!   sees comes from the engine at the time of the call (surfaces hold no state).
+//! - NODE-2: the node holds no state of its own beyond configuration, the shutdown signal
+//!   and the gauges of open streams; everything a client sees comes from the engine at the
+//!   time of the call (surfaces hold no state).
+//! - NODE-3: once the shutdown signal is raised, every long-lived stream (Watch,
+//!   LeaseKeepAlive) ends with `Unavailable "etcdserver: server stopped"` within
+//!   [`STREAM_POLL`], so the graceful shutdown does not wait for clients to hang up.
 //!
 //! Contact points: the gRPC services and the HTTP routes hold an `Arc<Node>`.
+
+use std::time::Duration;
 
 use tonic::Status;
 
@@ -18,7 +24,7 @@ use crate::engine::Engine;
 use crate::error::Result;
 use crate::server::convert::HeaderIds;
 use crate::server::status;
-use crate::sync::Arc;
+use crate::sync::{Arc, AtomicUsize, Ordering};
 
 /// The version kvd reports as its etcd server version (Status `version`, `/version`).
 ///
@@ -29,6 +35,11 @@ pub const ETCD_SERVER_VERSION: &str = "3.6.0";
 pub const ETCD_CLUSTER_VERSION: &str = "3.6.0";
 /// etcd's default `--quota-backend-bytes` (2 GiB), used when the flag is 0.
 pub const QUOTA_BACKEND_BYTES_DEFAULT: i64 = 2 << 30;
+/// How often a thread that waits on the engine for a stream looks at the shutdown signal
+/// and at whether its client is still there (NODE-3).
+pub const STREAM_POLL: Duration = Duration::from_millis(100);
+/// The message a stream ends with when the server shuts down (etcd's ErrStopped).
+pub const SERVER_STOPPED: &str = "etcdserver: server stopped";
 
 /// The settings that show in answers.
 #[derive(Debug, Clone)]
@@ -45,6 +56,36 @@ pub struct NodeSettings {
     pub max_txn_ops: usize,
 }
 
+/// Gauges of the long-lived streams open right now, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct OpenStreams {
+    /// Watch RPC streams.
+    pub watch: AtomicUsize,
+    /// LeaseKeepAlive RPC streams.
+    pub keep_alive: AtomicUsize,
+}
+
+/// Counts one open stream in a gauge of [`OpenStreams`] until dropped.
+#[derive(Debug)]
+pub struct StreamGuard {
+    node: Arc<Node>,
+    gauge: fn(&OpenStreams) -> &AtomicUsize,
+}
+
+impl StreamGuard {
+    /// Counts a stream in `gauge` of `node`'s open streams.
+    pub fn new(node: Arc<Node>, gauge: fn(&OpenStreams) -> &AtomicUsize) -> StreamGuard {
+        gauge(&node.streams).fetch_add(1, Ordering::Relaxed);
+        StreamGuard { node, gauge }
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        (self.gauge)(&self.node.streams).fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// One running server's shared state.
 #[derive(Debug)]
 pub struct Node {
@@ -53,16 +94,39 @@ pub struct Node {
     pub ids: HeaderIds,
     /// The settings that show in answers.
     pub settings: NodeSettings,
+    /// True once the server is shutting down (NODE-3).
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    /// The long-lived streams open now.
+    pub streams: OpenStreams,
 }
 
 impl Node {
-    /// Returns a node serving `engine`.
-    pub fn new(engine: Arc<Engine>, ids: HeaderIds, settings: NodeSettings) -> Node {
+    /// Returns a node serving `engine`; `shutdown` turns true when the server stops.
+    pub fn new(
+        engine: Arc<Engine>,
+        ids: HeaderIds,
+        settings: NodeSettings,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Node {
         Node {
             engine,
             ids,
             settings,
+            shutdown,
+            streams: OpenStreams::default(),
         }
+    }
+
+    /// Returns true once the server is shutting down (NODE-3). Does not block.
+    pub fn is_stopping(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
+    /// Returns when the server starts shutting down (NODE-3).
+    pub async fn stopping(&self) {
+        let mut shutdown = self.shutdown.clone();
+        // An error means the sender is gone, which also means the server is stopping.
+        let _ = shutdown.wait_for(|stop| *stop).await;
     }
 
     /// Runs `f` against the engine on the blocking pool (NODE-1) and maps its error to
@@ -73,14 +137,7 @@ impl Node {
         T: Send + 'static,
     {
         let engine = self.engine.clone();
-        match tokio::task::spawn_blocking(move || f(&engine)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(status::from_error(&err)),
-            Err(join) => {
-                tracing::error!(error = %join, "engine call did not finish");
-                Err(status::from_join_error(&join))
-            }
-        }
+        blocking(move || f(&engine)).await
     }
 
     /// Returns the engine's status (revisions, sizes, applied index).
@@ -94,5 +151,22 @@ impl Node {
     ) -> std::result::Result<crate::server::pb::etcdserverpb::ResponseHeader, Status> {
         let status = self.status().await?;
         Ok(self.ids.header(status.header.revision))
+    }
+}
+
+/// Runs `f`, which may block on the engine (a watch stream's locks, for example), on the
+/// blocking pool (NODE-1) and maps its error to etcd's gRPC status.
+pub async fn blocking<T, F>(f: F) -> std::result::Result<T, Status>
+where
+    F: FnOnce() -> Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(err)) => Err(status::from_error(&err)),
+        Err(join) => {
+            tracing::error!(error = %join, "engine call did not finish");
+            Err(status::from_join_error(&join))
+        }
     }
 }

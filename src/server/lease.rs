@@ -1,0 +1,148 @@
+//! etcd's Lease service: LeaseGrant, LeaseRevoke, LeaseTimeToLive and LeaseLeases as unary
+//! calls into the engine, and LeaseKeepAlive as a bidirectional stream.
+//!
+//! Owns: the keep-alive stream's loop.
+//!
+//! Invariants:
+//! - LEASE-SRV-1: every keep-alive request gets exactly one response, in request order, with
+//!   the lease id and the renewed TTL (0 for an unknown or expired lease, never an error,
+//!   as etcd answers).
+//! - LEASE-SRV-2: the keep-alive stream ends when the client closes its side (OK, as etcd),
+//!   when the client goes away, or when the server shuts down (NODE-3); it holds no engine
+//!   call between requests.
+//! - LEASE-SRV-3: at most [`KEEP_ALIVE_RESPONSES_MAX`] responses wait for a slow client; the
+//!   loop waits for room before it reads the next request, so a client that sends without
+//!   reading is slowed down rather than buffered without bound.
+//!
+//! Contact points: `server::convert` (messages), `server::node` (engine calls, shutdown).
+
+use tonic::codegen::BoxStream;
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::api;
+use crate::server::node::{Node, SERVER_STOPPED, StreamGuard};
+use crate::server::pb::etcdserverpb as pb;
+use crate::server::pb::etcdserverpb::lease_server::Lease;
+use crate::sync::Arc;
+
+/// Keep-alive responses buffered for one stream (LEASE-SRV-3).
+pub const KEEP_ALIVE_RESPONSES_MAX: usize = 16;
+
+/// The Lease service.
+#[derive(Debug, Clone)]
+pub struct LeaseService {
+    node: Arc<Node>,
+}
+
+impl LeaseService {
+    /// Returns the service over `node`.
+    pub fn new(node: Arc<Node>) -> LeaseService {
+        LeaseService { node }
+    }
+}
+
+type KeepAliveSender = tokio::sync::mpsc::Sender<Result<pb::LeaseKeepAliveResponse, Status>>;
+
+#[tonic::async_trait]
+impl Lease for LeaseService {
+    async fn lease_grant(
+        &self,
+        request: Request<pb::LeaseGrantRequest>,
+    ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
+        let req = request.into_inner();
+        let req = api::LeaseGrantRequest {
+            ttl: req.ttl,
+            id: req.id,
+        };
+        let resp = self
+            .node
+            .call(move |engine| engine.lease_grant(req))
+            .await?;
+        Ok(Response::new(self.node.ids.lease_grant(resp)))
+    }
+
+    async fn lease_revoke(
+        &self,
+        request: Request<pb::LeaseRevokeRequest>,
+    ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
+        let id = request.get_ref().id;
+        let resp = self
+            .node
+            .call(move |engine| engine.lease_revoke(id))
+            .await?;
+        Ok(Response::new(self.node.ids.lease_revoke(resp)))
+    }
+
+    type LeaseKeepAliveStream = BoxStream<pb::LeaseKeepAliveResponse>;
+
+    async fn lease_keep_alive(
+        &self,
+        request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
+    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        let requests = request.into_inner();
+        let (sender, receiver) = tokio::sync::mpsc::channel(KEEP_ALIVE_RESPONSES_MAX);
+        let node = self.node.clone();
+        let guard = StreamGuard::new(node.clone(), |streams| &streams.keep_alive);
+        tokio::spawn(async move {
+            keep_alive_loop(&node, requests, &sender).await;
+            drop(guard);
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        request: Request<pb::LeaseTimeToLiveRequest>,
+    ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
+        let pb::LeaseTimeToLiveRequest { id, keys } = request.into_inner();
+        let resp = self
+            .node
+            .call(move |engine| engine.lease_time_to_live(id, keys))
+            .await?;
+        Ok(Response::new(self.node.ids.lease_time_to_live(resp)))
+    }
+
+    async fn lease_leases(
+        &self,
+        _request: Request<pb::LeaseLeasesRequest>,
+    ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
+        let resp = self.node.call(|engine| engine.lease_leases()).await?;
+        Ok(Response::new(self.node.ids.lease_leases(resp)))
+    }
+}
+
+/// Answers each keep-alive request of one stream (LEASE-SRV-1) until the stream ends
+/// (LEASE-SRV-2).
+async fn keep_alive_loop(
+    node: &Node,
+    mut requests: Streaming<pb::LeaseKeepAliveRequest>,
+    sender: &KeepAliveSender,
+) {
+    loop {
+        let next = tokio::select! {
+            next = requests.message() => next,
+            () = node.stopping() => {
+                let _ = sender.send(Err(Status::unavailable(SERVER_STOPPED))).await;
+                return;
+            }
+            () = sender.closed() => return,
+        };
+        let id = match next {
+            Ok(Some(request)) => request.id,
+            // The client closed its side: etcd ends the stream with OK.
+            Ok(None) => return,
+            // The client reset the stream or the connection broke; nobody is left to tell.
+            Err(_) => return,
+        };
+        let answer = node
+            .call(move |engine| engine.lease_keep_alive(id))
+            .await
+            .map(|resp| node.ids.lease_keep_alive(resp));
+        let failed = answer.is_err();
+        // LEASE-SRV-3: `send` waits for room before the next request is read.
+        if sender.send(answer).await.is_err() || failed {
+            return;
+        }
+    }
+}

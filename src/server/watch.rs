@@ -1,0 +1,174 @@
+//! etcd's Watch service: one bidirectional stream carries many watches, created, canceled
+//! and asked for progress by the client's requests, with the engine's responses sent back in
+//! the engine's order.
+//!
+//! Each gRPC stream has two halves:
+//! - a task that reads the client's requests and applies each to the engine's
+//!   [`WatchStream`] on the blocking pool (create and cancel take the engine's locks), one at
+//!   a time and in order;
+//! - a dedicated thread that waits on the engine's stream (a blocking receive) and forwards
+//!   each response, translated, into a bounded channel that tonic sends from.
+//!
+//! Invariants:
+//! - WATCH-SRV-1: no reactor thread ever blocks on the engine: receiving runs on the stream's
+//!   own thread, requests on the blocking pool (NODE-1). The blocking pool is not used for
+//!   the receive loop, because a long-lived watch would hold one of its threads for good.
+//! - WATCH-SRV-2: responses reach the client in the order the engine produced them; the
+//!   created (or refused) response of a watch precedes its events because the engine puts
+//!   both on the same stream in that order.
+//! - WATCH-SRV-3: at most [`WATCH_STREAMS_MAX`] streams (and so threads) are open at once;
+//!   a further Watch call is refused with `Unavailable`.
+//! - WATCH-SRV-4: the stream's thread ends within [`STREAM_POLL`] of the client going away
+//!   or the server shutting down (NODE-3); dropping the engine's stream cancels its watches.
+//!   The client closing only its sending side ends nothing: watches keep delivering, as in
+//!   etcd.
+//! - WATCH-SRV-5: at most [`WATCH_RESPONSES_BUFFERED`] translated responses wait for a slow
+//!   client; past that the thread waits, the engine's per-watch buffers fill, and the engine
+//!   moves the watch to catch-up from history (WATCH-3) instead of growing memory.
+//!
+//! Contact points: `server::convert` (messages), `server::node` (engine, shutdown, gauges);
+//! the engine's [`WatchStream`].
+
+use tonic::codegen::BoxStream;
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::server::convert;
+use crate::server::node::{self, Node, SERVER_STOPPED, STREAM_POLL, StreamGuard};
+use crate::server::pb::etcdserverpb as pb;
+use crate::server::pb::etcdserverpb::watch_request::RequestUnion;
+use crate::server::pb::etcdserverpb::watch_server::Watch;
+use crate::server::status;
+use crate::sync::{Arc, Ordering};
+use crate::watch::WatchStream;
+
+/// Most Watch streams open at once (WATCH-SRV-3).
+pub const WATCH_STREAMS_MAX: usize = 1_024;
+/// Translated responses buffered per stream for a slow client (WATCH-SRV-5).
+pub const WATCH_RESPONSES_BUFFERED: usize = 128;
+
+type ResponseSender = tokio::sync::mpsc::Sender<Result<pb::WatchResponse, Status>>;
+
+/// The Watch service.
+#[derive(Debug, Clone)]
+pub struct WatchService {
+    node: Arc<Node>,
+}
+
+impl WatchService {
+    /// Returns the service over `node`.
+    pub fn new(node: Arc<Node>) -> WatchService {
+        WatchService { node }
+    }
+}
+
+#[tonic::async_trait]
+impl Watch for WatchService {
+    type WatchStream = BoxStream<pb::WatchResponse>;
+
+    async fn watch(
+        &self,
+        request: Request<Streaming<pb::WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let guard = StreamGuard::new(self.node.clone(), |streams| &streams.watch);
+        // WATCH-SRV-3: the guard has counted this stream already.
+        if self.node.streams.watch.load(Ordering::Relaxed) > WATCH_STREAMS_MAX {
+            return Err(Status::unavailable(format!(
+                "kvd: too many watch streams (at most {WATCH_STREAMS_MAX}); retry later"
+            )));
+        }
+        let stream = Arc::new(self.node.call(|engine| engine.watch_stream()).await?);
+        let (sender, receiver) = tokio::sync::mpsc::channel(WATCH_RESPONSES_BUFFERED);
+        let node = self.node.clone();
+        let forwarded = stream.clone();
+        let forward_sender = sender.clone();
+        std::thread::Builder::new()
+            .name("kvd-watch".to_owned())
+            .spawn(move || {
+                forward(&node, &forwarded, &forward_sender);
+                drop(guard);
+            })
+            .map_err(|e| {
+                tracing::error!(error = %e, "cannot start a watch stream thread");
+                Status::unavailable("kvd: cannot start a watch stream thread; retry later")
+            })?;
+        let node = self.node.clone();
+        let requests = request.into_inner();
+        tokio::spawn(async move { read_requests(&node, requests, stream, &sender).await });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+}
+
+/// Forwards the engine's responses of one stream to the client until the client goes away
+/// or the server stops (WATCH-SRV-4). Runs on the stream's own thread (WATCH-SRV-1).
+fn forward(node: &Node, stream: &WatchStream, sender: &ResponseSender) {
+    loop {
+        if node.is_stopping() {
+            let _ = sender.blocking_send(Err(Status::unavailable(SERVER_STOPPED)));
+            return;
+        }
+        if sender.is_closed() {
+            return;
+        }
+        match stream.recv_timeout(STREAM_POLL) {
+            Ok(Some(response)) => {
+                // WATCH-SRV-5: waits while the client is slow; fails once it is gone.
+                if sender.blocking_send(Ok(node.ids.watch(response))).is_err() {
+                    return;
+                }
+            }
+            Ok(None) => {}
+            Err(err) => {
+                let _ = sender.blocking_send(Err(status::from_error(&err)));
+                return;
+            }
+        }
+    }
+}
+
+/// Applies the client's requests to the engine's stream, one at a time and in order, until
+/// the client closes its side or goes away, or the server stops.
+async fn read_requests(
+    node: &Node,
+    mut requests: Streaming<pb::WatchRequest>,
+    stream: Arc<WatchStream>,
+    sender: &ResponseSender,
+) {
+    loop {
+        let next = tokio::select! {
+            next = requests.message() => next,
+            () = node.stopping() => return,
+            () = sender.closed() => return,
+        };
+        let request = match next {
+            Ok(Some(request)) => request,
+            // The client closed its sending side: its watches go on (WATCH-SRV-4).
+            Ok(None) => return,
+            // The client reset the stream or the connection broke.
+            Err(_) => return,
+        };
+        // etcd ignores a request with no known variant and keeps the stream.
+        let Some(request) = request.request_union else {
+            continue;
+        };
+        let stream = stream.clone();
+        let applied = node::blocking(move || apply(&stream, request)).await;
+        if let Err(status) = applied {
+            let _ = sender.send(Err(status)).await;
+            return;
+        }
+    }
+}
+
+/// Applies one request to the engine's stream; its answer (if any) arrives on the stream.
+fn apply(stream: &WatchStream, request: RequestUnion) -> crate::Result<()> {
+    match request {
+        RequestUnion::CreateRequest(create) => {
+            let id = stream.create(convert::watch_create_request(create))?;
+            tracing::debug!(watch_id = id, "watch created");
+        }
+        RequestUnion::CancelRequest(cancel) => stream.cancel(cancel.watch_id),
+        RequestUnion::ProgressRequest(_) => stream.request_progress(),
+    }
+    Ok(())
+}
