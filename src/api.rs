@@ -950,7 +950,7 @@ pub struct DefragProgress {
 }
 
 /// Any write the apply thread executes. Also the unit the request-size limit applies to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum WriteRequest {
     /// A Put.
     Put(PutRequest),
@@ -966,6 +966,8 @@ pub enum WriteRequest {
     LeaseRevoke(LeaseRevokeRequest),
     /// An alarm activation or deactivation.
     Alarm(AlarmRequest),
+    /// A quota registry or consumption record request.
+    Accounting(crate::accounting::AccountingRequest),
 }
 
 /// Bytes of framing etcd's raft entry adds around a request: the request header with its
@@ -990,6 +992,7 @@ impl WriteRequest {
             WriteRequest::Compaction(r) => int_field(1, r.revision) + bool_field(2, r.physical),
             WriteRequest::LeaseGrant(r) => int_field(1, r.ttl) + int_field(2, r.id),
             WriteRequest::LeaseRevoke(r) => int_field(1, r.id),
+            WriteRequest::Accounting(r) => r.encoded_len(),
             WriteRequest::Alarm(r) => {
                 int_field(1, r.action as i64)
                     + int_field(2, r.member_id as i64)

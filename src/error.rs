@@ -111,6 +111,11 @@ pub enum Error {
     NoSpace,
     /// A CORRUPT alarm is active: writes are refused until it is cleared.
     Corrupt,
+    /// A write or a record would take a role past a quota limit; the text names the role,
+    /// the resource, the consumption, the request and the limit.
+    QuotaExceeded(String),
+    /// A quota registry or record request was refused; the text is Mesos's message.
+    QuotaRequest(String),
     /// A request argument is out of its domain; the text says which.
     InvalidArgument(String),
     /// The engine is closed.
@@ -203,6 +208,7 @@ impl fmt::Display for Error {
             Error::NoSpace => "etcdserver: mvcc: database space exceeded",
             Error::Corrupt => "etcdserver: corrupt cluster",
             Error::InvalidArgument(what) => return write!(f, "kvd: invalid argument: {what}"),
+            Error::QuotaExceeded(what) | Error::QuotaRequest(what) => what,
             Error::Closed => "kvd: engine is closed",
             Error::Storage(e) => return e.fmt(f),
         };

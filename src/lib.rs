@@ -17,6 +17,7 @@
 //! (revisions, the key index, range, txn, compaction, hash), `storage` (the only module that
 //! names redb). See `docs/ARCHITECTURE.md`.
 
+mod accounting;
 mod alarm;
 mod api;
 mod clock;
@@ -31,6 +32,7 @@ mod storage;
 pub mod sync;
 mod watch;
 
+pub use accounting::{AccountingRequest, AgentState, Counters, KV_BYTES, KV_KEYS, RoleUsage};
 pub use api::*;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{AutoCompaction, Config, DefragFailpoint, Engine};

@@ -29,6 +29,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use super::Shared;
 use super::auto_compact::AutoCompactor;
 use super::defrag::{self, DefragStep};
+use crate::accounting::Accounts;
 use crate::alarm::{self, ALARMS_TABLE};
 use crate::api::{
     AlarmAction, AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionRequest,
@@ -40,7 +41,7 @@ use crate::error::{Error, Result, StorageError};
 use crate::lease::{self, LEASE_REVOKES_PER_PASS_MAX, LEASES_TABLE, Lessor};
 use crate::mvcc::compaction::CompactionJob;
 use crate::mvcc::read;
-use crate::mvcc::record::Record;
+use crate::mvcc::record::{self, Record};
 use crate::mvcc::write::{Change, TxnWriter};
 use crate::mvcc::{Index, Revision};
 use crate::space;
@@ -78,6 +79,8 @@ pub enum WriteResponse {
     LeaseRevoke(LeaseRevokeResponse),
     /// An alarm request's answer.
     Alarm(AlarmResponse),
+    /// An accounting request's answer: the rows a repair changed, else 0.
+    Accounting(usize),
 }
 
 /// What open found on disk.
@@ -135,6 +138,7 @@ pub fn recover(store: &Store, now: Duration) -> Result<Recovered, StorageError> 
             head.tombstone,
             head.create_revision,
             head.version,
+            head.cost(),
         );
         last_main = rev.main;
         Ok(true)
@@ -393,6 +397,7 @@ impl Applier {
                 u64::try_from(self.current).unwrap_or(0),
             )?;
             batch.put_meta(MetaKey::AppliedIndex, self.applied_index)?;
+            sync::lock(&self.shared.accounts).flush(batch)?;
             Ok(outcomes)
         });
         match committed {
@@ -472,24 +477,39 @@ impl Applier {
         }
         let mut index = sync::write(&shared.index);
         let mut lessor = sync::lock(&shared.lessor);
+        let mut accounts = sync::lock(&shared.accounts);
         match request {
-            WriteRequest::Compaction(c) => return self.apply_compaction(&mut index, batch, *c),
+            WriteRequest::Compaction(c) => {
+                return self.apply_compaction(&mut index, &mut accounts, batch, *c);
+            }
             WriteRequest::LeaseGrant(g) => return self.apply_lease_grant(&mut lessor, batch, *g),
+            WriteRequest::Accounting(a) => {
+                let quota = space::quota_bytes(shared.config.quota_backend_bytes);
+                let answer = a.apply(&mut accounts, quota, &index, batch)?;
+                if answer.is_ok() {
+                    self.applied_index += 1;
+                }
+                return Ok(Outcome::Answer(answer.map(WriteResponse::Accounting)));
+            }
             _ => {}
         }
         let exists = |id: i64| lessor.contains(id);
         let mut writer = TxnWriter::new(&mut index, batch, &exists, self.current);
         let answer = match request {
             WriteRequest::Put(p) => match writer.check_put(p) {
-                Ok(()) => Ok(WriteResponse::Put(writer.put(p)?)),
+                Ok(()) => match accounts.check_puts(&[writer.planned_put(p)?]) {
+                    Ok(()) => Ok(WriteResponse::Put(writer.put(p)?)),
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e),
             },
             WriteRequest::DeleteRange(d) => Ok(WriteResponse::DeleteRange(writer.delete_range(d)?)),
-            WriteRequest::Txn(t) => apply_txn(&mut writer, t)?.map(WriteResponse::Txn),
+            WriteRequest::Txn(t) => apply_txn(&mut writer, &accounts, t)?.map(WriteResponse::Txn),
             WriteRequest::LeaseRevoke(r) => revoke_keys(&mut writer, &lessor, r.id)?,
-            WriteRequest::Compaction(_) | WriteRequest::LeaseGrant(_) | WriteRequest::Alarm(_) => {
-                Err(Error::InvalidArgument("handled above".into()))
-            }
+            WriteRequest::Compaction(_)
+            | WriteRequest::LeaseGrant(_)
+            | WriteRequest::Alarm(_)
+            | WriteRequest::Accounting(_) => Err(Error::InvalidArgument("handled above".into())),
         };
         let changed = writer.changed();
         let changes = writer.into_changes();
@@ -499,9 +519,17 @@ impl Applier {
         }
         for change in &changes {
             // LEASE-1: a Put attaches its key to its lease (0 detaches); a delete detaches.
+            // ACCT-2: the consumption rows change with the data they count.
             let lease = match change {
-                Change::Put(kv) => kv.lease,
-                Change::Delete(_) => 0,
+                Change::Put(kv) => {
+                    let cost = record::put_cost(kv.key.len(), kv.value.len());
+                    accounts.charge_put(&kv.key, cost, kv.version == 1);
+                    kv.lease
+                }
+                Change::Delete(kv) => {
+                    accounts.charge_delete(&kv.key);
+                    0
+                }
             };
             lessor.attach(&change.kv().key, lease);
         }
@@ -653,6 +681,7 @@ impl Applier {
     fn apply_compaction(
         &mut self,
         index: &mut Index,
+        accounts: &mut Accounts,
         batch: &mut WriteBatch<'_>,
         req: CompactionRequest,
     ) -> Result<Outcome, StorageError> {
@@ -666,7 +695,10 @@ impl Applier {
             return Ok(Outcome::Answer(Err(Error::FutureRevision)));
         }
         debug_assert!(req.revision <= self.shared.published.load(), "APPLY-2");
-        index.compact(req.revision);
+        for (key, cost) in index.compact(req.revision) {
+            // ACCT-1: kv_bytes counts revisions the index retains.
+            accounts.release_bytes(&key, cost);
+        }
         batch.put_meta(
             MetaKey::ScheduledCompactRevision,
             u64::try_from(req.revision).unwrap_or(0),
@@ -727,10 +759,16 @@ fn is_compaction(proposal: &Proposal) -> bool {
 /// Decides, checks and runs a write Txn. The outer `Result` is a storage failure.
 fn apply_txn(
     writer: &mut TxnWriter<'_, '_>,
+    accounts: &Accounts,
     req: &TxnRequest,
 ) -> Result<Result<TxnResponse>, StorageError> {
     let path = writer.txn_path(req)?;
     if let Err(e) = writer.check_txn(req, &path) {
+        return Ok(Err(e));
+    }
+    if !req.is_read_only()
+        && let Err(e) = accounts.check_puts(&writer.planned_txn_puts(req, &path)?)
+    {
         return Ok(Err(e));
     }
     match writer.txn(req, &path) {

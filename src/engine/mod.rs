@@ -30,6 +30,7 @@ mod auto_compact;
 mod defrag;
 mod publish;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -38,6 +39,7 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Sender, TrySendError};
 
+use crate::accounting::{self, AccountingRequest, Accounts, AgentState, RoleUsage};
 use crate::alarm::{ALARMS_TABLE, Alarms};
 use crate::api::{
     AlarmAction, AlarmRequest, AlarmResponse, AlarmType, CompactionRequest, CompactionResponse,
@@ -52,6 +54,7 @@ use crate::lease::{LEASE_TTL_MAX_SECONDS, LEASE_TTL_MIN_SECONDS_DEFAULT, LEASES_
 use crate::mvcc::hash::HashState;
 use crate::mvcc::write::Change;
 use crate::mvcc::{Index, read, validate};
+use crate::quota::{QuotaConfig, RawQuotaConfig};
 use crate::space::{self, SpaceTracker};
 use crate::storage::faults::Faults;
 use crate::storage::{CommitSync, Store, StoreOptions};
@@ -183,6 +186,8 @@ struct Shared {
     stats: Stats,
     space: SpaceTracker,
     alarms: Mutex<Alarms>,
+    /// Lock order: after `index` and `lessor`.
+    accounts: Mutex<Accounts>,
     defrag: DefragState,
     /// Tells the watch sync thread to stop.
     stopping: AtomicBool,
@@ -293,12 +298,16 @@ impl Engine {
             } else {
                 CommitSync::Durable
             },
-            row_tables: vec![LEASES_TABLE, ALARMS_TABLE],
+            row_tables: [LEASES_TABLE, ALARMS_TABLE]
+                .into_iter()
+                .chain(accounting::TABLES)
+                .collect(),
             faults: config.faults.clone(),
         };
         let store = Store::open(dir.as_ref(), &options)?;
         let recovered = apply::recover(&store, config.clock.now())?;
         let in_use = store.size_in_use()?;
+        let accounts = Accounts::load(&store.snapshot()?, &recovered.index)?;
         let (sender, receiver) = crossbeam_channel::bounded(config.proposal_queue_len);
         let shared = Arc::new(Shared {
             store,
@@ -311,6 +320,7 @@ impl Engine {
             },
             space: SpaceTracker::new(in_use),
             alarms: Mutex::new(Alarms::new(recovered.alarms)),
+            accounts: Mutex::new(accounts),
             defrag: DefragState::default(),
             stopping: AtomicBool::new(false),
             config,
@@ -673,6 +683,128 @@ impl Engine {
     /// Returns how far a running defrag is.
     pub fn defrag_progress(&self) -> Result<DefragProgress> {
         Ok(self.shared()?.defrag.progress())
+    }
+
+    /// Applies a Mesos UPDATE_QUOTA: all or nothing, validated and committed in one write
+    /// transaction; a configuration equal to the default quota deletes the role's entry.
+    ///
+    /// ```
+    /// use std::collections::BTreeMap;
+    /// use kvd::quota::RawQuotaConfig;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// let limits = BTreeMap::from([("kv_keys".to_owned(), 1.0)]);
+    /// engine.update_quota(vec![RawQuotaConfig { role: "dev".into(), limits, ..Default::default() }], false).unwrap();
+    /// engine.put(kvd::PutRequest::new("/dev/a", "v")).unwrap();
+    /// let err = engine.put(kvd::PutRequest::new("/dev/b", "v")).unwrap_err();
+    /// assert!(err.to_string().starts_with("kvd: quota exceeded for role 'dev'"));
+    /// ```
+    pub fn update_quota(&self, configs: Vec<RawQuotaConfig>, force: bool) -> Result<()> {
+        self.accounting(AccountingRequest::UpdateQuota { configs, force })
+            .map(drop)
+    }
+
+    /// Returns every non-default quota configuration, sorted by role (Mesos's GET_QUOTA).
+    pub fn get_quota(&self) -> Result<Vec<QuotaConfig>> {
+        let shared = self.shared()?;
+        let accounts = crate::sync::lock(&shared.accounts);
+        Ok(crate::quota::get_quota(accounts.registry())
+            .into_iter()
+            .cloned()
+            .collect())
+    }
+
+    /// Returns every role with a quota, consumption or a reservation, with its counters
+    /// (subtree included). Costs O(roles).
+    pub fn roles(&self) -> Result<Vec<RoleUsage>> {
+        Ok(crate::sync::lock(&self.shared()?.accounts).roles())
+    }
+
+    /// Registers or updates an agent and its total resources (capacity for guarantees).
+    pub fn register_agent(
+        &self,
+        id: &str,
+        state: AgentState,
+        resources: BTreeMap<String, f64>,
+    ) -> Result<()> {
+        self.accounting(AccountingRequest::RegisterAgent {
+            id: id.to_owned(),
+            state,
+            resources,
+        })
+        .map(drop)
+    }
+
+    /// Reserves resources on an agent for a role, within the limits of the role and its
+    /// ancestors.
+    pub fn reserve(
+        &self,
+        id: &str,
+        role: &str,
+        agent: &str,
+        resources: BTreeMap<String, f64>,
+    ) -> Result<()> {
+        let request = AccountingRequest::Reserve {
+            id: id.to_owned(),
+            role: role.to_owned(),
+            agent: agent.to_owned(),
+            resources,
+        };
+        self.accounting(request).map(drop)
+    }
+
+    /// Removes a reservation that no allocation draws on.
+    pub fn unreserve(&self, id: &str) -> Result<()> {
+        self.accounting(AccountingRequest::Unreserve { id: id.to_owned() })
+            .map(drop)
+    }
+
+    /// Allocates resources on an agent to a role, drawing first on the role's unallocated
+    /// reservations on that agent; the rest must fit the limits.
+    pub fn allocate(
+        &self,
+        id: &str,
+        role: &str,
+        agent: &str,
+        resources: BTreeMap<String, f64>,
+    ) -> Result<()> {
+        let request = AccountingRequest::Allocate {
+            id: id.to_owned(),
+            role: role.to_owned(),
+            agent: agent.to_owned(),
+            resources,
+        };
+        self.accounting(request).map(drop)
+    }
+
+    /// Removes an allocation.
+    pub fn release(&self, id: &str) -> Result<()> {
+        self.accounting(AccountingRequest::Release { id: id.to_owned() })
+            .map(drop)
+    }
+
+    /// Returns the differences between the consumption rows and a full recount from the
+    /// index and the records: (role, resource, counted, recounted); empty when they agree.
+    pub fn consumption_drift(
+        &self,
+    ) -> Result<Vec<(String, String, accounting::Counters, accounting::Counters)>> {
+        let shared = self.shared()?;
+        let index = crate::sync::read(&shared.index);
+        let accounts = crate::sync::lock(&shared.accounts);
+        Ok(accounts.drift(&index))
+    }
+
+    /// Replaces drifted consumption rows with the recount, through the apply path
+    /// (idempotent); returns how many rows changed.
+    pub fn repair_consumption(&self) -> Result<usize> {
+        self.accounting(AccountingRequest::Repair)
+    }
+
+    fn accounting(&self, request: AccountingRequest) -> Result<usize> {
+        match self.submit(WriteRequest::Accounting(request))? {
+            WriteResponse::Accounting(changed) => Ok(changed),
+            _ => Err(mismatched()),
+        }
     }
 
     /// Returns the revisions, sizes and applied index.

@@ -143,12 +143,12 @@ impl Index {
     }
 
     /// Records a Put of `key` at `rev`.
-    pub fn put(&mut self, key: &[u8], rev: Revision) {
+    pub fn put(&mut self, key: &[u8], rev: Revision, cost: u32) {
         match self.keys.get_mut(key) {
-            Some(ki) => ki.put(rev),
+            Some(ki) => ki.put(rev, cost),
             None => {
                 let mut ki = KeyIndex::new();
-                ki.put(rev);
+                ki.put(rev, cost);
                 self.keys.insert(key.into(), ki);
             }
         }
@@ -167,9 +167,10 @@ impl Index {
         tombstone: bool,
         created: i64,
         version: i64,
+        cost: u32,
     ) {
         match (self.keys.get_mut(key), tombstone) {
-            (Some(ki), false) => ki.put(rev),
+            (Some(ki), false) => ki.put(rev, cost),
             (Some(ki), true) => {
                 // A tombstone of a key whose generation was compacted away except for the
                 // tombstone itself cannot follow another record; a plain one closes the
@@ -180,7 +181,7 @@ impl Index {
             }
             (None, false) => {
                 let mut ki = KeyIndex::new();
-                ki.restore(rev, created, version);
+                ki.restore(rev, created, version, cost);
                 self.keys.insert(key.into(), ki);
             }
             (None, true) => {
@@ -197,11 +198,30 @@ impl Index {
     }
 
     /// Compacts every key at `at` and records `at` as the compaction revision (IDX-1,
-    /// IDX-2).
-    pub fn compact(&mut self, at: i64) {
+    /// IDX-2). Returns, for each key that lost revisions with a cost, the cost released.
+    pub fn compact(&mut self, at: i64) -> Vec<(Box<[u8]>, u64)> {
         debug_assert!(at > self.compact_revision);
         self.compact_revision = at;
-        self.keys.retain(|_, ki| !ki.compact(at));
+        let mut released = Vec::new();
+        self.keys.retain(|key, ki| {
+            let cost = ki.compact(at);
+            if cost > 0 {
+                released.push((key.clone(), cost));
+            }
+            !ki.is_empty()
+        });
+        released
+    }
+
+    /// Calls `visit` with each key in `range` that has history, its retained cost and
+    /// whether it is alive now.
+    pub fn visit_range(&self, range: KeyRange<'_>, mut visit: impl FnMut(&[u8], u64, bool)) {
+        let Some(bounds) = range.bounds() else {
+            return;
+        };
+        for (key, ki) in self.keys.range::<[u8], _>(bounds) {
+            visit(key, ki.retained_cost(), ki.is_alive());
+        }
     }
 }
 
@@ -224,8 +244,8 @@ mod tests {
     #[test]
     fn index_range_skips_deleted_keys_and_respects_revision() {
         let mut index = Index::new();
-        index.put(b"a", Revision::new(2, 0));
-        index.put(b"b", Revision::new(3, 0));
+        index.put(b"a", Revision::new(2, 0), 1);
+        index.put(b"b", Revision::new(3, 0), 1);
         assert!(index.tombstone(b"a", Revision::new(4, 0)));
         let at3: Vec<_> = index
             .range(KeyRange::new(b"a", b"\0"), 3)

@@ -39,6 +39,9 @@ struct Generation {
     created: i64,
     /// Revisions in this generation, oldest first; the last is a tombstone if closed.
     revs: Vec<Revision>,
+    /// The space cost of each revision in `revs` (etcd's Put cost; 0 for a tombstone), for
+    /// the consumption tables.
+    costs: Vec<u32>,
 }
 
 /// The generations of one key.
@@ -68,10 +71,11 @@ impl KeyIndex {
     ///
     /// ```
     /// let mut ki = kvd::KeyIndex::new();
-    /// ki.put(kvd::Revision::new(2, 0));
+    /// ki.put(kvd::Revision::new(2, 0), 300);
     /// assert_eq!(ki.get(2).map(|f| f.version), Some(1));
+    /// assert_eq!(ki.retained_cost(), 300);
     /// ```
-    pub fn put(&mut self, rev: Revision) {
+    pub fn put(&mut self, rev: Revision, cost: u32) {
         debug_assert!(self.last_revision().is_none_or(|last| last < rev), "KI-1");
         if self.generations.is_empty() {
             self.generations.push(Generation::default());
@@ -81,18 +85,20 @@ impl KeyIndex {
                 generation.created = rev.main;
             }
             generation.revs.push(rev);
+            generation.costs.push(cost);
             generation.version += 1;
         }
     }
 
     /// Records the Put at `rev` of a key first seen while rebuilding the index, whose
     /// generation was created at `created` and has reached `version`.
-    pub fn restore(&mut self, rev: Revision, created: i64, version: i64) {
+    pub fn restore(&mut self, rev: Revision, created: i64, version: i64, cost: u32) {
         debug_assert!(self.generations.is_empty());
         self.generations.push(Generation {
             version,
             created,
             revs: vec![rev],
+            costs: vec![cost],
         });
     }
 
@@ -102,7 +108,7 @@ impl KeyIndex {
         if !self.is_alive() {
             return false;
         }
-        self.put(rev);
+        self.put(rev, 0);
         self.generations.push(Generation::default());
         true
     }
@@ -115,6 +121,7 @@ impl KeyIndex {
             version: 1,
             created: rev.main,
             revs: vec![rev],
+            costs: vec![0],
         });
         self.generations.push(Generation::default());
     }
@@ -182,21 +189,30 @@ impl KeyIndex {
             .any(|g| g.revs.binary_search(&rev).is_ok())
     }
 
-    /// Drops what a compaction at `at` makes unreachable (KI-3). Returns true if the key is
-    /// gone entirely.
+    /// Returns the summed cost of every revision still held.
+    pub fn retained_cost(&self) -> u64 {
+        self.generations
+            .iter()
+            .flat_map(|g| &g.costs)
+            .map(|c| u64::from(*c))
+            .sum()
+    }
+
+    /// Drops what a compaction at `at` makes unreachable (KI-3). Returns the summed cost of
+    /// the dropped revisions.
     ///
     /// ```
     /// use kvd::{KeyIndex, Revision};
     /// let mut ki = KeyIndex::new();
-    /// ki.put(Revision::new(1, 0));
-    /// ki.put(Revision::new(2, 0));
-    /// assert!(!ki.compact(2));
+    /// ki.put(Revision::new(1, 0), 10);
+    /// ki.put(Revision::new(2, 0), 20);
+    /// assert_eq!(ki.compact(2), 10);
     /// assert!(!ki.contains(Revision::new(1, 0)));
     /// assert!(ki.contains(Revision::new(2, 0)));
     /// ```
-    pub fn compact(&mut self, at: i64) -> bool {
+    pub fn compact(&mut self, at: i64) -> u64 {
         let Some(last) = self.generations.len().checked_sub(1) else {
-            return true;
+            return 0;
         };
         // The first generation that is still open at `at`, or was closed by a tombstone at
         // or after `at` (etcd 3.6 keeps a tombstone exactly at `at`).
@@ -207,15 +223,25 @@ impl KeyIndex {
                 break;
             }
         }
-        self.generations.drain(..first_kept);
+        let mut released: u64 = self
+            .generations
+            .drain(..first_kept)
+            .flat_map(|g| g.costs)
+            .map(u64::from)
+            .sum();
         if let Some(generation) = self.generations.first_mut() {
             // Keep the newest revision at or below `at` and everything above it.
             let at_or_below = generation.revs.iter().take_while(|r| r.main <= at).count();
             if at_or_below > 1 {
                 generation.revs.drain(..at_or_below - 1);
+                released += generation
+                    .costs
+                    .drain(..at_or_below - 1)
+                    .map(u64::from)
+                    .sum::<u64>();
             }
         }
-        self.is_empty()
+        released
     }
 }
 
@@ -230,10 +256,10 @@ mod tests {
     /// Builds etcd's worked example: put@1, put@2, del@3, put@4, del@5.
     fn example() -> KeyIndex {
         let mut ki = KeyIndex::new();
-        ki.put(rev(1));
-        ki.put(rev(2));
+        ki.put(rev(1), 1);
+        ki.put(rev(2), 1);
         assert!(ki.tombstone(rev(3)));
-        ki.put(rev(4));
+        ki.put(rev(4), 1);
         assert!(ki.tombstone(rev(5)));
         ki
     }
@@ -288,10 +314,10 @@ mod tests {
     #[test]
     fn key_index_compaction_at_tombstone_keeps_it_until_next_compaction() {
         let mut ki = example();
-        assert!(!ki.compact(3));
+        assert_eq!(ki.compact(3), 2, "the two puts of the first generation");
         assert_eq!(revisions(&ki), vec![vec![3], vec![4, 5], vec![]]);
         assert_eq!(ki.get(3), None, "the kept tombstone is not a live key");
-        assert!(!ki.compact(4));
+        assert_eq!(ki.compact(4), 0, "a tombstone costs nothing");
         assert_eq!(revisions(&ki), vec![vec![4, 5], vec![]]);
     }
 
@@ -299,10 +325,11 @@ mod tests {
     fn key_index_compaction_keeps_reads_at_or_above_the_compaction_revision() {
         let mut ki = KeyIndex::new();
         for main in 1..=10 {
-            ki.put(rev(main));
+            ki.put(rev(main), 1);
         }
         let before: Vec<_> = (4..=12).map(|at| ki.get(at)).collect();
-        assert!(!ki.compact(4));
+        assert_eq!(ki.compact(4), 3);
+        assert_eq!(ki.retained_cost(), 7);
         let after: Vec<_> = (4..=12).map(|at| ki.get(at)).collect();
         assert_eq!(before, after);
         // KI-3: nothing below 4 remains.
@@ -320,11 +347,11 @@ mod tests {
         ki.restore_tombstone(rev(5));
         assert!(!ki.is_alive());
         assert_eq!(ki.get(5), None);
-        ki.put(rev(7));
+        ki.put(rev(7), 1);
         assert_eq!(ki.get(7).map(|f| (f.created, f.version)), Some((7, 1)));
         let mut ki = KeyIndex::new();
-        ki.restore(rev(9), 3, 4);
-        ki.put(rev(10));
+        ki.restore(rev(9), 3, 4, 1);
+        ki.put(rev(10), 1);
         assert_eq!(ki.get(10).map(|f| (f.created, f.version)), Some((3, 5)));
     }
 
@@ -332,7 +359,7 @@ mod tests {
     fn key_index_refuses_tombstone_of_dead_key() {
         let mut ki = KeyIndex::new();
         assert!(!ki.tombstone(rev(1)));
-        ki.put(rev(2));
+        ki.put(rev(2), 1);
         assert!(ki.tombstone(rev(3)));
         assert!(!ki.tombstone(rev(4)));
     }

@@ -41,7 +41,26 @@ pub struct RecordHead<'a> {
     pub version: i64,
     /// The lease attached by this change.
     pub lease: i64,
+    /// The length of the value.
+    pub value_len: usize,
     value_offset: usize,
+}
+
+impl RecordHead<'_> {
+    /// Returns the record's space cost: etcd's Put cost for a put, 0 for a tombstone.
+    pub fn cost(&self) -> u32 {
+        if self.tombstone {
+            0
+        } else {
+            put_cost(self.key.len(), self.value_len)
+        }
+    }
+}
+
+/// Returns etcd's cost of a Put of a key and a value of these lengths (SPACE-1), saturated
+/// to `u32` (requests are far smaller).
+pub fn put_cost(key_len: usize, value_len: usize) -> u32 {
+    u32::try_from(256 + key_len + value_len).unwrap_or(u32::MAX)
 }
 
 /// One decoded history record.
@@ -130,6 +149,7 @@ impl Record {
             create_revision: int(1),
             version: int(9),
             lease: int(17),
+            value_len: bytes.len() - key_end,
             value_offset: key_end,
         })
     }

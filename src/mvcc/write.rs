@@ -21,7 +21,7 @@ use bytes::Bytes;
 use super::Revision;
 use super::index::{Index, KeyRange};
 use super::read::{self, Records};
-use super::record::Record;
+use super::record::{self, Record};
 use crate::api::{
     DeleteRangeRequest, DeleteRangeResponse, KeyValue, PutRequest, PutResponse, RangeRequest,
     RangeResponse, RequestOp, ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
@@ -140,6 +140,51 @@ impl<'a, 't> TxnWriter<'a, 't> {
         Ok(())
     }
 
+    /// Returns the Puts `req` would make, as (key, cost, new key), for the quota check
+    /// before anything changes (ACCT-4). The cost is etcd's, with the value the Put will
+    /// really store (the current one under `ignore_value`).
+    pub fn planned_put(&self, req: &PutRequest) -> Result<(Vec<u8>, u32, bool), StorageError> {
+        let prev = self.index.get(&req.key, NEWEST);
+        let value_len = match prev {
+            Some(hit) if req.ignore_value => self.batch.record(hit.revision)?.value.len(),
+            _ => req.value.len(),
+        };
+        Ok((
+            req.key.to_vec(),
+            record::put_cost(req.key.len(), value_len),
+            prev.is_none(),
+        ))
+    }
+
+    /// Returns the Puts of the branches `path` chose, nested ones included (ACCT-4). A key
+    /// deleted earlier in the txn and put again counts as not new: the check may refuse a
+    /// txn that would just fit, never admit one that does not.
+    pub fn planned_txn_puts(
+        &self,
+        req: &TxnRequest,
+        path: &TxnPath,
+    ) -> Result<Vec<(Vec<u8>, u32, bool)>, StorageError> {
+        let branch = if path.succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
+        let mut nested = path.nested.iter();
+        let mut puts = Vec::new();
+        for op in branch {
+            match op {
+                RequestOp::Put(p) => puts.push(self.planned_put(p)?),
+                RequestOp::Txn(t) => {
+                    if let Some(p) = nested.next() {
+                        puts.extend(self.planned_txn_puts(t, p)?);
+                    }
+                }
+                RequestOp::Range(_) | RequestOp::DeleteRange(_) => {}
+            }
+        }
+        Ok(puts)
+    }
+
     /// Applies a Put whose checks passed.
     pub fn put(&mut self, req: &PutRequest) -> Result<PutResponse, StorageError> {
         let prev = self.index.get(&req.key, NEWEST);
@@ -174,7 +219,11 @@ impl<'a, 't> TxnWriter<'a, 't> {
             value,
         };
         self.batch.put_history(&rev.to_key(), &record.encode())?;
-        self.index.put(&req.key, rev);
+        self.index.put(
+            &req.key,
+            rev,
+            record::put_cost(record.key.len(), record.value.len()),
+        );
         self.log.push(Change::Put(record.into_key_value(rev.main)));
         Ok(PutResponse {
             header: ResponseHeader {

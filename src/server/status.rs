@@ -42,7 +42,8 @@ fn code_of(err: &Error) -> Code {
         // with code Unknown; etcd's Go client then recognises it by its message
         // (`shared/spec/etcd.md` §12). We send what etcd sends.
         Error::TooManyRequests => Code::Unknown,
-        Error::NoSpace => Code::ResourceExhausted,
+        Error::NoSpace | Error::QuotaExceeded(_) => Code::ResourceExhausted,
+        Error::QuotaRequest(_) => Code::InvalidArgument,
         Error::Corrupt => Code::DataLoss,
         // etcd's "server stopped" is Unavailable: the client may try another endpoint.
         Error::Closed => Code::Unavailable,

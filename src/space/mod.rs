@@ -77,7 +77,8 @@ pub fn cost(request: &WriteRequest) -> u64 {
         WriteRequest::DeleteRange(_)
         | WriteRequest::Compaction(_)
         | WriteRequest::LeaseRevoke(_)
-        | WriteRequest::Alarm(_) => 0,
+        | WriteRequest::Alarm(_)
+        | WriteRequest::Accounting(_) => 0,
     }
 }
 
