@@ -285,7 +285,7 @@ impl Accounts {
             .filter_map(|key| {
                 let counted = self.usage.get(&key).copied().unwrap_or_default();
                 let truth = recount.get(&key).copied().unwrap_or_default();
-                (counted != truth).then(|| (key.0, key.1, counted, truth))
+                (counted != truth).then_some((key.0, key.1, counted, truth))
             })
             .collect()
     }

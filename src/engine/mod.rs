@@ -226,12 +226,12 @@ impl Shared {
     fn run_watch_sync(&self) {
         let mut last_tick = self.config.clock.now();
         while !self.stopping.load(Ordering::Acquire) {
-            let more = match self.hub.sync_pass(&self.store, &self.index) {
-                Ok(more) => more,
-                // A storage failure here is also seen by the writer, which poisons the
-                // store; watchers simply stop catching up until reopen.
-                Err(_) => false,
-            };
+            // A storage failure here is also seen by the writer, which poisons the store;
+            // watchers simply stop catching up until reopen.
+            let more = self
+                .hub
+                .sync_pass(&self.store, &self.index)
+                .unwrap_or_default();
             if !more {
                 self.hub.wait_for_work(WATCH_SYNC_INTERVAL);
             }
@@ -698,7 +698,9 @@ impl Engine {
         let shared = self.shared()?;
         let snapshot = shared.store.snapshot()?;
         // The revision the snapshot itself holds, not the published one, which may be newer.
-        let recorded = snapshot.get_meta(crate::storage::MetaKey::CurrentRevision)?.unwrap_or(1);
+        let recorded = snapshot
+            .get_meta(crate::storage::MetaKey::CurrentRevision)?
+            .unwrap_or(1);
         let revision = i64::try_from(recorded).unwrap_or(i64::MAX).max(1);
         let progress = crate::storage::defrag::Progress::default();
         let bytes = shared.store.copy_to(&snapshot, path, &progress)?;
