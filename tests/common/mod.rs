@@ -1,6 +1,6 @@
 //! Helpers shared by the server tests: start `kvd` or Debian's etcd 3.4 on a loopback port
-//! with a temporary data directory, stop it when dropped, run `etcdctl` with a timeout, and
-//! make plain HTTP requests.
+//! with a temporary data directory, stop it when dropped, run `etcdctl` with a timeout (and
+//! `etcdctl watch` bounded in time, with writes while it runs), and make plain HTTP requests.
 //!
 //! The tests that use etcd or etcdctl fail (never skip) when the binaries are missing:
 //! `.ci/install-deps.sh` installs them.
@@ -285,6 +285,96 @@ pub fn etcdctl(endpoint: &str, args: &[&str], stdin: Option<&[u8]>) -> Run {
         code: status.code().unwrap_or(-1),
         stdout: read(&mut out),
         stderr: read(&mut err),
+    }
+}
+
+/// How long a watch waits for the output it expects before it is stopped anyway.
+pub const WATCH_WAIT_MAX: Duration = Duration::from_secs(10);
+/// How long a watch keeps running after the expected output arrived, so that anything
+/// extra the server sends shows in the transcript.
+pub const WATCH_SETTLE: Duration = Duration::from_millis(300);
+/// The exit code recorded for an etcdctl that was still running and had to be killed.
+pub const KILLED: i32 = -1;
+
+/// Returns the number of watchers the server at `endpoint` reports in `/metrics`: kvd's
+/// `kvd_watchers`, or etcd 3.4's `etcd_debugging_mvcc_watcher_total`.
+pub fn watchers(endpoint: &str) -> Option<u64> {
+    let (_, body) = http_get(endpoint, "/metrics").ok()?;
+    body.lines().find_map(|line| {
+        let (name, value) = line.split_once(' ')?;
+        matches!(name, "kvd_watchers" | "etcd_debugging_mvcc_watcher_total")
+            .then(|| value.trim().parse::<f64>().ok().map(|v| v as u64))
+            .flatten()
+    })
+}
+
+/// Waits until `done` holds, for at most `max`; returns whether it held.
+pub fn wait_until(max: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + max;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs `etcdctl --endpoints=<endpoint> watch-args...` bounded in time: once the server
+/// counts the new watcher, runs `during` (the writes the watch should see), then waits until
+/// etcdctl exits or its stdout satisfies `enough` (at most [`WATCH_WAIT_MAX`]), lets it run
+/// [`WATCH_SETTLE`] longer, and kills it. A killed etcdctl has exit code [`KILLED`].
+// The child is waited for before returning.
+#[allow(clippy::zombie_processes)]
+pub fn etcdctl_watch(
+    endpoint: &str,
+    args: &[&str],
+    during: impl FnOnce(),
+    enough: impl Fn(&str) -> bool,
+) -> Run {
+    // A watcher of an earlier, killed etcdctl may linger until the server notices.
+    let before = watchers(endpoint).unwrap_or(0);
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let err = tempfile::NamedTempFile::new().unwrap();
+    let mut child = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out.reopen().unwrap()))
+        .stderr(Stdio::from(err.reopen().unwrap()))
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot run `etcdctl` ({e}); install it with .ci/install-deps.sh")
+        });
+    let read = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
+    let exited = |child: &mut Child| child.try_wait().unwrap().is_some();
+    let registered = wait_until(WATCH_WAIT_MAX, || {
+        exited(&mut child) || watchers(endpoint).is_some_and(|n| n > before)
+    });
+    assert!(
+        registered,
+        "etcdctl {args:?}: the server never counted the watch"
+    );
+    during();
+    wait_until(WATCH_WAIT_MAX, || {
+        exited(&mut child) || enough(&read(out.path()))
+    });
+    wait_until(WATCH_SETTLE, || exited(&mut child));
+    let code = match child.try_wait().unwrap() {
+        Some(status) => status.code().unwrap_or(KILLED),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            KILLED
+        }
+    };
+    Run {
+        code,
+        stdout: read(out.path()),
+        stderr: read(err.path()),
     }
 }
 
