@@ -216,5 +216,5 @@ async fn maintenance_and_cluster() {
     let member = &members.members()[0];
     assert_eq!(member.name(), "crate-test");
     assert_eq!(member.id(), header.member_id());
-    assert_eq!(member.client_urls(), &[server.endpoint.clone()]);
+    assert_eq!(member.client_urls(), std::slice::from_ref(&server.endpoint));
 }
