@@ -164,8 +164,11 @@ pub fn recover(store: &Store, now: Duration) -> Result<Recovered, StorageError> 
     })
 }
 
-/// Commits after which the size-in-use figure is refreshed even under load.
-const STATS_REFRESH_COMMITS: u64 = 256;
+/// How many times gathering a batch yields the CPU to wait for more proposals.
+const GATHER_YIELDS_MAX: usize = 2;
+
+/// The shortest time between two idle refreshes of the size-in-use figure.
+const STATS_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How long the idle apply thread sleeps before looking at lease deadlines again.
 const IDLE_WAKE_INTERVAL: Duration = Duration::from_millis(50);
@@ -190,6 +193,9 @@ pub struct Applier {
     events: Vec<(i64, Vec<Change>)>,
     /// Commits since the size-in-use figure was last refreshed.
     commits_since_stats: u64,
+    /// When (engine clock) the figure was last refreshed, and the spacing to the next.
+    last_stats_at: Option<Duration>,
+    stats_spacing: Duration,
     /// The cost of the writes applied so far in the current batch.
     batch_cost: u64,
     /// An exact in-use measurement taken during the current batch.
@@ -237,7 +243,10 @@ impl Applier {
             compactions,
             carried: None,
             events: Vec::new(),
-            commits_since_stats: 0,
+            // Measure at the first idle moment: open starts from the file length.
+            commits_since_stats: 1,
+            last_stats_at: None,
+            stats_spacing: STATS_REFRESH_INTERVAL,
             batch_cost: 0,
             batch_measured: None,
             auto_compactor,
@@ -324,9 +333,18 @@ impl Applier {
     /// it (APPLY-2).
     fn gather(&mut self, first: Proposal, proposals: &Receiver<Proposal>) -> Vec<Proposal> {
         let mut batch = vec![first];
+        let mut yields = 0;
         while batch.len() < self.shared.config.batch_requests_max {
-            let Ok(next) = proposals.try_recv() else {
-                break;
+            let next = match proposals.try_recv() {
+                Ok(next) => next,
+                // Callers answered by the last commit are resubmitting: give them one chance
+                // to join this batch (group commit), then commit what is there.
+                Err(_) if yields < GATHER_YIELDS_MAX && batch.len() > 1 => {
+                    yields += 1;
+                    std::thread::yield_now();
+                    continue;
+                }
+                Err(_) => break,
             };
             if is_compaction(&next) || matches!(next, Proposal::Defrag(_)) {
                 self.carried = Some(next);
@@ -363,19 +381,27 @@ impl Applier {
         }
     }
 
-    /// Refreshes the size-in-use figure readers see, when commits happened since the last
-    /// refresh and either the thread is idle or enough commits piled up (the figure costs a
-    /// walk of the page allocator, too much for every commit).
+    /// Refreshes the size-in-use figure readers see, only when the thread is idle, commits
+    /// happened since, and enough time passed: the figure costs a walk of every page (about
+    /// a second per GiB here), so it is spaced at least `STATS_REFRESH_INTERVAL` and twenty
+    /// times its own duration apart. Between refreshes admission uses the estimate, and
+    /// apply measures exactly when the estimate says a write might not fit (SPACE-2).
     fn refresh_stats(&mut self, idle: bool) {
-        if self.commits_since_stats == 0
-            || !(idle || self.commits_since_stats >= STATS_REFRESH_COMMITS)
-        {
+        let now = self.shared.config.clock.now();
+        let due = self
+            .last_stats_at
+            .is_none_or(|at| now.saturating_sub(at) >= self.stats_spacing);
+        if self.commits_since_stats == 0 || !idle || !due {
             return;
         }
+        // Wall-clock time of the walk, to space the next one; not an input to apply.
+        let started = std::time::Instant::now();
         if let Ok(in_use) = self.shared.store.size_in_use() {
             self.shared.space.measured(in_use);
             self.commits_since_stats = 0;
         }
+        self.last_stats_at = Some(now);
+        self.stats_spacing = STATS_REFRESH_INTERVAL.max(started.elapsed() * 20);
     }
 
     fn apply_writes(&mut self, writes: Vec<(WriteRequest, Sender<Result<WriteResponse>>)>) {

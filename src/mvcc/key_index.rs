@@ -78,6 +78,8 @@ impl KeyIndex {
     pub fn put(&mut self, rev: Revision, cost: u32) {
         debug_assert!(self.last_revision().is_none_or(|last| last < rev), "KI-1");
         if self.generations.is_empty() {
+            // Most keys never get a second generation: no spare capacity.
+            self.generations.reserve_exact(1);
             self.generations.push(Generation::default());
         }
         if let Some(generation) = self.generations.last_mut() {
@@ -94,6 +96,7 @@ impl KeyIndex {
     /// generation was created at `created` and has reached `version`.
     pub fn restore(&mut self, rev: Revision, created: i64, version: i64, cost: u32) {
         debug_assert!(self.generations.is_empty());
+        self.generations.reserve_exact(1);
         self.generations.push(Generation {
             version,
             created,

@@ -26,31 +26,30 @@ use crate::storage::{Snapshot, WriteBatch};
 
 /// A source of history records by revision.
 pub trait Records {
-    /// Returns the raw record at `rev`, if present.
-    fn raw(&self, rev: Revision) -> Result<Option<Vec<u8>>, StorageError>;
+    /// Returns the decoded record at `rev`, or `None` if absent.
+    fn get(&self, rev: Revision) -> Result<Option<Record>, StorageError>;
 
     /// Returns the decoded record at `rev`; a record the index names but storage lacks is
     /// corruption.
     fn record(&self, rev: Revision) -> Result<Record, StorageError> {
-        match self.raw(rev)? {
-            Some(bytes) => Record::decode(&bytes),
-            None => Err(StorageError::Corrupted(format!(
+        self.get(rev)?.ok_or_else(|| {
+            StorageError::Corrupted(format!(
                 "history record ({}, {}) named by the index is missing",
                 rev.main, rev.sub
-            ))),
-        }
+            ))
+        })
     }
 }
 
 impl Records for Snapshot {
-    fn raw(&self, rev: Revision) -> Result<Option<Vec<u8>>, StorageError> {
-        self.get_history(&rev.to_key())
+    fn get(&self, rev: Revision) -> Result<Option<Record>, StorageError> {
+        self.decode_history(&rev.to_key(), Record::decode)
     }
 }
 
 impl Records for WriteBatch<'_> {
-    fn raw(&self, rev: Revision) -> Result<Option<Vec<u8>>, StorageError> {
-        self.get_history(&rev.to_key())
+    fn get(&self, rev: Revision) -> Result<Option<Record>, StorageError> {
+        self.decode_history(&rev.to_key(), Record::decode)
     }
 }
 

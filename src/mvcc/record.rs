@@ -111,13 +111,16 @@ impl Record {
     /// Decodes `bytes` (REC-2).
     pub fn decode(bytes: &[u8]) -> Result<Record, StorageError> {
         let head = Record::decode_head(bytes)?;
+        // One allocation for key and value: both are slices of one copy of the record.
+        let owned = Bytes::copy_from_slice(&bytes[HEADER_BYTES..]);
+        let key_len = head.key.len();
         Ok(Record {
-            key: Bytes::copy_from_slice(head.key),
+            key: owned.slice(..key_len),
             tombstone: head.tombstone,
             create_revision: head.create_revision,
             version: head.version,
             lease: head.lease,
-            value: Bytes::copy_from_slice(&bytes[head.value_offset..]),
+            value: owned.slice(head.value_offset - HEADER_BYTES..),
         })
     }
 

@@ -125,17 +125,28 @@ impl Store {
 
     /// Writes a consistent, densely packed copy of `snapshot` to `path` (a new file) and
     /// closes it: what Maintenance.Snapshot streams. Returns the copy's length.
-    pub fn copy_to(&self, snapshot: &Snapshot, path: &Path, progress: &Progress) -> Result<u64, StorageError> {
+    pub fn copy_to(
+        &self,
+        snapshot: &Snapshot,
+        path: &Path,
+        progress: &Progress,
+    ) -> Result<u64, StorageError> {
         remove_if_present(path)?;
         let db = redb::Builder::new()
             .set_cache_size(self.cache_size_bytes)
             .create(path)
             .map_err(|e| open_error(path, e.into()))?;
-        let mut target = Target { db, path: path.to_path_buf(), last_history: None };
+        let mut target = Target {
+            db,
+            path: path.to_path_buf(),
+            last_history: None,
+        };
         target.copy_history(snapshot, progress)?;
         target.replace_small_tables(snapshot, &self.row_tables)?;
         target.db.close().map_err(storage_error)?;
-        fs::metadata(path).map(|m| m.len()).map_err(|e| io_error("stat", path, &e))
+        fs::metadata(path)
+            .map(|m| m.len())
+            .map_err(|e| io_error("stat", path, &e))
     }
 
     /// Removes an unfinished defrag copy (DEFRAG-2).

@@ -368,10 +368,17 @@ impl WriteBatch<'_> {
         Ok(())
     }
 
-    /// Reads the history record at `key` as this batch sees it.
-    pub fn get_history(&self, key: &RevisionKey) -> Result<Option<Vec<u8>>, StorageError> {
-        let got = self.history.get(key).map_err(storage_error)?;
-        Ok(got.map(|v| v.value().to_vec()))
+    /// Decodes the history record at `key`, as this batch sees it, straight from the
+    /// stored bytes.
+    pub fn decode_history<T>(
+        &self,
+        key: &RevisionKey,
+        decode: impl FnOnce(&[u8]) -> Result<T, StorageError>,
+    ) -> Result<Option<T>, StorageError> {
+        match self.history.get(key).map_err(storage_error)? {
+            Some(value) => decode(value.value()).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Deletes history records in `range` for which `delete` returns true; returns how many
@@ -455,8 +462,19 @@ pub struct Snapshot {
 impl Snapshot {
     /// Reads the history record at `key`.
     pub fn get_history(&self, key: &RevisionKey) -> Result<Option<Vec<u8>>, StorageError> {
-        let got = self.history.get(key).map_err(storage_error)?;
-        Ok(got.map(|v| v.value().to_vec()))
+        self.decode_history(key, |bytes| Ok(bytes.to_vec()))
+    }
+
+    /// Decodes the history record at `key` straight from the stored bytes.
+    pub fn decode_history<T>(
+        &self,
+        key: &RevisionKey,
+        decode: impl FnOnce(&[u8]) -> Result<T, StorageError>,
+    ) -> Result<Option<T>, StorageError> {
+        match self.history.get(key).map_err(storage_error)? {
+            Some(value) => decode(value.value()).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Calls `visit` for each history record in `range`, in revision order, until it returns
