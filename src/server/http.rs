@@ -36,6 +36,7 @@ use crate::server::lease::LeaseService;
 use crate::server::maintenance::MaintenanceService;
 use crate::server::metrics::{EngineGauges, Metrics, StreamGauges};
 use crate::server::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, Node};
+use crate::server::operator;
 use crate::server::pb::etcdserverpb::auth_server::AuthServer;
 use crate::server::pb::etcdserverpb::cluster_server::ClusterServer;
 use crate::server::pb::etcdserverpb::kv_server::KvServer;
@@ -89,6 +90,14 @@ pub fn router(node: Arc<Node>, metrics: Arc<Metrics>, max_receive_bytes: usize) 
         .route("/health", get(health).with_state(shared.clone()))
         .route("/version", get(version))
         .route("/metrics", get(metrics_text).with_state(shared.clone()))
+        .route(
+            "/api/v1",
+            axum::routing::post(operator::api).with_state(shared.node.clone()),
+        )
+        .route(
+            "/roles",
+            get(operator::roles).with_state(shared.node.clone()),
+        )
         .fallback(fallback)
         .layer(middleware::from_fn_with_state(shared, track))
 }
@@ -185,6 +194,7 @@ async fn metrics_text(State(shared): State<Shared>) -> Response {
                 status: engine.status()?,
                 watchers: engine.watchers()?,
                 leases: engine.lease_leases()?.leases.len(),
+                roles: engine.roles()?,
             })
         })
         .await

@@ -12,16 +12,22 @@
 //! - MET-2: histogram buckets are cumulative in the output and `_count` equals the `+Inf`
 //!   bucket.
 //! - MET-3: engine gauges are read at scrape time from the engine's status, never cached.
+//! - MET-4: the per-role quota gauges (`kvd_quota_*`) exist only for roles with a non-default
+//!   quota, as Mesos's allocator metrics (`shared/spec/mesos.md` §5.4): they appear with the
+//!   registry entry and are gone once the role is reset to the default quota. The root role
+//!   `""` never has one (§10 Q8).
 //!
 //! Contact points: `server::http` records every gRPC request here and serves `/metrics`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use tonic::Code;
 
+use crate::accounting::RoleUsage;
 use crate::api;
+use crate::quota::{QuotaConfig, Scalar};
 use crate::sync::{Mutex, lock};
 
 /// Upper bounds of the latency buckets in microseconds (etcd's gRPC handling buckets,
@@ -87,6 +93,9 @@ impl Metrics {
         let mut out = String::new();
         render_engine(&mut out, engine);
         render_streams(&mut out, streams);
+        if let Some(engine) = engine {
+            render_quota(&mut out, &engine.roles);
+        }
         let methods = lock(&self.methods).clone();
         render_requests(&mut out, &methods);
         out
@@ -102,6 +111,8 @@ pub struct EngineGauges {
     pub watchers: usize,
     /// Leases granted and not yet revoked or expired.
     pub leases: usize,
+    /// Every role with a quota, consumption or a reservation (MET-4 picks the quota roles).
+    pub roles: Vec<RoleUsage>,
 }
 
 /// The long-lived gRPC streams open at scrape time.
@@ -181,6 +192,118 @@ fn render_streams(out: &mut String, streams: &StreamGauges) {
         "{name}{{stream=\"lease_keep_alive\"}} {}",
         streams.keep_alive
     );
+}
+
+/// One per-role quota gauge family: its name, help text, and the series of one role as
+/// (resource, milli-units).
+type QuotaFamily = (
+    &'static str,
+    &'static str,
+    fn(&RoleUsage, &QuotaConfig) -> Vec<(String, i64)>,
+);
+
+/// The per-role quota gauge families (MET-4), in Mesos's order (spec §5.4).
+const QUOTA_FAMILIES: [QuotaFamily; 4] = [
+    (
+        "kvd_quota_guarantee",
+        "Quota guarantee of a role, in units of the resource.",
+        guarantee_series,
+    ),
+    (
+        "kvd_quota_limit",
+        "Quota limit of a role, in units of the resource (0 is a limit).",
+        limit_series,
+    ),
+    (
+        "kvd_quota_consumed",
+        "Quota consumption of a role and its subtree: allocations plus unallocated reservations.",
+        consumed_series,
+    ),
+    (
+        "kvd_quota_offered_or_allocated",
+        "Offered plus allocated amount of each resource the role's quota names.",
+        offered_or_allocated_series,
+    ),
+];
+
+/// Renders the per-role quota gauges of the roles with a registry entry (MET-4), in units.
+fn render_quota(out: &mut String, roles: &[RoleUsage]) {
+    let with_quota: Vec<(&RoleUsage, &QuotaConfig)> = roles
+        .iter()
+        .filter_map(|role| role.quota.as_ref().map(|config| (role, config)))
+        .collect();
+    for (name, help, series) in QUOTA_FAMILIES {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (role, config) in &with_quota {
+            let label = escape(&role.role);
+            for (resource, milli) in series(role, config) {
+                let _ = writeln!(
+                    out,
+                    "{name}{{role=\"{label}\",resource=\"{}\"}} {}",
+                    escape(&resource),
+                    units(milli)
+                );
+            }
+        }
+    }
+}
+
+/// One series per guaranteed resource (guarantees never hold zeros).
+fn guarantee_series(_: &RoleUsage, config: &QuotaConfig) -> Vec<(String, i64)> {
+    config
+        .guarantees
+        .iter()
+        .map(|(name, value)| (name.to_owned(), value.milli()))
+        .collect()
+}
+
+/// One series per limited resource, a zero limit included.
+fn limit_series(_: &RoleUsage, config: &QuotaConfig) -> Vec<(String, i64)> {
+    config
+        .limits
+        .iter()
+        .map(|(name, value)| (name.to_owned(), value.milli()))
+        .collect()
+}
+
+/// One series per resource the role (with its subtree) consumes, as Mesos publishes
+/// `consumed` only while it is not zero.
+fn consumed_series(role: &RoleUsage, _: &QuotaConfig) -> Vec<(String, i64)> {
+    role.resources
+        .iter()
+        .map(|(name, counters)| (name.clone(), counters.consumed()))
+        .filter(|(_, milli)| *milli != 0)
+        .collect()
+}
+
+/// One series per resource the quota names (guarantees and limits), zero when unused.
+fn offered_or_allocated_series(role: &RoleUsage, config: &QuotaConfig) -> Vec<(String, i64)> {
+    let names: BTreeSet<&str> = config
+        .guarantees
+        .iter()
+        .chain(config.limits.iter())
+        .map(|(name, _)| name)
+        .collect();
+    names
+        .into_iter()
+        .map(|name| {
+            let counters = role.resources.get(name).copied().unwrap_or_default();
+            (
+                name.to_owned(),
+                counters.allocated.saturating_add(counters.offered),
+            )
+        })
+        .collect()
+}
+
+/// Returns milli-units as a number of units, printed as Mesos prints scalars.
+fn units(milli: i64) -> String {
+    let magnitude = Scalar::from_milli(milli.saturating_abs()).unwrap_or(Scalar::MAX);
+    if milli < 0 {
+        format!("-{magnitude}")
+    } else {
+        magnitude.to_string()
+    }
 }
 
 /// Converts a count to the gauge's integer type (a `usize` always fits in an `i128`).
@@ -331,6 +454,7 @@ mod tests {
             status,
             watchers: 3,
             leases: 2,
+            roles: Vec::new(),
         };
         let streams = StreamGauges {
             watch: 1,
@@ -350,6 +474,52 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }
+    }
+
+    #[test]
+    fn quota_gauges_exist_only_for_roles_with_a_quota() {
+        use crate::accounting::Counters;
+        use crate::quota::{ResourceLimits, ResourceQuantities};
+        let mut guarantees = ResourceQuantities::default();
+        guarantees.add_resource("cpus", Scalar::from_units(1));
+        let mut limits = ResourceLimits::default();
+        limits.set("cpus", Scalar::from_units(10));
+        limits.set("mem", Scalar::ZERO);
+        let counters = Counters {
+            allocated: 1500,
+            reserved: 2000,
+            reserved_in_use: 500,
+            offered: 0,
+        };
+        let dev = RoleUsage {
+            role: "dev".into(),
+            quota: Some(QuotaConfig {
+                role: "dev".into(),
+                guarantees,
+                limits,
+            }),
+            resources: [("cpus".to_owned(), counters)].into(),
+        };
+        let star = RoleUsage {
+            role: "*".into(),
+            quota: None,
+            resources: [("kv_keys".to_owned(), counters)].into(),
+        };
+        let mut out = String::new();
+        render_quota(&mut out, &[star, dev]);
+        let series: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            series,
+            [
+                "kvd_quota_guarantee{role=\"dev\",resource=\"cpus\"} 1",
+                "kvd_quota_limit{role=\"dev\",resource=\"cpus\"} 10",
+                "kvd_quota_limit{role=\"dev\",resource=\"mem\"} 0",
+                "kvd_quota_consumed{role=\"dev\",resource=\"cpus\"} 3",
+                "kvd_quota_offered_or_allocated{role=\"dev\",resource=\"cpus\"} 1.5",
+                "kvd_quota_offered_or_allocated{role=\"dev\",resource=\"mem\"} 0",
+            ]
+        );
+        assert_eq!(out.lines().filter(|l| l.starts_with("# TYPE")).count(), 4);
     }
 
     #[test]

@@ -21,7 +21,8 @@
 //! tests drive the server through the `kvd` binary and the generated clients in [`pb`].
 //! Module map: `authority` (repairs the HTTP/2 authority of etcd 3.4 clients), `http`
 //! (router, metrics layer, HTTP routes), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
-//! `auth` (answers "auth disabled"), `convert` (pb ↔ api), `status` (errors → gRPC),
+//! `auth` (answers "auth disabled"), `operator` (the quota operator API: `POST /api/v1`,
+//! `GET /roles`), `convert` (pb ↔ api), `status` (errors → gRPC),
 //! `identity` (ids on disk), `metrics`, `node` (shared state), `bench` (the load generator
 //! of `kvd bench`, a client of any etcd endpoint).
 
@@ -37,6 +38,7 @@ mod lease;
 mod maintenance;
 mod metrics;
 mod node;
+mod operator;
 pub mod pb;
 mod status;
 mod watch;

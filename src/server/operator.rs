@@ -1,0 +1,869 @@
+//! The operator API on the client port: Mesos's v1 operator calls for quota on
+//! `POST /api/v1` (`UPDATE_QUOTA`, `GET_QUOTA`), kvd's calls for agents, reservations,
+//! allocations and consumption reconciliation on the same endpoint, and Mesos's `GET /roles`
+//! (`shared/spec/mesos.md` §3–§5; `docs/api.md` is the reference with examples).
+//!
+//! Owns: the JSON shapes of these requests and answers, the decoding of a request and the
+//! messages for a malformed one, and the HTTP code of every engine error an operator call can
+//! return.
+//!
+//! Invariants:
+//! - OPS-1: a request is decoded completely before the engine is called, so a malformed
+//!   request changes nothing; it gets a 4xx whose plain-text body says what is wrong and
+//!   where (`Failed to parse body into JSON: ...`, `Failed to convert JSON into Call protobuf:
+//!   ...` naming the field, `Failed to validate master::Call: Expecting '<field>' to be
+//!   present`), in Mesos's order of checks (`Content-Type`, `Accept`, JSON, shape).
+//! - OPS-2: engine calls run on the blocking pool (NODE-1), one engine call per request.
+//! - OPS-3: every engine error becomes an HTTP answer through one exhaustive `match` with no
+//!   `_` arm ([`http_code`]). A refused request (`QuotaRequest`, `QuotaExceeded`) is a 400
+//!   whose plain-text body is the engine's message verbatim: Mesos's text for UPDATE_QUOTA,
+//!   which operators and clients match.
+//! - OPS-4: a scalar is printed as Mesos prints it (QUOTA-2: three decimals, then fifteen
+//!   significant digits), as a JSON integer when that is whole (`{"value":1}`), else as the
+//!   shortest decimal that reads back as it (`1.2345` was stored as `1.235` and prints
+//!   `1.235`).
+//! - OPS-5: answers are deterministic: configurations and roles sorted by role, resources by
+//!   name, object keys in Mesos's order. Empty maps and lists are left out of GET_QUOTA, as
+//!   Mesos leaves them out; `/roles` always shows every field, `{}` when empty.
+//!
+//! Contact points: `server::http` routes `POST /api/v1` to [`api`] and `GET /roles` to
+//! [`roles`]; the engine's quota methods (`Engine::update_quota`, `get_quota`, `roles`,
+//! `register_agent`, `reserve`, `unreserve`, `allocate`, `release`, `consumption_drift`,
+//! `repair_consumption`) do the work; `server::metrics` renders the same registry and
+//! consumption as Prometheus gauges.
+
+use std::collections::BTreeMap;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+
+use crate::accounting::{AgentState, Counters, RoleUsage};
+use crate::engine::Engine;
+use crate::error::{Error, StorageError};
+use crate::quota::{QuotaConfig, RawQuotaConfig, SCALAR_MILLI_PER_UNIT, Scalar};
+use crate::server::node::Node;
+use crate::sync::Arc;
+
+/// Mesos's prefix for a body that is not JSON.
+const PARSE_PREFIX: &str = "Failed to parse body into JSON: ";
+/// Mesos's prefix for JSON that does not have the shape of a call.
+const CONVERT_PREFIX: &str = "Failed to convert JSON into Call protobuf: ";
+/// Mesos's prefix for a call that lacks the object its type needs.
+const VALIDATE_PREFIX: &str = "Failed to validate master::Call: ";
+/// How messages name the top-level object of a request.
+const ROOT_PATH: &str = "Call";
+/// The only media type the API reads and writes.
+const JSON_MEDIA_TYPE: &str = "application/json";
+/// The call types `POST /api/v1` serves, as the unknown-type message lists them.
+const CALL_TYPES: [&str; 8] = [
+    "GET_QUOTA",
+    "UPDATE_QUOTA",
+    "REGISTER_AGENT",
+    "RESERVE_RESOURCES",
+    "UNRESERVE_RESOURCES",
+    "ALLOCATE",
+    "RELEASE",
+    "RECONCILE_CONSUMPTION",
+];
+/// Whole doubles below this are exact integers (2^53).
+const WHOLE_F64_MAX: f64 = 9_007_199_254_740_992.0;
+/// The weight `/roles` shows: kvd has no role weights, and Mesos's default is 1.
+const ROLE_WEIGHT_DEFAULT: f64 = 1.0;
+
+/// One decoded `POST /api/v1` call (OPS-1: nothing in it is checked by the engine yet).
+#[derive(Debug, Clone, PartialEq)]
+enum Call {
+    GetQuota,
+    UpdateQuota {
+        configs: Vec<RawQuotaConfig>,
+        force: bool,
+    },
+    RegisterAgent {
+        id: String,
+        state: AgentState,
+        resources: BTreeMap<String, f64>,
+    },
+    Reserve {
+        id: String,
+        role: String,
+        agent: String,
+        resources: BTreeMap<String, f64>,
+    },
+    Unreserve {
+        id: String,
+    },
+    Allocate {
+        id: String,
+        role: String,
+        agent: String,
+        resources: BTreeMap<String, f64>,
+    },
+    Release {
+        id: String,
+    },
+    ReconcileConsumption {
+        repair: bool,
+    },
+}
+
+/// A request the API does not carry out: an HTTP code and a plain-text message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Refusal {
+    code: StatusCode,
+    message: String,
+}
+
+impl Refusal {
+    fn bad_request(message: String) -> Refusal {
+        Refusal {
+            code: StatusCode::BAD_REQUEST,
+            message,
+        }
+    }
+
+    /// Returns the refusal for an engine error (OPS-3).
+    fn from_engine(err: &Error) -> Refusal {
+        Refusal {
+            code: http_code(err),
+            message: err.to_string(),
+        }
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let mut response = (self.code, self.message).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        response
+    }
+}
+
+/// Returns the HTTP code of an engine error (OPS-3: no `_` arm).
+fn http_code(err: &Error) -> StatusCode {
+    match err {
+        // Mesos answers its validation errors with 400 and the message as the body.
+        Error::QuotaRequest(_) | Error::QuotaExceeded(_) | Error::InvalidArgument(_) => {
+            StatusCode::BAD_REQUEST
+        }
+        Error::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        Error::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+        Error::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
+        Error::Corrupt | Error::Closed => StatusCode::SERVICE_UNAVAILABLE,
+        // Key and lease errors: no operator call produces them. Should one arrive, it refused
+        // the request, so it is the client's 400 rather than a server failure.
+        Error::KeyNotProvided
+        | Error::KeyNotFound
+        | Error::ValueProvided
+        | Error::LeaseProvided
+        | Error::TooManyTxnOps
+        | Error::DuplicateKey
+        | Error::Compacted
+        | Error::FutureRevision
+        | Error::LeaseNotFound
+        | Error::LeaseExists
+        | Error::LeaseTtlTooLarge => StatusCode::BAD_REQUEST,
+        Error::Storage(storage) => match storage {
+            // The request may succeed once the operator repairs the disk and restarts.
+            StorageError::Locked { .. } | StorageError::Io(_) | StorageError::Poisoned(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            StorageError::Corrupted(_) | StorageError::UnsupportedSchema { .. } => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        },
+    }
+}
+
+/// `POST /api/v1`: decodes the call (OPS-1), runs it on the engine (OPS-2) and answers.
+pub async fn api(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes) -> Response {
+    let answer = match check_headers(&headers).and_then(|()| decode_call(&body)) {
+        Ok(call) => execute(&node, call).await,
+        Err(refusal) => Err(refusal),
+    };
+    match answer {
+        Ok(response) => response,
+        Err(refusal) => {
+            tracing::debug!(code = refusal.code.as_u16(), message = %refusal.message, "operator call refused");
+            refusal.into_response()
+        }
+    }
+}
+
+/// `GET /roles`: every role with a quota, consumption or a reservation (spec §5.2).
+pub async fn roles(State(node): State<Arc<Node>>) -> Response {
+    match run(&node, Engine::roles).await {
+        Ok(roles) => json_response(&roles_json(&roles)),
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+/// Checks the media types as Mesos's `/api/v1` does: a JSON body, and an answer the client
+/// accepts as JSON.
+fn check_headers(headers: &HeaderMap) -> Result<(), Refusal> {
+    let Some(content_type) = headers.get(header::CONTENT_TYPE) else {
+        return Err(Refusal::bad_request(
+            "Expecting 'Content-Type' to be present".to_owned(),
+        ));
+    };
+    if media_type(content_type).as_deref() != Some(JSON_MEDIA_TYPE) {
+        return Err(Refusal {
+            code: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            message: format!("Expecting 'Content-Type' of {JSON_MEDIA_TYPE}"),
+        });
+    }
+    let accepted = headers.get_all(header::ACCEPT).iter().all(|accept| {
+        accept.to_str().is_ok_and(|ranges| {
+            ranges.split(',').any(|range| {
+                let media = range.split(';').next().unwrap_or("").trim();
+                media.eq_ignore_ascii_case(JSON_MEDIA_TYPE)
+                    || media.eq_ignore_ascii_case("application/*")
+                    || media == "*/*"
+            })
+        })
+    });
+    if !accepted {
+        return Err(Refusal {
+            code: StatusCode::NOT_ACCEPTABLE,
+            message: format!("Expecting 'Accept' to allow {JSON_MEDIA_TYPE}"),
+        });
+    }
+    Ok(())
+}
+
+/// Returns the media type of a header value, lower case, without parameters.
+fn media_type(value: &HeaderValue) -> Option<String> {
+    let text = value.to_str().ok()?;
+    Some(text.split(';').next()?.trim().to_ascii_lowercase())
+}
+
+/// Decodes a call from its JSON body (OPS-1).
+fn decode_call(body: &[u8]) -> Result<Call, Refusal> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| Refusal::bad_request(format!("{PARSE_PREFIX}{e}")))?;
+    decode_value(&value)
+}
+
+/// Decodes a call from parsed JSON: the shape first, then the arguments its type needs.
+fn decode_value(value: &Value) -> Result<Call, Refusal> {
+    let convert = |message: String| Refusal::bad_request(format!("{CONVERT_PREFIX}{message}"));
+    let call = Fields::of(value, ROOT_PATH).map_err(convert)?;
+    let Some(kind) = call.string("type").map_err(convert)? else {
+        return Err(Refusal::bad_request(format!(
+            "{VALIDATE_PREFIX}Expecting 'type' to be present"
+        )));
+    };
+    // The object that carries a type's arguments is named after the type in lower case.
+    let field = kind.to_ascii_lowercase();
+    let decoded = match kind {
+        "GET_QUOTA" => Ok(Call::GetQuota),
+        "UPDATE_QUOTA" => decode_update_quota(&required(&call, &field)?),
+        "REGISTER_AGENT" => decode_agent(&required(&call, &field)?),
+        "RESERVE_RESOURCES" => {
+            decode_record(&required(&call, &field)?).map(|(id, role, agent, resources)| {
+                Call::Reserve {
+                    id,
+                    role,
+                    agent,
+                    resources,
+                }
+            })
+        }
+        "UNRESERVE_RESOURCES" => {
+            decode_id(&required(&call, &field)?).map(|id| Call::Unreserve { id })
+        }
+        "ALLOCATE" => {
+            decode_record(&required(&call, &field)?).map(|(id, role, agent, resources)| {
+                Call::Allocate {
+                    id,
+                    role,
+                    agent,
+                    resources,
+                }
+            })
+        }
+        "RELEASE" => decode_id(&required(&call, &field)?).map(|id| Call::Release { id }),
+        "RECONCILE_CONSUMPTION" => match call.object(&field).map_err(convert)? {
+            Some(f) => f.bool("repair").map(|repair| Call::ReconcileConsumption {
+                repair: repair.unwrap_or(false),
+            }),
+            None => Ok(Call::ReconcileConsumption { repair: false }),
+        },
+        unknown => Err(format!(
+            "Unknown call type '{unknown}'; kvd serves {}",
+            CALL_TYPES.join(", ")
+        )),
+    };
+    decoded.map_err(convert)
+}
+
+/// Returns the object `field` of `call`, which its type needs (Mesos's validation message if
+/// it is absent).
+fn required<'v>(call: &Fields<'v>, field: &str) -> Result<Fields<'v>, Refusal> {
+    match call.object(field) {
+        Ok(Some(fields)) => Ok(fields),
+        Ok(None) => Err(Refusal::bad_request(format!(
+            "{VALIDATE_PREFIX}Expecting '{field}' to be present"
+        ))),
+        Err(message) => Err(Refusal::bad_request(format!("{CONVERT_PREFIX}{message}"))),
+    }
+}
+
+fn decode_id(fields: &Fields<'_>) -> Result<String, String> {
+    Ok(fields.required_string("id")?.to_owned())
+}
+
+fn decode_update_quota(fields: &Fields<'_>) -> Result<Call, String> {
+    let force = fields.bool("force")?.unwrap_or(false);
+    let mut configs = Vec::new();
+    for (i, item) in fields.array("quota_configs")?.iter().enumerate() {
+        let config = Fields::of(item, &format!("{}.quota_configs[{i}]", fields.path))?;
+        configs.push(RawQuotaConfig {
+            role: config.required_string("role")?.to_owned(),
+            guarantees: config.scalars("guarantees")?,
+            limits: config.scalars("limits")?,
+        });
+    }
+    Ok(Call::UpdateQuota { configs, force })
+}
+
+fn decode_agent(fields: &Fields<'_>) -> Result<Call, String> {
+    let state = match fields.string("state")? {
+        None | Some("REGISTERED") => AgentState::Registered,
+        Some("UNREACHABLE") => AgentState::Unreachable,
+        Some("GONE") => AgentState::Gone,
+        Some(other) => {
+            return Err(format!(
+                "Unknown agent state '{other}' for field '{}.state'; expected REGISTERED, \
+                 UNREACHABLE or GONE",
+                fields.path
+            ));
+        }
+    };
+    Ok(Call::RegisterAgent {
+        id: fields.required_string("agent_id")?.to_owned(),
+        state,
+        resources: fields.scalars("resources")?,
+    })
+}
+
+/// Returns the id, role, agent and resources of a reservation or an allocation.
+fn decode_record(
+    fields: &Fields<'_>,
+) -> Result<(String, String, String, BTreeMap<String, f64>), String> {
+    Ok((
+        fields.required_string("id")?.to_owned(),
+        fields.required_string("role")?.to_owned(),
+        fields.required_string("agent_id")?.to_owned(),
+        fields.scalars("resources")?,
+    ))
+}
+
+/// A JSON object being decoded, with its path for messages (`update_quota.quota_configs[0]`).
+/// A field that is `null` counts as absent.
+struct Fields<'a> {
+    map: &'a Map<String, Value>,
+    path: String,
+}
+
+impl<'a> Fields<'a> {
+    /// Returns `value` as an object at `path`, or says what it is instead.
+    fn of(value: &'a Value, path: &str) -> Result<Fields<'a>, String> {
+        match value {
+            Value::Object(map) => Ok(Fields {
+                map,
+                path: path.to_owned(),
+            }),
+            other => Err(wrong_type("object", other, path)),
+        }
+    }
+
+    /// Returns the path of field `name`; the top-level object is the call itself (`Call` in
+    /// messages about it), so its fields are named without a prefix (`update_quota.force`).
+    fn field_path(&self, name: &str) -> String {
+        if self.path == ROOT_PATH {
+            name.to_owned()
+        } else {
+            format!("{}.{name}", self.path)
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<&'a Value> {
+        self.map.get(name).filter(|v| !v.is_null())
+    }
+
+    fn string(&self, name: &str) -> Result<Option<&'a str>, String> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(other) => Err(wrong_type("string", other, &self.field_path(name))),
+        }
+    }
+
+    fn required_string(&self, name: &str) -> Result<&'a str, String> {
+        self.string(name)?
+            .ok_or_else(|| format!("Missing required fields: {}", self.field_path(name)))
+    }
+
+    fn bool(&self, name: &str) -> Result<Option<bool>, String> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(other) => Err(wrong_type("boolean", other, &self.field_path(name))),
+        }
+    }
+
+    fn object(&self, name: &str) -> Result<Option<Fields<'a>>, String> {
+        self.get(name)
+            .map(|value| Fields::of(value, &self.field_path(name)))
+            .transpose()
+    }
+
+    /// Returns the array `name`; an absent one is empty (a repeated protobuf field).
+    fn array(&self, name: &str) -> Result<&'a [Value], String> {
+        match self.get(name) {
+            None => Ok(&[]),
+            Some(Value::Array(items)) => Ok(items),
+            Some(other) => Err(wrong_type("array", other, &self.field_path(name))),
+        }
+    }
+
+    /// Returns the map `name` of `Value.Scalar`s (`{"cpus":{"value":1}}`) as raw doubles;
+    /// absent is empty. A value may be a JSON number or a string holding one (`"inf"`,
+    /// `"nan"`), as Mesos's JSON conversion accepts strings for numeric fields; the engine
+    /// judges the double.
+    fn scalars(&self, name: &str) -> Result<BTreeMap<String, f64>, String> {
+        let Some(value) = self.get(name) else {
+            return Ok(BTreeMap::new());
+        };
+        let map = Fields::of(value, &self.field_path(name))?;
+        let mut out = BTreeMap::new();
+        for (resource, entry) in map.map {
+            let entry = Fields::of(entry, &format!("{}[{resource}]", map.path))?;
+            let path = entry.field_path("value");
+            let number = match entry.get("value") {
+                None => return Err(format!("Missing required fields: {path}")),
+                Some(Value::Number(n)) => n.as_f64(),
+                Some(Value::String(s)) => s.trim().parse::<f64>().ok(),
+                Some(other) => return Err(wrong_type("number", other, &path)),
+            };
+            let Some(number) = number else {
+                return Err(format!(
+                    "Failed to parse {} as a number for field '{path}'",
+                    entry
+                        .get("value")
+                        .map_or_else(String::new, Value::to_string)
+                ));
+            };
+            out.insert(resource.clone(), number);
+        }
+        Ok(out)
+    }
+}
+
+/// Returns the message for a field of the wrong JSON type.
+fn wrong_type(expected: &str, found: &Value, path: &str) -> String {
+    let found = match found {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    format!("Expecting a JSON {expected} for field '{path}', found a JSON {found}")
+}
+
+/// Runs `f` on the engine's blocking pool (OPS-2) and maps its error (OPS-3).
+async fn run<T, F>(node: &Node, f: F) -> Result<T, Refusal>
+where
+    F: FnOnce(&Engine) -> crate::Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    // The engine's own error is kept (not turned into a gRPC status) so that it maps to
+    // its HTTP code; the outer error is only a task that did not finish.
+    match node.call(move |engine| Ok(f(engine))).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(err)) => Err(Refusal::from_engine(&err)),
+        Err(status) => Err(Refusal {
+            code: if status.code() == tonic::Code::Unavailable {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::INTERNAL_SERVER_ERROR
+            },
+            message: status.message().to_owned(),
+        }),
+    }
+}
+
+/// Runs a decoded call and returns its answer.
+async fn execute(node: &Node, call: Call) -> Result<Response, Refusal> {
+    match call {
+        Call::GetQuota => {
+            let configs = run(node, Engine::get_quota).await?;
+            Ok(json_response(&get_quota_json(&configs)))
+        }
+        Call::UpdateQuota { configs, force } => {
+            let roles: Vec<String> = configs.iter().map(|c| c.role.clone()).collect();
+            run(node, move |engine| engine.update_quota(configs, force)).await?;
+            tracing::info!(roles = ?roles, force, "quota updated");
+            Ok(StatusCode::OK.into_response())
+        }
+        Call::RegisterAgent {
+            id,
+            state,
+            resources,
+        } => {
+            let logged = id.clone();
+            run(node, move |engine| {
+                engine.register_agent(&id, state, resources)
+            })
+            .await?;
+            tracing::info!(agent = %logged, state = ?state, "agent registered");
+            Ok(StatusCode::OK.into_response())
+        }
+        Call::Reserve {
+            id,
+            role,
+            agent,
+            resources,
+        } => {
+            let logged = (id.clone(), role.clone());
+            run(node, move |engine| {
+                engine.reserve(&id, &role, &agent, resources)
+            })
+            .await?;
+            tracing::info!(id = %logged.0, role = %logged.1, "resources reserved");
+            Ok(StatusCode::OK.into_response())
+        }
+        Call::Unreserve { id } => {
+            let logged = id.clone();
+            run(node, move |engine| engine.unreserve(&id)).await?;
+            tracing::info!(id = %logged, "reservation removed");
+            Ok(StatusCode::OK.into_response())
+        }
+        Call::Allocate {
+            id,
+            role,
+            agent,
+            resources,
+        } => {
+            let logged = (id.clone(), role.clone());
+            run(node, move |engine| {
+                engine.allocate(&id, &role, &agent, resources)
+            })
+            .await?;
+            tracing::info!(id = %logged.0, role = %logged.1, "resources allocated");
+            Ok(StatusCode::OK.into_response())
+        }
+        Call::Release { id } => {
+            let logged = id.clone();
+            run(node, move |engine| engine.release(&id)).await?;
+            tracing::info!(id = %logged, "allocation released");
+            Ok(StatusCode::OK.into_response())
+        }
+        Call::ReconcileConsumption { repair } => {
+            let drift = run(node, Engine::consumption_drift).await?;
+            let repaired = if repair {
+                let changed = run(node, Engine::repair_consumption).await?;
+                tracing::info!(
+                    drifted = drift.len(),
+                    repaired = changed,
+                    "consumption reconciled"
+                );
+                Some(changed)
+            } else {
+                None
+            };
+            Ok(json_response(&reconcile_json(&drift, repaired)))
+        }
+    }
+}
+
+/// Returns a 200 with a JSON body.
+fn json_response(body: &Value) -> Response {
+    let mut response = (StatusCode::OK, body.to_string()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(JSON_MEDIA_TYPE),
+    );
+    response
+}
+
+/// Returns milli-units as a JSON number in units (OPS-4).
+fn units(milli: i64) -> Value {
+    if milli % SCALAR_MILLI_PER_UNIT == 0 {
+        return Value::from(milli / SCALAR_MILLI_PER_UNIT);
+    }
+    // Scalar prints Mesos's way (three decimals, then %.15g); the shortest double that reads
+    // back as that text prints as the same digits.
+    let magnitude = Scalar::from_milli(milli.saturating_abs()).unwrap_or(Scalar::MAX);
+    let value = magnitude.to_string().parse::<f64>().unwrap_or(f64::NAN);
+    let value = if milli < 0 { -value } else { value };
+    // Fifteen significant digits can round a fraction away (1000000000000.001 prints as
+    // 1000000000000): print what is left as an integer too.
+    if value.fract() == 0.0 && value.abs() < WHOLE_F64_MAX {
+        // Exact: a whole double below 2^53 converts to i64 without loss.
+        return Value::from(value as i64);
+    }
+    Value::from(value)
+}
+
+/// Returns `{"name": number, ...}` for resources with non-zero amounts, sorted by name.
+fn quantities_json<'a>(amounts: impl IntoIterator<Item = (&'a str, i64)>) -> Value {
+    Value::Object(
+        amounts
+            .into_iter()
+            .filter(|(_, milli)| *milli != 0)
+            .map(|(name, milli)| (name.to_owned(), units(milli)))
+            .collect(),
+    )
+}
+
+/// Returns `{"name": {"value": number}, ...}`, a protobuf `map<string, Value.Scalar>`.
+fn scalar_map_json<'a>(entries: impl IntoIterator<Item = (&'a str, Scalar)>) -> Map<String, Value> {
+    entries
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), json!({ "value": units(value.milli()) })))
+        .collect()
+}
+
+/// The GET_QUOTA answer (spec §5.1): legacy `infos` (guarantees only) and `configs`, empty
+/// maps and lists left out.
+fn get_quota_json(configs: &[QuotaConfig]) -> Value {
+    let mut status = Map::new();
+    if !configs.is_empty() {
+        let infos: Vec<Value> = configs.iter().map(info_json).collect();
+        let configs: Vec<Value> = configs.iter().map(config_json).collect();
+        status.insert("infos".to_owned(), Value::Array(infos));
+        status.insert("configs".to_owned(), Value::Array(configs));
+    }
+    json!({ "type": "GET_QUOTA", "get_quota": { "status": status } })
+}
+
+/// A legacy `QuotaInfo`: the role and its guarantees as scalar `Resource`s.
+fn info_json(config: &QuotaConfig) -> Value {
+    let mut info = Map::new();
+    info.insert("role".to_owned(), Value::from(config.role.as_str()));
+    let guarantee: Vec<Value> = config
+        .guarantees
+        .iter()
+        .map(|(name, value)| {
+            json!({ "name": name, "type": "SCALAR", "scalar": { "value": units(value.milli()) } })
+        })
+        .collect();
+    if !guarantee.is_empty() {
+        info.insert("guarantee".to_owned(), Value::Array(guarantee));
+    }
+    Value::Object(info)
+}
+
+/// A `QuotaConfig`; a zero limit is kept, empty maps are left out.
+fn config_json(config: &QuotaConfig) -> Value {
+    let mut out = Map::new();
+    out.insert("role".to_owned(), Value::from(config.role.as_str()));
+    let guarantees = scalar_map_json(config.guarantees.iter());
+    if !guarantees.is_empty() {
+        out.insert("guarantees".to_owned(), Value::Object(guarantees));
+    }
+    let limits = scalar_map_json(config.limits.iter());
+    if !limits.is_empty() {
+        out.insert("limits".to_owned(), Value::Object(limits));
+    }
+    Value::Object(out)
+}
+
+/// The `/roles` answer (spec §5.2). kvd has no frameworks and no weights: `frameworks` is
+/// always empty and `weight` is Mesos's default.
+fn roles_json(roles: &[RoleUsage]) -> Value {
+    let roles: Vec<Value> = roles.iter().map(role_json).collect();
+    json!({ "roles": roles })
+}
+
+fn role_json(role: &RoleUsage) -> Value {
+    let counters = |f: fn(&Counters) -> i64| {
+        quantities_json(role.resources.iter().map(|(n, c)| (n.as_str(), f(c))))
+    };
+    let (guarantee, limit) = match &role.quota {
+        Some(config) => (
+            quantities_json(config.guarantees.iter().map(|(n, v)| (n, v.milli()))),
+            // A zero limit is a limit: it stays in the map.
+            Value::Object(
+                config
+                    .limits
+                    .iter()
+                    .map(|(n, v)| (n.to_owned(), units(v.milli())))
+                    .collect(),
+            ),
+        ),
+        None => (json!({}), json!({})),
+    };
+    json!({
+        "name": role.role,
+        "weight": ROLE_WEIGHT_DEFAULT,
+        "quota": {
+            "role": role.role,
+            "guarantee": guarantee,
+            "limit": limit,
+            "consumed": counters(Counters::consumed),
+        },
+        "allocated": counters(|c| c.allocated),
+        "offered": counters(|c| c.offered),
+        "reserved": counters(|c| c.reserved),
+        // Mesos's deprecated field: allocated plus offered.
+        "resources": counters(|c| c.allocated.saturating_add(c.offered)),
+        "frameworks": [],
+    })
+}
+
+/// One drift entry's counters, in units.
+fn counters_json(c: &Counters) -> Value {
+    json!({
+        "allocated": units(c.allocated),
+        "reserved": units(c.reserved),
+        "reserved_in_use": units(c.reserved_in_use),
+        "offered": units(c.offered),
+        "consumed": units(c.consumed()),
+    })
+}
+
+/// The RECONCILE_CONSUMPTION answer: the drift found, and with `repair` how many rows the
+/// repair changed.
+fn reconcile_json(
+    drift: &[(String, String, Counters, Counters)],
+    repaired: Option<usize>,
+) -> Value {
+    let entries: Vec<Value> = drift
+        .iter()
+        .map(|(role, resource, counted, recounted)| {
+            json!({
+                "role": role,
+                "resource": resource,
+                "counted": counters_json(counted),
+                "recounted": counters_json(recounted),
+            })
+        })
+        .collect();
+    let mut body = Map::new();
+    body.insert("drift".to_owned(), Value::Array(entries));
+    if let Some(changed) = repaired {
+        body.insert("repaired".to_owned(), Value::from(changed));
+    }
+    json!({ "type": "RECONCILE_CONSUMPTION", "reconcile_consumption": body })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(body: &str) -> Result<Call, String> {
+        decode_call(body.as_bytes()).map_err(|r| r.message)
+    }
+
+    #[test]
+    fn units_print_as_mesos_prints_scalars() {
+        let cases: [(i64, &str); 9] = [
+            (1000, "1"),
+            (0, "0"),
+            (500, "0.5"),
+            (1235, "1.235"),
+            (2_048_000, "2048"),
+            (1, "0.001"),
+            (-1500, "-1.5"),
+            // Fifteen significant digits, as Mesos prints them.
+            (1_000_000_000_000_001, "1000000000000"),
+            (1_000_000_000_000_500, "1000000000000.5"),
+        ];
+        for (milli, text) in cases {
+            assert_eq!(units(milli).to_string(), text, "{milli}");
+        }
+    }
+
+    #[test]
+    fn calls_decode_with_defaults() {
+        assert_eq!(decode(r#"{"type":"GET_QUOTA"}"#), Ok(Call::GetQuota));
+        assert_eq!(
+            decode(r#"{"type":"UPDATE_QUOTA","update_quota":{}}"#),
+            Ok(Call::UpdateQuota {
+                configs: vec![],
+                force: false
+            })
+        );
+        assert_eq!(
+            decode(r#"{"type":"REGISTER_AGENT","register_agent":{"agent_id":"a"}}"#),
+            Ok(Call::RegisterAgent {
+                id: "a".into(),
+                state: AgentState::Registered,
+                resources: BTreeMap::new()
+            })
+        );
+        assert_eq!(
+            decode(r#"{"type":"RECONCILE_CONSUMPTION"}"#),
+            Ok(Call::ReconcileConsumption { repair: false })
+        );
+        let limits = decode(
+            r#"{"type":"UPDATE_QUOTA","update_quota":{"quota_configs":[{"role":"r","limits":{"cpus":{"value":"inf"},"mem":{"value":2}}}]}}"#,
+        );
+        let Ok(Call::UpdateQuota { configs, .. }) = limits else {
+            panic!("{limits:?}");
+        };
+        assert_eq!(configs[0].limits["mem"], 2.0);
+        assert!(configs[0].limits["cpus"].is_infinite());
+    }
+
+    #[test]
+    fn malformed_calls_name_the_field() {
+        let cases = [
+            (
+                r#"{"type":"UPDATE_QUOTA","update_quota":{"quota_configs":[{"limits":{}}]}}"#,
+                "Failed to convert JSON into Call protobuf: Missing required fields: update_quota.quota_configs[0].role",
+            ),
+            (
+                r#"{"type":"UPDATE_QUOTA","update_quota":{"quota_configs":[{"role":"r","limits":{"cpus":{}}}]}}"#,
+                "Failed to convert JSON into Call protobuf: Missing required fields: update_quota.quota_configs[0].limits[cpus].value",
+            ),
+            (
+                r#"{"type":"UPDATE_QUOTA","update_quota":{"quota_configs":[{"role":"r","limits":{"cpus":{"value":"lots"}}}]}}"#,
+                "Failed to convert JSON into Call protobuf: Failed to parse \"lots\" as a number for field 'update_quota.quota_configs[0].limits[cpus].value'",
+            ),
+            (
+                r#"{"type":7}"#,
+                "Failed to convert JSON into Call protobuf: Expecting a JSON string for field 'type', found a JSON number",
+            ),
+            (
+                r#"[]"#,
+                "Failed to convert JSON into Call protobuf: Expecting a JSON object for field 'Call', found a JSON array",
+            ),
+            (
+                r#"{"type":"RELEASE"}"#,
+                "Failed to validate master::Call: Expecting 'release' to be present",
+            ),
+        ];
+        for (body, message) in cases {
+            assert_eq!(decode(body), Err(message.to_owned()), "{body}");
+        }
+    }
+
+    #[test]
+    fn every_engine_refusal_is_a_client_error() {
+        for err in [
+            Error::QuotaRequest("x".into()),
+            Error::QuotaExceeded("x".into()),
+            Error::InvalidArgument("x".into()),
+        ] {
+            let refusal = Refusal::from_engine(&err);
+            assert_eq!(refusal.code, StatusCode::BAD_REQUEST);
+            assert_eq!(refusal.message, err.to_string());
+        }
+        assert_eq!(http_code(&Error::Closed), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            http_code(&Error::TooManyRequests),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+}
