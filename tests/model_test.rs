@@ -1,31 +1,39 @@
-//! Reference-model tests of the engine's KV semantics (etcd 3.6: revisions, Range, Put,
-//! DeleteRange, Txn, compaction, HashKV, reopen).
+//! Reference-model tests of the engine's KV, lease and watch semantics (etcd 3.6: revisions,
+//! Range, Put, DeleteRange, Txn, compaction, HashKV, reopen, leases with expiry on a manual
+//! clock, watches from any revision).
 //!
 //! - `model_*` tests check the model alone against hand-computed cases from
 //!   `/work/shared/spec/etcd.md` (§ numbers below), so the model can be trusted as an oracle.
 //! - `random_sequences` runs seeded random sequences through engine and model
-//!   (`tests/model/harness.rs` says what is compared). Defaults: 8 seeds × 1,500 ops. For
-//!   longer runs set `KVD_MODEL_SEEDS` (a count `N` for seeds 0..N, a range `A..B`, or a list
-//!   `A,B,C`) and `KVD_MODEL_OPS`. A failure names its seed and op index; it replays with
-//!   `KVD_MODEL_SEEDS=<seed>..<seed+1> KVD_MODEL_OPS=<index+1>`.
+//!   (`tests/model/harness.rs` and `tests/model/watch.rs` say what is compared). Defaults:
+//!   8 seeds × 1,500 ops. For longer runs set `KVD_MODEL_SEEDS` (a count `N` for seeds 0..N,
+//!   a range `A..B`, or a list `A,B,C`) and `KVD_MODEL_OPS`. A failure names its seed and op
+//!   index; it replays with `KVD_MODEL_SEEDS=<seed>..<seed+1> KVD_MODEL_OPS=<index+1>` (a
+//!   watch failure found at the end of a segment replays the same way, since the watches of
+//!   a segment are checked before the Reopen that ends it or at the end).
 //! - The other tests run small fixed sequences, named for the behaviour they pin down,
-//!   through the same harness, after asserting the model's replies by hand.
+//!   through the same harness, after asserting the model's replies (and for watches the
+//!   engine's events) by hand.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod model;
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kvd::{
     CompactionRequest, CompactionResponse, Compare, CompareResult, CompareTarget,
-    DeleteRangeRequest, DeleteRangeResponse, Error, KeyValue, PutRequest, PutResponse,
-    RangeRequest, RangeResponse, RequestOp, ResponseHeader, ResponseOp, SortOrder, SortTarget,
-    TxnRequest, TxnResponse,
+    DeleteRangeRequest, DeleteRangeResponse, Error, EventType, KeyValue, LeaseGrantRequest,
+    LeaseGrantResponse, LeaseKeepAliveResponse, LeaseLeasesResponse, LeaseRevokeResponse,
+    LeaseTimeToLiveResponse, PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp,
+    ResponseHeader, ResponseOp, SortOrder, SortTarget, TxnRequest, TxnResponse, WatchCreateRequest,
 };
-use model::ops::Reply;
-use model::{Limits, Model, Op, Seq, decode, generate, run};
+use model::ops::{Reply, StreamKind};
+use model::watch::WatchLog;
+use model::{Coverage, Limits, Model, Op, Seq, Trace, decode, generate, run};
 
 // ---- Helpers ------------------------------------------------------------------------------
 
@@ -117,6 +125,11 @@ fn model_replies(limits: Limits, ops: &[Op]) -> Vec<Reply> {
 
 /// Returns the model's replies to `ops`, then runs them through engine and model.
 fn check(name: &str, limits: Limits, ops: Vec<Op>) -> Vec<Reply> {
+    check_traced(name, limits, ops).0
+}
+
+/// [`check`], also returning what the run observed (hashes, how each watch ended).
+fn check_traced(name: &str, limits: Limits, ops: Vec<Op>) -> (Vec<Reply>, Trace) {
     let replies = model_replies(limits, &ops);
     let seq = Seq {
         label: format!("fixed sequence `{name}`"),
@@ -124,8 +137,90 @@ fn check(name: &str, limits: Limits, ops: Vec<Op>) -> Vec<Reply> {
         ops,
     };
     let dir = tempfile::tempdir().unwrap();
-    run(&seq, dir.path());
-    replies
+    let trace = run(&seq, dir.path());
+    (replies, trace)
+}
+
+fn grant(id: i64, ttl: i64) -> Op {
+    Op::LeaseGrant(LeaseGrantRequest { ttl, id })
+}
+
+fn put_lease(key: &'static str, value: &'static str, lease: i64) -> Op {
+    Op::Put(PutRequest {
+        lease,
+        ..PutRequest::new(key, value)
+    })
+}
+
+fn rput_lease(key: &'static str, lease: i64) -> RequestOp {
+    RequestOp::Put(PutRequest {
+        lease,
+        ..PutRequest::new(key, "v")
+    })
+}
+
+fn advance_ms(ms: u64) -> Op {
+    Op::AdvanceClock(Duration::from_millis(ms))
+}
+
+fn time_to_live(id: i64) -> Op {
+    Op::LeaseTimeToLive { id, keys: true }
+}
+
+fn watch(stream: StreamKind, req: WatchCreateRequest) -> Op {
+    Op::Watch { stream, req }
+}
+
+fn from(start_revision: i64, req: WatchCreateRequest) -> WatchCreateRequest {
+    WatchCreateRequest {
+        start_revision,
+        ..req
+    }
+}
+
+fn keys(list: &[&'static str]) -> Vec<Bytes> {
+    list.iter()
+        .map(|k| Bytes::from_static(k.as_bytes()))
+        .collect()
+}
+
+fn ttl_reply(
+    revision: i64,
+    id: i64,
+    ttl: i64,
+    granted_ttl: i64,
+    attached: &[&'static str],
+) -> Reply {
+    Reply::LeaseTimeToLive(Ok(LeaseTimeToLiveResponse {
+        header: header(revision),
+        id,
+        ttl,
+        granted_ttl,
+        keys: keys(attached),
+    }))
+}
+
+/// The log of the watch created by op `op`.
+fn watch_log(trace: &Trace, op: usize) -> &WatchLog {
+    trace
+        .watches
+        .iter()
+        .find(|w| w.op == op)
+        .unwrap_or_else(|| panic!("no watch created by op #{op}: {:?}", trace.watches))
+}
+
+/// (kind, key, mod revision) of each event, for hand assertions.
+fn event_summary(log: &WatchLog) -> Vec<(EventType, String, i64)> {
+    log.events
+        .iter()
+        .map(|e| {
+            (
+                e.kind,
+                String::from_utf8_lossy(&e.kv.key).into_owned(),
+                e.kv.mod_revision,
+            )
+        })
+        .collect()
 }
 
 fn txn_reply(reply: &Reply) -> &TxnResponse {
@@ -165,6 +260,8 @@ fn random_sequences() {
     let seeds = seeds();
     let ops = ops_per_seed();
     let next = AtomicUsize::new(0);
+    let total = Mutex::new(Coverage::default());
+    let started = Instant::now();
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(seeds.len());
@@ -180,11 +277,36 @@ fn random_sequences() {
                         seed + 1
                     );
                     let dir = tempfile::tempdir().unwrap();
-                    run(&seq, dir.path());
+                    let trace = run(&seq, dir.path());
+                    total.lock().unwrap().add(&trace.coverage);
                 }
             });
         }
     });
+    let total = total.into_inner().unwrap();
+    let w = &total.watches;
+    // Shown with --nocapture: what the run covered.
+    println!(
+        "random_sequences: {} seeds, {} ops in {:.1?}; leases expired {} ({} with keys; waited \
+         {:.1?} for expiry); watches {} (refused {}, compacted at create {}, compacted while \
+         behind {}, full lists {}), {} events checked, {} grouped catch-up responses, {} \
+         progress notifications",
+        seeds.len(),
+        total.ops,
+        started.elapsed(),
+        total.expired_leases,
+        total.expired_with_keys,
+        total.expiry_wait,
+        w.created,
+        w.refused,
+        w.compacted_at_create,
+        w.compacted_while_behind,
+        w.full,
+        w.events,
+        w.grouped_responses,
+        w.progress,
+    );
+    assert!(total.ops >= seeds.len() * ops * 9 / 10, "{total:?}");
 }
 
 #[test]
@@ -197,7 +319,7 @@ fn hash_kv_is_equal_across_engines() {
     let second = run(&seq, b.path());
     assert!(!first.hashes.is_empty());
     assert_eq!(
-        first, second,
+        first.hashes, second.hashes,
         "two engines fed seed 1001 answered HashKV differently"
     );
 }
@@ -405,12 +527,31 @@ fn model_random_sequences_exercise_every_reply() {
                 Reply::Compact(Ok(_)) => "compact ok".to_owned(),
                 Reply::HashKv(Ok(_)) => "hash ok".to_owned(),
                 Reply::Reopen => "reopen".to_owned(),
+                Reply::LeaseGrant(Ok(r)) if r.id == 0 => "grant auto id".to_owned(),
+                Reply::LeaseGrant(Ok(_)) => "grant ok".to_owned(),
+                Reply::LeaseRevoke(Ok(_)) => "revoke ok".to_owned(),
+                Reply::LeaseKeepAlive(Ok(r)) if r.ttl > 0 => "keep-alive ok".to_owned(),
+                Reply::LeaseKeepAlive(Ok(_)) => "keep-alive unknown".to_owned(),
+                Reply::LeaseTimeToLive(Ok(r)) if !r.keys.is_empty() => "ttl with keys".to_owned(),
+                Reply::LeaseTimeToLive(Ok(r)) if r.ttl < 0 => "ttl unknown".to_owned(),
+                Reply::LeaseTimeToLive(Ok(_)) => "ttl ok".to_owned(),
+                Reply::LeaseLeases(Ok(r)) if r.leases.len() > 1 => "leases several".to_owned(),
+                Reply::LeaseLeases(Ok(_)) => "leases".to_owned(),
+                Reply::AdvanceClock(expired) if !expired.is_empty() => "expiry".to_owned(),
+                Reply::AdvanceClock(_) => "clock".to_owned(),
+                Reply::Watch => "watch".to_owned(),
+                Reply::SettleWatches => "settle".to_owned(),
                 Reply::Put(Err(e))
                 | Reply::DeleteRange(Err(e))
                 | Reply::Txn(Err(e))
                 | Reply::Range(Err(e))
                 | Reply::Compact(Err(e))
-                | Reply::HashKv(Err(e)) => format!("{e:?}"),
+                | Reply::HashKv(Err(e))
+                | Reply::LeaseGrant(Err(e))
+                | Reply::LeaseRevoke(Err(e))
+                | Reply::LeaseKeepAlive(Err(e))
+                | Reply::LeaseTimeToLive(Err(e))
+                | Reply::LeaseLeases(Err(e)) => format!("{e:?}"),
             };
             seen.insert(name);
         }
@@ -435,6 +576,22 @@ fn model_random_sequences_exercise_every_reply() {
         "DuplicateKey",
         "Compacted",
         "FutureRevision",
+        "grant ok",
+        "grant auto id",
+        "revoke ok",
+        "keep-alive ok",
+        "keep-alive unknown",
+        "ttl with keys",
+        "ttl unknown",
+        "ttl ok",
+        "leases several",
+        "expiry",
+        "clock",
+        "watch",
+        "settle",
+        "LeaseNotFound",
+        "LeaseExists",
+        "LeaseTtlTooLarge",
     ] {
         assert!(
             seen.contains(want),
@@ -1042,18 +1199,12 @@ fn txn_compare_rules() {
         with_end("q", "p", CompareResult::Equal, value("")),
         with_end("q", "p", CompareResult::Equal, CompareTarget::Version(0)),
     ];
-    let mut ops = vec![
-        Op::Put(PutRequest {
-            lease: 7,
-            ..PutRequest::new("p1", "b")
-        }),
-        put("p2", "c"),
-    ];
+    let mut ops = vec![grant(7, 60), put_lease("p1", "b", 7), put("p2", "c")];
     for cmp in compares {
         ops.push(Op::Txn(txn(vec![cmp], vec![rget("p1")], vec![rget("p2")])));
     }
     let r = check("txn_compare_rules", Limits::default(), ops);
-    let outcomes: Vec<bool> = r[2..]
+    let outcomes: Vec<bool> = r[3..]
         .iter()
         .map(|reply| txn_reply(reply).succeeded)
         .collect();
@@ -1159,7 +1310,7 @@ fn put_flags_and_errors() {
             ..PutRequest::new(key, value)
         })
     };
-    let ops = vec![
+    let mut ops = vec![
         flags("a", "", 0, true, false),
         flags("a", "", 0, false, true),
         flags("a", "v", 0, true, false),
@@ -1172,7 +1323,11 @@ fn put_flags_and_errors() {
         flags("a", "3", i64::MIN, false, false),
         get("a"),
     ];
-    let r = check("put_flags_and_errors", Limits::default(), ops);
+    // The leases come first, so that the indices below are those of the ops above.
+    let mut with_leases = vec![grant(5, 60), grant(i64::MIN, 60)];
+    with_leases.append(&mut ops);
+    let r = check("put_flags_and_errors", Limits::default(), with_leases);
+    let r = &r[2..];
     assert_eq!(r[0], Reply::Put(Err(Error::KeyNotFound)));
     assert_eq!(r[1], Reply::Put(Err(Error::KeyNotFound)));
     assert_eq!(r[2], Reply::Put(Err(Error::ValueProvided)));
@@ -1401,4 +1556,822 @@ fn small_limits_random_prefix() {
     let label = format!("seed {seed} (small limits {:?})", seq.limits);
     let dir = tempfile::tempdir().unwrap();
     run(&Seq { label, ..seq }, dir.path());
+}
+
+// ---- Leases -------------------------------------------------------------------------------
+
+#[test]
+fn model_lease_rules() {
+    // §9.1: TTLs below 2 s are raised to it, above 9e9 refused; an existing id is refused; a
+    // grant moves no revision. §9.6: the list is soonest deadline first (ties by id).
+    let ops = vec![
+        grant(0, 1),
+        grant(4, 0),
+        grant(4, 10),
+        grant(5, -5),
+        grant(6, 9_000_000_001),
+        grant(6, 9_000_000_000),
+        grant(-1, 10),
+        Op::LeaseLeases,
+        advance_ms(2_000),
+        Op::LeaseLeases,
+        Op::LeaseRevoke(4),
+        Op::LeaseKeepAlive(4),
+        time_to_live(4),
+    ];
+    let r = model_replies(Limits::default(), &ops);
+    let granted = |id, ttl| {
+        Reply::LeaseGrant(Ok(LeaseGrantResponse {
+            header: header(1),
+            id,
+            ttl,
+        }))
+    };
+    assert_eq!(
+        r[0],
+        granted(0, 2),
+        "the model answers id 0 for an engine-chosen id"
+    );
+    assert_eq!(r[1], granted(4, 2));
+    assert_eq!(r[2], Reply::LeaseGrant(Err(Error::LeaseExists)));
+    assert_eq!(r[3], granted(5, 2));
+    assert_eq!(r[4], Reply::LeaseGrant(Err(Error::LeaseTtlTooLarge)));
+    assert_eq!(r[5], granted(6, 9_000_000_000));
+    assert_eq!(r[6], granted(-1, 10));
+    let leases = |ids: Vec<i64>| {
+        Reply::LeaseLeases(Ok(LeaseLeasesResponse {
+            header: header(1),
+            leases: ids,
+        }))
+    };
+    assert_eq!(r[7], leases(vec![4, 5, -1, 6]));
+    assert_eq!(r[8], Reply::AdvanceClock(vec![4, 5]));
+    assert_eq!(r[9], leases(vec![-1, 6]));
+    assert_eq!(r[10], Reply::LeaseRevoke(Err(Error::LeaseNotFound)));
+    assert_eq!(
+        r[11],
+        Reply::LeaseKeepAlive(Ok(LeaseKeepAliveResponse {
+            header: header(1),
+            id: 4,
+            ttl: 0
+        }))
+    );
+    assert_eq!(r[12], ttl_reply(1, 4, -1, 0, &[]));
+}
+
+#[test]
+fn lease_grant_rules_and_engine_chosen_ids() {
+    // Through the engine: the harness takes the id the engine picks for id 0 (positive and
+    // unused) into the model, so the lease list and its expiry are compared too.
+    let ops = vec![
+        grant(0, 1),
+        grant(0, 30),
+        grant(4, 0),
+        grant(4, 10),
+        grant(5, -5),
+        grant(6, 9_000_000_001),
+        grant(6, 9_000_000_000),
+        grant(-1, 10),
+        Op::LeaseLeases,
+        advance_ms(2_000),
+        Op::LeaseLeases,
+        Op::Reopen,
+        Op::LeaseLeases,
+        advance_ms(10_000),
+        Op::LeaseLeases,
+    ];
+    check(
+        "lease_grant_rules_and_engine_chosen_ids",
+        Limits::default(),
+        ops,
+    );
+}
+
+#[test]
+fn lease_expiry_deletes_keys_in_one_revision() {
+    // §9.2/§9.3: an expired lease is revoked through the revoke path: its keys deleted in
+    // key order, in one revision; keep-alive renews to a full TTL from now.
+    let prefix_s = WatchCreateRequest {
+        prev_kv: true,
+        ..WatchCreateRequest::prefix("s")
+    };
+    let ops = vec![
+        grant(1, 5),
+        grant(2, 50),
+        put_lease("s2", "v", 1),
+        put_lease("s1", "v", 1),
+        put_lease("l1", "v", 2),
+        watch(StreamKind::Eager, prefix_s),
+        advance_ms(3_000),
+        Op::LeaseKeepAlive(1),
+        advance_ms(4_000),
+        time_to_live(1),
+        advance_ms(1_000),
+        Op::Range(RangeRequest::prefix("s")),
+        time_to_live(1),
+        Op::LeaseLeases,
+        time_to_live(2),
+    ];
+    let (r, trace) = check_traced(
+        "lease_expiry_deletes_keys_in_one_revision",
+        Limits::default(),
+        ops,
+    );
+    assert_eq!(
+        r[7],
+        Reply::LeaseKeepAlive(Ok(LeaseKeepAliveResponse {
+            header: header(4),
+            id: 1,
+            ttl: 5
+        }))
+    );
+    assert_eq!(r[9], ttl_reply(4, 1, 1, 5, &["s1", "s2"]));
+    assert_eq!(r[10], Reply::AdvanceClock(vec![1]));
+    assert_eq!(r[11], range_ok(5, vec![], false, 0));
+    assert_eq!(r[12], ttl_reply(5, 1, -1, 0, &[]));
+    assert_eq!(
+        r[13],
+        Reply::LeaseLeases(Ok(LeaseLeasesResponse {
+            header: header(5),
+            leases: vec![2]
+        }))
+    );
+    assert_eq!(r[14], ttl_reply(5, 2, 42, 50, &["l1"]));
+    let log = watch_log(&trace, 5);
+    assert_eq!(
+        event_summary(log),
+        vec![
+            (EventType::Delete, "s1".to_owned(), 5),
+            (EventType::Delete, "s2".to_owned(), 5)
+        ]
+    );
+    let prev: Vec<Option<(i64, i64)>> = log
+        .events
+        .iter()
+        .map(|e| e.prev_kv.as_ref().map(|kv| (kv.mod_revision, kv.lease)))
+        .collect();
+    assert_eq!(prev, vec![Some((3, 1)), Some((2, 1))]);
+}
+
+#[test]
+fn expiry_revokes_soonest_deadline_first_ties_by_id() {
+    // Several leases due at one clock step: kvd revokes them soonest deadline first, ties by
+    // id (its documented order; etcd leaves it open), one revision per lease with keys.
+    let all = WatchCreateRequest {
+        key: Bytes::from_static(b"\0"),
+        range_end: Bytes::from_static(b"\0"),
+        ..WatchCreateRequest::default()
+    };
+    let ops = vec![
+        grant(9, 4),
+        grant(3, 6),
+        grant(8, 4),
+        grant(5, 5),
+        put_lease("a", "v", 9),
+        put_lease("b", "v", 3),
+        put_lease("c", "v", 8),
+        put_lease("d", "v", 9),
+        watch(StreamKind::Lazy, all.clone()),
+        Op::LeaseLeases,
+        advance_ms(10_000),
+        watch(StreamKind::Eager, from(1, all)),
+    ];
+    let (r, trace) = check_traced(
+        "expiry_revokes_soonest_deadline_first_ties_by_id",
+        Limits::default(),
+        ops,
+    );
+    assert_eq!(
+        r[9],
+        Reply::LeaseLeases(Ok(LeaseLeasesResponse {
+            header: header(5),
+            leases: vec![8, 9, 5, 3]
+        }))
+    );
+    assert_eq!(r[10], Reply::AdvanceClock(vec![8, 9, 5, 3]));
+    let deletes = vec![
+        (EventType::Delete, "c".to_owned(), 6),
+        (EventType::Delete, "a".to_owned(), 7),
+        (EventType::Delete, "d".to_owned(), 7),
+        (EventType::Delete, "b".to_owned(), 8),
+    ];
+    assert_eq!(event_summary(watch_log(&trace, 8)), deletes);
+    assert_eq!(event_summary(watch_log(&trace, 11)).len(), 8);
+}
+
+#[test]
+fn put_with_unknown_lease_changes_nothing() {
+    // §3.1, §4.4: a Put naming a lease that does not exist fails with LeaseNotFound, alone or
+    // in a txn (whose other ops are then not applied either); nothing changes.
+    let ops = vec![
+        grant(5, 60),
+        put_lease("k", "v", 99),
+        Op::Txn(txn(
+            vec![],
+            vec![rput("first", "v"), rput_lease("second", 99)],
+            vec![],
+        )),
+        Op::Txn(txn(
+            vec![],
+            vec![
+                rput_lease("a", 5),
+                RequestOp::Txn(txn(vec![], vec![rput_lease("b", 99)], vec![])),
+            ],
+            vec![],
+        )),
+        Op::LeaseRevoke(99),
+        Op::Range(RangeRequest {
+            range_end: Bytes::from_static(b"\0"),
+            ..RangeRequest::key("\0")
+        }),
+        time_to_live(5),
+        // The branch not taken may name any lease.
+        Op::Txn(txn(
+            vec![Compare::new(
+                "k",
+                CompareResult::Equal,
+                CompareTarget::Version(1),
+            )],
+            vec![rput_lease("s", 99)],
+            vec![rput_lease("f", 5)],
+        )),
+        time_to_live(5),
+    ];
+    let r = check(
+        "put_with_unknown_lease_changes_nothing",
+        Limits::default(),
+        ops,
+    );
+    assert_eq!(r[1], Reply::Put(Err(Error::LeaseNotFound)));
+    assert_eq!(r[2], Reply::Txn(Err(Error::LeaseNotFound)));
+    assert_eq!(r[3], Reply::Txn(Err(Error::LeaseNotFound)));
+    assert_eq!(r[4], Reply::LeaseRevoke(Err(Error::LeaseNotFound)));
+    assert_eq!(r[5], range_ok(1, vec![], false, 0));
+    assert_eq!(r[6], ttl_reply(1, 5, 60, 60, &[]));
+    assert!(!txn_reply(&r[7]).succeeded);
+    assert_eq!(r[8], ttl_reply(2, 5, 60, 60, &["f"]));
+}
+
+#[test]
+fn lease_and_key_checks_follow_etcd_order() {
+    // A standalone Put checks the lease before the key `ignore_value` needs (§3.1); inside a
+    // txn each Put checks the key first, then its lease, one Put after the other (§4.4).
+    let ignore_value = |key: &'static str, lease| PutRequest {
+        ignore_value: true,
+        lease,
+        ..PutRequest::new(key, "")
+    };
+    let ops = vec![
+        grant(5, 60),
+        Op::Put(ignore_value("missing", 99)),
+        Op::Put(ignore_value("missing", 5)),
+        Op::Txn(txn(
+            vec![],
+            vec![RequestOp::Put(ignore_value("missing", 99))],
+            vec![],
+        )),
+        Op::Txn(txn(
+            vec![],
+            vec![
+                rput_lease("a", 99),
+                RequestOp::Put(ignore_value("missing", 0)),
+            ],
+            vec![],
+        )),
+        Op::Txn(txn(
+            vec![],
+            vec![
+                RequestOp::Put(ignore_value("missing", 0)),
+                rput_lease("a", 99),
+            ],
+            vec![],
+        )),
+        put_lease("present", "v", 5),
+        Op::Put(ignore_value("present", 99)),
+        Op::Txn(txn(
+            vec![],
+            vec![RequestOp::Put(ignore_value("present", 99))],
+            vec![],
+        )),
+        Op::Put(PutRequest {
+            ignore_lease: true,
+            ..PutRequest::new("present", "v2")
+        }),
+        Op::Range(RangeRequest::key("present")),
+    ];
+    let r = check(
+        "lease_and_key_checks_follow_etcd_order",
+        Limits::default(),
+        ops,
+    );
+    assert_eq!(r[1], Reply::Put(Err(Error::LeaseNotFound)));
+    assert_eq!(r[2], Reply::Put(Err(Error::KeyNotFound)));
+    assert_eq!(r[3], Reply::Txn(Err(Error::KeyNotFound)));
+    assert_eq!(r[4], Reply::Txn(Err(Error::LeaseNotFound)));
+    assert_eq!(r[5], Reply::Txn(Err(Error::KeyNotFound)));
+    assert_eq!(r[7], Reply::Put(Err(Error::LeaseNotFound)));
+    assert_eq!(r[8], Reply::Txn(Err(Error::LeaseNotFound)));
+    let mut present = kv("present", 2, 3, 2, "v2");
+    present.lease = 5;
+    assert_eq!(r[10], range_ok(3, vec![present], false, 1));
+}
+
+#[test]
+fn lease_attach_detach_and_ignore_lease() {
+    // §3.1: a Put with lease L attaches (moving the key off another lease), lease 0 detaches,
+    // ignore_lease keeps; a delete detaches, also inside the txn that attached (§4.1 "\0"
+    // quirk); a revoke deletes only the keys still attached; no keys, no revision.
+    let all = WatchCreateRequest {
+        key: Bytes::from_static(b"\0"),
+        range_end: Bytes::from_static(b"\0"),
+        prev_kv: true,
+        ..WatchCreateRequest::default()
+    };
+    let ops = vec![
+        grant(5, 60),
+        grant(6, 60),
+        put_lease("kept", "v", 5),
+        put_lease("dropped", "v", 5),
+        put_lease("moved", "v", 5),
+        Op::Put(PutRequest {
+            ignore_lease: true,
+            ..PutRequest::new("kept", "v2")
+        }),
+        put("dropped", "v2"),
+        put_lease("moved", "v2", 6),
+        Op::Txn(txn(
+            vec![],
+            vec![rput_lease("t", 6), rdel("t", "\0")],
+            vec![],
+        )),
+        time_to_live(5),
+        time_to_live(6),
+        Op::LeaseRevoke(5),
+        Op::LeaseRevoke(6),
+        grant(7, 60),
+        Op::LeaseRevoke(7),
+        watch(StreamKind::Lazy, from(1, all)),
+    ];
+    let (r, trace) = check_traced(
+        "lease_attach_detach_and_ignore_lease",
+        Limits::default(),
+        ops,
+    );
+    assert_eq!(r[9], ttl_reply(8, 5, 60, 60, &["kept"]));
+    assert_eq!(r[10], ttl_reply(8, 6, 60, 60, &["moved"]));
+    let revoked = |revision| {
+        Reply::LeaseRevoke(Ok(LeaseRevokeResponse {
+            header: header(revision),
+        }))
+    };
+    assert_eq!(r[11], revoked(9));
+    assert_eq!(r[12], revoked(10));
+    assert_eq!(r[14], revoked(10), "no keys, no revision");
+    let events = event_summary(watch_log(&trace, 15));
+    assert_eq!(
+        events[6..],
+        [
+            (EventType::Put, "t".to_owned(), 8),
+            (EventType::Delete, "t".to_owned(), 8),
+            (EventType::Delete, "kept".to_owned(), 9),
+            (EventType::Delete, "moved".to_owned(), 10),
+        ]
+    );
+}
+
+#[test]
+fn leases_survive_reopen_with_full_ttl_and_keys() {
+    // §9.3: after a restart every lease has its full TTL again from now, with its keys.
+    let ops = vec![
+        grant(3, 10),
+        put_lease("x", "v", 3),
+        advance_ms(8_000),
+        watch(StreamKind::Eager, WatchCreateRequest::key("x")),
+        Op::Reopen,
+        time_to_live(3),
+        advance_ms(9_000),
+        time_to_live(3),
+        advance_ms(1_000),
+        get("x"),
+        watch(StreamKind::Eager, from(2, WatchCreateRequest::key("x"))),
+        Op::Reopen,
+        Op::LeaseLeases,
+    ];
+    let (r, trace) = check_traced(
+        "leases_survive_reopen_with_full_ttl_and_keys",
+        Limits::default(),
+        ops,
+    );
+    assert_eq!(r[5], ttl_reply(2, 3, 10, 10, &["x"]));
+    assert_eq!(r[7], ttl_reply(2, 3, 1, 10, &["x"]));
+    assert_eq!(r[8], Reply::AdvanceClock(vec![3]));
+    assert_eq!(r[9], range_ok(3, vec![], false, 0));
+    assert!(watch_log(&trace, 3).events.is_empty());
+    assert_eq!(
+        event_summary(watch_log(&trace, 10)),
+        vec![
+            (EventType::Put, "x".to_owned(), 2),
+            (EventType::Delete, "x".to_owned(), 3)
+        ]
+    );
+}
+
+#[test]
+fn keep_alive_postpones_expiry_and_ttl_truncates() {
+    // §9.4, §9.5: keep-alive gives a full TTL from now (0 for an unknown lease); TimeToLive
+    // reports whole seconds left, truncated; expiry happens at the deadline, not before.
+    let ops = vec![
+        grant(1, 3),
+        put_lease("k", "v", 1),
+        advance_ms(1_500),
+        time_to_live(1),
+        Op::LeaseKeepAlive(1),
+        advance_ms(2_500),
+        time_to_live(1),
+        Op::LeaseKeepAlive(99),
+        advance_ms(250),
+        advance_ms(250),
+        Op::LeaseKeepAlive(1),
+        time_to_live(1),
+    ];
+    let r = check(
+        "keep_alive_postpones_expiry_and_ttl_truncates",
+        Limits::default(),
+        ops,
+    );
+    assert_eq!(r[3], ttl_reply(2, 1, 1, 3, &["k"]));
+    let keep_alive = |revision, id, ttl| {
+        Reply::LeaseKeepAlive(Ok(LeaseKeepAliveResponse {
+            header: header(revision),
+            id,
+            ttl,
+        }))
+    };
+    assert_eq!(r[4], keep_alive(2, 1, 3));
+    assert_eq!(r[6], ttl_reply(2, 1, 0, 3, &["k"]));
+    assert_eq!(r[7], keep_alive(2, 99, 0));
+    assert_eq!(r[8], Reply::AdvanceClock(vec![]));
+    assert_eq!(r[9], Reply::AdvanceClock(vec![1]));
+    assert_eq!(r[10], keep_alive(3, 1, 0));
+    assert_eq!(r[11], ttl_reply(3, 1, -1, 0, &[]));
+}
+
+// ---- Watches ------------------------------------------------------------------------------
+
+#[test]
+fn watch_from_compacted_revision_is_canceled() {
+    // §10.3: a start below the compaction revision gets created, then canceled with the
+    // compaction revision; a start at it replays from it. §10.4: prev_kv is omitted where
+    // `mod_revision - 1` is compacted, and for a Put that creates its key.
+    let k = || WatchCreateRequest::key("k");
+    let ops = vec![
+        put("k", "1"),
+        put("k", "2"),
+        put("k", "3"),
+        put("k", "4"),
+        put("k", "5"),
+        compact(4),
+        watch(StreamKind::Eager, from(3, k())),
+        watch(
+            StreamKind::Eager,
+            from(
+                4,
+                WatchCreateRequest {
+                    prev_kv: true,
+                    ..k()
+                },
+            ),
+        ),
+        watch(
+            StreamKind::Lazy,
+            from(
+                4,
+                WatchCreateRequest {
+                    no_put: true,
+                    ..WatchCreateRequest::prefix("k")
+                },
+            ),
+        ),
+        del("k"),
+        put("k", "6"),
+    ];
+    let (_, trace) = check_traced(
+        "watch_from_compacted_revision_is_canceled",
+        Limits::default(),
+        ops,
+    );
+    let canceled = watch_log(&trace, 6);
+    assert_eq!((canceled.compacted, canceled.events.len()), (Some(4), 0));
+    let replay = watch_log(&trace, 7);
+    assert_eq!(
+        event_summary(replay),
+        vec![
+            (EventType::Put, "k".to_owned(), 4),
+            (EventType::Put, "k".to_owned(), 5),
+            (EventType::Put, "k".to_owned(), 6),
+            (EventType::Delete, "k".to_owned(), 7),
+            (EventType::Put, "k".to_owned(), 8),
+        ]
+    );
+    let prev: Vec<Option<i64>> = replay
+        .events
+        .iter()
+        .map(|e| e.prev_kv.as_ref().map(|kv| kv.mod_revision))
+        .collect();
+    assert_eq!(prev, vec![None, Some(4), Some(5), Some(6), None]);
+    assert_eq!(replay.compacted, None);
+    assert_eq!(
+        event_summary(watch_log(&trace, 8)),
+        vec![(EventType::Delete, "k".to_owned(), 7)]
+    );
+}
+
+#[test]
+fn watch_refusals_and_ids() {
+    // §10.2: an empty range and a negative start are refused (created and canceled, id -1);
+    // automatic ids count from 0 per stream; an explicit id is used as given.
+    let ops = vec![
+        put("a", "1"),
+        watch(
+            StreamKind::Eager,
+            WatchCreateRequest {
+                range_end: Bytes::from_static(b"a"),
+                ..WatchCreateRequest::key("b")
+            },
+        ),
+        watch(StreamKind::Eager, from(-1, WatchCreateRequest::key("a"))),
+        watch(StreamKind::Eager, WatchCreateRequest::key("a")),
+        watch(
+            StreamKind::Eager,
+            WatchCreateRequest {
+                watch_id: 1 << 32,
+                ..WatchCreateRequest::key("a")
+            },
+        ),
+        watch(StreamKind::Eager, WatchCreateRequest::key("a")),
+        watch(StreamKind::Lazy, WatchCreateRequest::key("a")),
+        watch(StreamKind::Lazy, WatchCreateRequest::default()),
+        put("a", "2"),
+        put("\0", "3"),
+    ];
+    let (_, trace) = check_traced("watch_refusals_and_ids", Limits::default(), ops);
+    let ids: Vec<(i64, bool, usize)> = (1..=7)
+        .map(|op| {
+            let log = watch_log(&trace, op);
+            (log.id, log.refused, log.events.len())
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        vec![
+            (-1, true, 0),
+            (-1, true, 0),
+            (0, false, 1),
+            (1 << 32, false, 1),
+            (1, false, 1),
+            (0, false, 1),
+            (1, false, 1),
+        ]
+    );
+}
+
+#[test]
+fn watch_sees_txn_revoke_and_expiry_changes_in_order() {
+    // §10.4: the events of one write request come in change order (a txn's op order; a
+    // revoke's key order), one revision at a time; the "\0" quirk puts and deletes one key
+    // in one revision.
+    let all = WatchCreateRequest {
+        key: Bytes::from_static(b"\0"),
+        range_end: Bytes::from_static(b"\0"),
+        prev_kv: true,
+        ..WatchCreateRequest::default()
+    };
+    let ops = vec![
+        grant(1, 5),
+        watch(StreamKind::Eager, all.clone()),
+        Op::Txn(txn(
+            vec![],
+            vec![rput("x", "1"), rput_lease("b", 1), rput_lease("a", 1)],
+            vec![],
+        )),
+        put_lease("c", "v", 1),
+        Op::LeaseRevoke(1),
+        Op::Txn(txn(vec![], vec![rput("t9", "1"), rdel("t", "\0")], vec![])),
+        grant(2, 3),
+        put_lease("k", "v", 2),
+        advance_ms(3_000),
+        watch(
+            StreamKind::Lazy,
+            from(
+                1,
+                WatchCreateRequest {
+                    no_put: true,
+                    ..all.clone()
+                },
+            ),
+        ),
+        watch(
+            StreamKind::Eager,
+            from(
+                4,
+                WatchCreateRequest {
+                    no_delete: true,
+                    ..all
+                },
+            ),
+        ),
+    ];
+    let (_, trace) = check_traced(
+        "watch_sees_txn_revoke_and_expiry_changes_in_order",
+        Limits::default(),
+        ops,
+    );
+    let e = |kind, key: &str, rev| (kind, key.to_owned(), rev);
+    use EventType::{Delete, Put};
+    let everything = vec![
+        e(Put, "x", 2),
+        e(Put, "b", 2),
+        e(Put, "a", 2),
+        e(Put, "c", 3),
+        e(Delete, "a", 4),
+        e(Delete, "b", 4),
+        e(Delete, "c", 4),
+        e(Put, "t9", 5),
+        e(Delete, "t9", 5),
+        e(Delete, "x", 5),
+        e(Put, "k", 6),
+        e(Delete, "k", 7),
+    ];
+    assert_eq!(event_summary(watch_log(&trace, 1)), everything);
+    let deletes: Vec<_> = everything
+        .iter()
+        .filter(|(kind, _, _)| *kind == Delete)
+        .cloned()
+        .collect();
+    assert_eq!(event_summary(watch_log(&trace, 9)), deletes);
+    assert_eq!(
+        event_summary(watch_log(&trace, 10)),
+        vec![e(Put, "t9", 5), e(Put, "k", 6)]
+    );
+}
+
+#[test]
+fn watch_from_the_past_across_reopens_and_compactions() {
+    // Catch-up from the history written before a restart, at and above the compaction
+    // revision, with filters; a future start waits for its revision.
+    let mut ops = Vec::new();
+    for i in 0..12 {
+        ops.push(put(["a/1", "a/2", "b"][i % 3], ["1", "2"][i % 2]));
+        if i % 4 == 3 {
+            ops.push(del("a/1"));
+        }
+    }
+    ops.extend([
+        Op::Reopen,
+        compact(6),
+        watch(
+            StreamKind::Eager,
+            WatchCreateRequest {
+                key: Bytes::new(),
+                range_end: Bytes::from_static(b"\0"),
+                start_revision: 6,
+                prev_kv: true,
+                ..WatchCreateRequest::default()
+            },
+        ),
+        watch(
+            StreamKind::Lazy,
+            from(
+                7,
+                WatchCreateRequest {
+                    no_delete: true,
+                    prev_kv: true,
+                    ..WatchCreateRequest::prefix("a/")
+                },
+            ),
+        ),
+        watch(
+            StreamKind::Eager,
+            from(18, WatchCreateRequest::prefix("a/")),
+        ),
+        put("a/1", "x"),
+        put("a/2", "y"),
+        put("b", "z"),
+        Op::Reopen,
+        watch(StreamKind::Lazy, from(6, WatchCreateRequest::key("b"))),
+        compact(12),
+        put("b", "w"),
+    ]);
+    check(
+        "watch_from_the_past_across_reopens_and_compactions",
+        Limits::default(),
+        ops,
+    );
+}
+
+#[test]
+fn lazy_watch_falls_behind_and_catches_up_from_history() {
+    // WATCH-3: a consumer that does not read holds at most 128 responses; the watch then
+    // catches up from the history (grouped responses) and loses nothing.
+    let mut ops = vec![
+        watch(
+            StreamKind::Lazy,
+            WatchCreateRequest {
+                key: Bytes::from_static(b"\0"),
+                range_end: Bytes::from_static(b"\0"),
+                prev_kv: true,
+                ..WatchCreateRequest::default()
+            },
+        ),
+        watch(StreamKind::Lazy, from(1, WatchCreateRequest::prefix("k"))),
+    ];
+    for i in 0..300 {
+        ops.push(put(["k0", "k1", "k2", "j"][i % 4], "v"));
+    }
+    let (_, trace) = check_traced(
+        "lazy_watch_falls_behind_and_catches_up_from_history",
+        Limits::default(),
+        ops,
+    );
+    assert_eq!(watch_log(&trace, 0).events.len(), 300);
+    assert_eq!(watch_log(&trace, 1).events.len(), 225);
+    assert!(
+        trace.coverage.watches.grouped_responses > 0,
+        "{:?}",
+        trace.coverage
+    );
+}
+
+#[test]
+fn watch_behind_a_compaction_is_canceled_after_a_prefix() {
+    // WATCH-4: a watch that fell behind (its consumer did not read) and whose next revision
+    // a compaction then passed is canceled with the compaction revision, after the events it
+    // had been given (a prefix ending at a revision boundary).
+    let mut ops = vec![watch(
+        StreamKind::Lazy,
+        WatchCreateRequest {
+            key: Bytes::from_static(b"\0"),
+            range_end: Bytes::from_static(b"\0"),
+            ..WatchCreateRequest::default()
+        },
+    )];
+    for i in 0..300 {
+        ops.push(put(["k0", "k1", "k2"][i % 3], "v"));
+    }
+    ops.push(compact(301));
+    let (_, trace) = check_traced(
+        "watch_behind_a_compaction_is_canceled_after_a_prefix",
+        Limits::default(),
+        ops,
+    );
+    let log = watch_log(&trace, 0);
+    assert_eq!(log.compacted, Some(301));
+    assert!(
+        !log.events.is_empty() && log.events.len() < 300,
+        "{} events",
+        log.events.len()
+    );
+}
+
+#[test]
+fn watch_prev_kv_skips_a_put_that_recreates_its_key() {
+    // §10.4: no prev_kv for a Put that creates its key, even when the same txn deleted the
+    // key's previous generation first (the "\0" quirk of §4.1 lets a txn do that).
+    let ops = vec![
+        put("k", "1"),
+        watch(
+            StreamKind::Eager,
+            WatchCreateRequest {
+                prev_kv: true,
+                ..WatchCreateRequest::key("k")
+            },
+        ),
+        Op::Txn(txn(vec![], vec![rdel("k", "\0"), rput("k", "2")], vec![])),
+        put("k", "3"),
+    ];
+    let (_, trace) = check_traced(
+        "watch_prev_kv_skips_a_put_that_recreates_its_key",
+        Limits::default(),
+        ops,
+    );
+    let log = watch_log(&trace, 1);
+    let got: Vec<(EventType, i64, Option<i64>)> = log
+        .events
+        .iter()
+        .map(|e| {
+            (
+                e.kind,
+                e.kv.mod_revision,
+                e.prev_kv.as_ref().map(|kv| kv.mod_revision),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (EventType::Delete, 3, Some(2)),
+            (EventType::Put, 3, None),
+            (EventType::Put, 4, Some(3)),
+        ]
+    );
 }

@@ -1,19 +1,29 @@
 //! Random operation sequences, from a seed ([`generate`]) or from fuzzer bytes ([`decode`]).
 //!
 //! Both drive the same [`Builder`], which keeps a model alongside so that it can aim
-//! revisions at interesting places (just compacted, current, future) and skip the txns whose
-//! outcome etcd leaves undefined. The key space is small so that keys collide; a few keys
-//! hold 0x00 and 0xFF bytes, and empty keys, oversized txns and oversized values show up now
-//! and then to exercise the errors. The n-th op of a seed does not depend on the sequence
+//! revisions at interesting places (just compacted, current, future), name leases that exist
+//! (and now and then ones that do not), and skip the txns whose outcome etcd leaves
+//! undefined. The key space is small so that keys collide; a few keys hold 0x00 and 0xFF
+//! bytes, and empty keys, oversized txns and oversized values show up now and then to
+//! exercise the errors. Lease ids come from a small pool so that grants collide and Puts can
+//! name them; a grant of id 0 lets the engine choose, and since the generator cannot know
+//! that id, later operations never name it. Clock steps (a quarter second to a minute) let
+//! short leases expire; watches start anywhere (compacted, at the compaction revision, in
+//! the past, now, in the future, negative) on a key, a prefix, everything or an arbitrary
+//! (possibly empty) range. Now and then a burst of writes makes a lazily read watch fall
+//! behind (see [`Builder::burst`]). The n-th op of a seed does not depend on the sequence
 //! length, so a failure at op i replays with `i + 1` ops.
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use kvd::{
-    CompactionRequest, Compare, CompareResult, CompareTarget, DeleteRangeRequest, PutRequest,
-    RangeRequest, RequestOp, SortOrder, SortTarget, TxnRequest, prefix_end,
+    CompactionRequest, Compare, CompareResult, CompareTarget, DeleteRangeRequest,
+    LeaseGrantRequest, PutRequest, RangeRequest, RequestOp, SortOrder, SortTarget, TxnRequest,
+    WatchCreateRequest, prefix_end,
 };
 
-use super::ops::{Op, Seq};
+use super::ops::{Op, Seq, StreamKind};
 use super::rng::{ByteSource, Source, SplitMix64};
 use super::state::{Limits, Model};
 
@@ -43,8 +53,15 @@ const ENDS: &[&[u8]] = &[b"k", b"k5", b"z", b"\xff", b"\x00\x00", b"a0"];
 
 const VALUES: &[&[u8]] = &[b"", b"v0", b"v1", b"v2", b"v10", b"x", b"\x00", b"\xff"];
 
-/// Lease ids: the engine does not validate leases yet, so any i64 is stored as given.
-const LEASES: &[i64] = &[0, 1, 2, 7, 1 << 40, -1];
+/// Lease ids that grants ask for and operations name (granted or not at the time).
+const LEASES: &[i64] = &[1, 2, 3, 7, 1 << 40, i64::MAX, -1];
+
+/// Lease TTLs asked for: below the minimum (raised to 2 s), short ones that the clock
+/// overtakes, long ones, the maximum and just above it.
+const TTLS: &[i64] = &[-5, 0, 1, 2, 3, 4, 5, 8, 10, 30, 100, 9_000_000_000];
+
+/// Clock steps, in milliseconds: fractions of a second test TTL truncation.
+const CLOCK_STEPS_MS: &[u64] = &[250, 1_000, 1_500, 2_000, 3_000, 5_000, 10_000, 60_000];
 
 /// The longest sequence [`decode`] produces.
 pub const MAX_DECODED_OPS: usize = 256;
@@ -57,6 +74,8 @@ pub fn generate(seed: u64, ops: usize) -> Seq {
     while b.ops.len() < ops {
         b.step();
     }
+    // A burst may have gone past the length asked for.
+    b.ops.truncate(ops);
     Seq {
         label: format!("seed {seed}"),
         limits,
@@ -73,6 +92,7 @@ pub fn decode(bytes: &[u8]) -> Seq {
     while !b.src.exhausted() && b.ops.len() < MAX_DECODED_OPS {
         b.step();
     }
+    b.ops.truncate(MAX_DECODED_OPS);
     Seq {
         label: format!("decoded from {} bytes", bytes.len()),
         limits,
@@ -108,23 +128,79 @@ impl<S: Source> Builder<S> {
         }
     }
 
-    /// Appends one operation (or none, if the drawn txn has an undefined outcome).
+    /// Appends one operation (or none, if the drawn txn has an undefined outcome), or now
+    /// and then a burst of writes (see [`Builder::burst`]).
     fn step(&mut self) {
-        let op = match self.src.below(100) {
-            0..=29 => Op::Put(self.put()),
-            30..=39 => Op::DeleteRange(self.delete()),
-            40..=61 => {
+        let op = match self.src.below(256) {
+            0..=63 => Op::Put(self.put()),
+            64..=83 => Op::DeleteRange(self.delete()),
+            84..=134 => {
                 let budget = self.model.limits().max_txn_ops;
                 Op::Txn(self.txn(0, budget))
             }
-            62..=89 => Op::Range(self.range(true)),
-            90..=93 => Op::Compact(self.compact()),
-            94 => Op::Reopen,
-            _ => Op::HashKv(self.hash_revision()),
+            135..=183 => Op::Range(self.range(true)),
+            184 if self.chance(40) => return self.burst(),
+            184 => Op::SettleWatches,
+            185..=194 => Op::Compact(self.compact()),
+            195 => Op::Reopen,
+            196..=205 => Op::HashKv(self.hash_revision()),
+            206..=218 => Op::LeaseGrant(self.lease_grant()),
+            219..=223 => Op::LeaseRevoke(self.lease_id()),
+            224..=228 => Op::LeaseKeepAlive(self.lease_id()),
+            229..=233 => Op::LeaseTimeToLive {
+                id: self.lease_id(),
+                keys: self.chance(70),
+            },
+            234..=235 => Op::LeaseLeases,
+            236..=243 => Op::AdvanceClock(Duration::from_millis(self.pick(CLOCK_STEPS_MS))),
+            _ => self.watch(),
         };
+        self.emit(op);
+    }
+
+    /// Appends `op` unless its outcome is undefined.
+    fn emit(&mut self, op: Op) {
         if self.model.op_defined(&op) {
             self.model.apply(&op);
             self.ops.push(op);
+        }
+    }
+
+    /// A lazy watch on a wide range, then 128 to 191 Puts: more responses than a watch may
+    /// hold undelivered (128, WATCH-3), so the watch falls behind and must catch up from the
+    /// history once read. Then either the harness settles the watches (the catch-up must
+    /// lose nothing) or a compaction passes the watch's next revision first (it must be
+    /// canceled after a correct prefix).
+    fn burst(&mut self) {
+        let (key, range_end) = match self.below(3) {
+            0 => (Bytes::new(), Bytes::from_static(b"\0")),
+            1 => (Bytes::from_static(b"a"), Bytes::from_static(b"\xff")),
+            _ => (Bytes::from_static(b"k"), Bytes::from_static(b"l")),
+        };
+        let compact = self.model.compact_revision();
+        let start_revision = if self.chance(50) { 0 } else { compact.max(1) };
+        let req = WatchCreateRequest {
+            key,
+            range_end,
+            start_revision,
+            prev_kv: self.chance(50),
+            ..WatchCreateRequest::default()
+        };
+        self.emit(Op::Watch {
+            stream: StreamKind::Lazy,
+            req,
+        });
+        for _ in 0..128 + self.below(64) {
+            let key = Bytes::from_static(self.pick(&KEYS[1..]));
+            let put = PutRequest::new(key, Bytes::from_static(self.pick(VALUES)));
+            self.emit(Op::Put(put));
+        }
+        if self.chance(50) {
+            self.emit(Op::SettleWatches);
+        } else {
+            let revision = self.model.current_revision() - self.below(8) as i64;
+            let physical = self.chance(50);
+            self.emit(Op::Compact(CompactionRequest { revision, physical }));
         }
     }
 
@@ -275,10 +351,10 @@ impl<S: Source> Builder<S> {
         } else {
             self.value()
         };
-        let lease = if ignore_lease && self.chance(85) || self.chance(70) {
+        let lease = if ignore_lease && self.chance(85) || self.chance(60) {
             0
         } else {
-            self.pick(LEASES)
+            self.lease_id()
         };
         PutRequest {
             key,
@@ -390,7 +466,7 @@ impl<S: Source> Builder<S> {
             1 => CompareTarget::Create(if self.chance(30) { 0 } else { self.revision() }),
             2 => CompareTarget::Mod(if self.chance(30) { 0 } else { self.revision() }),
             3 => CompareTarget::Value(Bytes::from_static(self.pick(VALUES))),
-            _ => CompareTarget::Lease(self.pick(LEASES)),
+            _ => CompareTarget::Lease(if self.chance(20) { 0 } else { self.lease_id() }),
         };
         Compare {
             key,
@@ -414,6 +490,90 @@ impl<S: Source> Builder<S> {
         CompactionRequest {
             revision,
             physical: self.chance(50),
+        }
+    }
+
+    /// A lease id: mostly one that exists, else one from the pool (which may exist too).
+    fn lease_id(&mut self) -> i64 {
+        let granted = self.model.lease_ids();
+        if !granted.is_empty() && self.chance(80) {
+            return granted[self.below(granted.len())];
+        }
+        self.pick(LEASES)
+    }
+
+    fn lease_grant(&mut self) -> LeaseGrantRequest {
+        let ttl = if self.below(100) == 99 {
+            9_000_000_001
+        } else {
+            self.pick(TTLS)
+        };
+        let id = if self.chance(15) {
+            0
+        } else {
+            self.pick(LEASES)
+        };
+        LeaseGrantRequest { ttl, id }
+    }
+
+    /// A watch: a key, a prefix, everything, or an arbitrary (possibly empty) range; from the
+    /// next revision, the current one, the past (the compaction revision and just below it
+    /// included), the future, or a negative revision; random filters and prev_kv.
+    fn watch(&mut self) -> Op {
+        let stream = if self.chance(35) {
+            StreamKind::Lazy
+        } else {
+            StreamKind::Eager
+        };
+        let (key, range_end) = match self.below(10) {
+            0..=2 => (self.key(0), Bytes::new()),
+            3..=4 => {
+                let key = self.key(0);
+                let end = prefix_end(&key);
+                (key, end)
+            }
+            5..=6 => (Bytes::from_static(b"\0"), Bytes::from_static(b"\0")),
+            7 => (Bytes::new(), self.range_end(&Bytes::new())),
+            _ => {
+                let key = self.key(0);
+                let end = self.range_end(&key);
+                (key, end)
+            }
+        };
+        let cur = self.model.current_revision();
+        let compact = self.model.compact_revision();
+        let start_revision = match self.below(20) {
+            0..=5 => 0,
+            6..=7 => cur,
+            8 => cur + 1 + self.below(3) as i64,
+            9..=10 => compact.max(1),
+            11..=12 => compact - 1,
+            13 => 1,
+            14 => -1 - self.below(2) as i64,
+            _ => {
+                let low = compact.max(1);
+                low + self.src.below((cur - low + 1) as u64) as i64
+            }
+        };
+        let watch_id = if self.chance(10) {
+            // Explicit ids far above the automatic ones (a per-stream counter from 0), and
+            // unique: the op index makes each one different.
+            (1 << 32) + self.ops.len() as i64
+        } else {
+            0
+        };
+        Op::Watch {
+            stream,
+            req: WatchCreateRequest {
+                key,
+                range_end,
+                start_revision,
+                progress_notify: self.chance(20),
+                no_put: self.chance(10),
+                no_delete: self.chance(10),
+                prev_kv: self.chance(40),
+                watch_id,
+            },
         }
     }
 

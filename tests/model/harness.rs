@@ -1,43 +1,108 @@
 //! Runs a sequence against a fresh engine and the model, comparing everything observable.
 //!
-//! After every op: the full reply (response structs or errors) and the engine's Status
-//! (current and compaction revisions). HashKV: every field but `hash` against the model, and
-//! the hash itself must be a function of (compaction revision, hash revision), so it may not
-//! change across reopens, background compaction or later writes. On Reopen: hash_kv(0)
-//! before and after. At the end: a Range of every key at every readable revision (and just
-//! outside the readable window). Any mismatch panics with the sequence label and op index.
+//! After every op: the full reply (response structs or errors), the engine's Status (current
+//! and compaction revisions) and its lease list (ids, soonest deadline first). HashKV: every
+//! field but `hash` against the model, and the hash itself must be a function of (compaction
+//! revision, hash revision), so it may not change across reopens, background compaction or
+//! later writes. On Reopen: hash_kv(0) before and after. After a reopen and at the end: a
+//! Range of every key at every readable revision (and just outside the readable window) and
+//! TimeToLive (with keys) of every lease.
+//!
+//! Time: the engine runs on a `ManualClock` shared with the harness (kept across reopens),
+//! and the model keeps the same time. `AdvanceClock` moves both; the engine's apply thread
+//! revokes due leases on its own within ~50 ms, so the harness then polls the engine's lease
+//! list and revision until they equal the model's (at most [`EXPIRY_PATIENCE`]) before the
+//! next op: expiry has to have happened, and happened exactly as the model says, before
+//! anything else is compared. A grant of id 0 takes the engine's id (checked positive and
+//! unused) into the model.
+//!
+//! Watches: see [`super::watch`]. The eager stream is read after every op; both streams are
+//! settled and every watch is checked before each Reopen and at the end.
+//!
+//! Any mismatch panics with the sequence label and op index.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kvd::{Config, Engine, Error, HashKvResponse, RangeRequest};
+use kvd::{Config, Engine, Error, HashKvResponse, LeaseGrantRequest, ManualClock, RangeRequest};
 
 use super::ops::{Op, Reply, Seq};
 use super::state::{Limits, Model};
+use super::watch::{Mismatch, WatchCoverage, WatchLog, Watches};
 
 /// What a run observed that depends on the engine alone, for comparing two engines fed the
-/// same sequence.
+/// same sequence, and what the checks covered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trace {
     /// Every HashKV the harness asked for: (op index, engine reply).
     pub hashes: Vec<(usize, Result<HashKvResponse, Error>)>,
+    /// Counts of what was checked (timing-dependent for watches: not for comparing).
+    pub coverage: Coverage,
+    /// How every watch ended (timing-dependent for watches that raced a compaction).
+    pub watches: Vec<WatchLog>,
+}
+
+/// Counts of what a run checked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Coverage {
+    /// Ops run (undefined txns skipped).
+    pub ops: usize,
+    /// Leases revoked by the clock.
+    pub expired_leases: usize,
+    /// Of which held keys (a revision of deletes).
+    pub expired_with_keys: usize,
+    /// Time spent waiting for expiry.
+    pub expiry_wait: Duration,
+    /// The watch checks.
+    pub watches: WatchCoverage,
+}
+
+impl Coverage {
+    /// Adds `other` to these counts.
+    pub fn add(&mut self, other: &Coverage) {
+        self.ops += other.ops;
+        self.expired_leases += other.expired_leases;
+        self.expired_with_keys += other.expired_with_keys;
+        self.expiry_wait += other.expiry_wait;
+        let (w, o) = (&mut self.watches, &other.watches);
+        w.created += o.created;
+        w.refused += o.refused;
+        w.compacted_at_create += o.compacted_at_create;
+        w.compacted_while_behind += o.compacted_while_behind;
+        w.full += o.full;
+        w.events += o.events;
+        w.grouped_responses += o.grouped_responses;
+        w.progress += o.progress;
+    }
 }
 
 /// History records per compaction step: small, so that compactions take many steps and
 /// overlap with the ops that follow them.
 const COMPACTION_BATCH_RECORDS: usize = 16;
 
-/// Returns the engine configuration for `limits`: no fsync and a small cache, to stay fast.
-pub fn config(limits: Limits) -> Config {
+/// The longest the harness waits for the engine to revoke the leases a clock step made due.
+pub const EXPIRY_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Progress notifications every 20 s of the manual clock, so that `AdvanceClock` steps
+/// trigger some (etcd's default is 10 minutes).
+const PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(20);
+
+/// Returns the engine configuration for `limits` on `clock`: no fsync and a small cache, to
+/// stay fast.
+pub fn config(limits: Limits, clock: &Arc<ManualClock>) -> Config {
     Config {
         unsafe_no_fsync: true,
         cache_size_bytes: 4 << 20,
         max_txn_ops: limits.max_txn_ops,
         max_request_bytes: limits.max_request_bytes,
         compaction_batch_records: COMPACTION_BATCH_RECORDS,
+        clock: clock.clone(),
+        watch_progress_notify_interval: PROGRESS_NOTIFY_INTERVAL,
         ..Config::default()
     }
 }
@@ -49,16 +114,22 @@ pub fn run(seq: &Seq, dir: &Path) -> Trace {
     for (i, op) in seq.ops.iter().enumerate() {
         h.step(i, op);
     }
-    h.sweep(seq.ops.len(), "final sweep", true);
-    h.close(seq.ops.len());
+    let end = seq.ops.len();
+    h.finish_watches(end);
+    h.sweep(end, "final sweep", true);
+    h.close(end);
+    h.trace.coverage.watches = h.watches.coverage.clone();
+    h.trace.watches = std::mem::take(&mut h.watches.logs);
     h.trace
 }
 
 struct Harness<'a> {
     seq: &'a Seq,
     dir: &'a Path,
+    clock: Arc<ManualClock>,
     engine: Option<Engine>,
     model: Model,
+    watches: Watches,
     /// (compaction revision, hash revision) → the hash first seen for it.
     hashes: BTreeMap<(i64, i64), u32>,
     trace: Trace,
@@ -77,17 +148,24 @@ fn shown(value: &dyn Debug) -> String {
 
 impl<'a> Harness<'a> {
     fn new(seq: &'a Seq, dir: &'a Path) -> Harness<'a> {
-        let engine = match Engine::open(dir, config(seq.limits)) {
+        let clock = Arc::new(ManualClock::new());
+        let engine = match Engine::open(dir, config(seq.limits, &clock)) {
             Ok(engine) => engine,
             Err(e) => panic!("{}: Engine::open failed: {e:?}", seq.label),
         };
         Harness {
             seq,
             dir,
+            clock,
             engine: Some(engine),
             model: Model::new(seq.limits),
+            watches: Watches::new(),
             hashes: BTreeMap::new(),
-            trace: Trace { hashes: Vec::new() },
+            trace: Trace {
+                hashes: Vec::new(),
+                coverage: Coverage::default(),
+                watches: Vec::new(),
+            },
         }
     }
 
@@ -99,14 +177,21 @@ impl<'a> Harness<'a> {
             .map_or_else(|| "(after the last op)".to_owned(), |op| shown(op));
         panic!(
             "kvd model mismatch: {label}, op #{i} of {n}: {what}\n  op:     {op}\n  engine: {e}\n  \
-             model:  {m}\n  (model state: revision {rev}, compact revision {compact})",
+             model:  {m}\n  (model state: revision {rev}, compact revision {compact}, clock \
+             {now:?}, leases {leases:?})",
             label = self.seq.label,
             n = self.seq.ops.len(),
             e = shown(engine),
             m = shown(model),
             rev = self.model.current_revision(),
             compact = self.model.compact_revision(),
+            now = self.model.now(),
+            leases = self.model.lease_ids(),
         )
+    }
+
+    fn fail_watch(&self, i: usize, m: Mismatch) -> ! {
+        self.fail(i, &m.what, &Raw(m.engine), &Raw(m.model))
     }
 
     /// Calls the engine; if it panics, says where before passing the panic on.
@@ -132,10 +217,26 @@ impl<'a> Harness<'a> {
         if !self.model.op_defined(op) {
             return;
         }
+        self.trace.coverage.ops += 1;
         match op {
             Op::Reopen => self.reopen(i),
             Op::HashKv(rev) => {
                 self.hash_kv(i, *rev);
+            }
+            Op::LeaseGrant(req) => self.lease_grant(i, req),
+            Op::AdvanceClock(by) => self.advance_clock(i, *by),
+            Op::SettleWatches => {
+                if let Err(m) = self.watches.settle_all(&self.model) {
+                    self.fail_watch(i, m);
+                }
+            }
+            Op::Watch { stream, req } => {
+                let Some(engine) = &self.engine else {
+                    panic!("{}: op #{i}: the engine is not open", self.seq.label)
+                };
+                if let Err(m) = self.watches.create(i, *stream, req, engine, &self.model) {
+                    self.fail_watch(i, m);
+                }
             }
             _ => {
                 let engine = self.call(i, |e| apply(e, op));
@@ -143,7 +244,13 @@ impl<'a> Harness<'a> {
                 if engine != model {
                     self.fail(i, "replies differ", &engine, &model);
                 }
+                if let (Op::Compact(c), Reply::Compact(Ok(_))) = (op, &model) {
+                    self.watches.compacted(c.revision);
+                }
             }
+        }
+        if let Err(m) = self.watches.poll_eager(&self.model) {
+            self.fail_watch(i, m);
         }
         self.check_status(i);
     }
@@ -160,6 +267,74 @@ impl<'a> Harness<'a> {
                 &want,
             ),
         }
+        let leases = self.call(i, Engine::lease_leases).map(|r| r.leases);
+        let want = self.model.lease_leases().map(|r| r.leases);
+        if leases != want {
+            self.fail(i, "lease list after the op", &leases, &want);
+        }
+    }
+
+    /// A grant: an id the engine chose (for id 0) must be positive and unused; the model
+    /// then records that id.
+    fn lease_grant(&mut self, i: usize, req: &LeaseGrantRequest) {
+        let engine = self.call(i, |e| e.lease_grant(*req));
+        let chosen = match (&engine, req.id) {
+            (Ok(resp), 0) => {
+                if resp.id <= 0 || self.model.lease_exists(resp.id) {
+                    self.fail(
+                        i,
+                        "lease id chosen by the engine for a grant of id 0",
+                        &engine,
+                        &format!(
+                            "a positive id not in use (in use: {:?})",
+                            self.model.lease_ids()
+                        ),
+                    );
+                }
+                Some(resp.id)
+            }
+            _ => None,
+        };
+        let model = Reply::LeaseGrant(self.model.lease_grant(req, chosen));
+        let engine = Reply::LeaseGrant(engine);
+        if engine != model {
+            self.fail(i, "replies differ", &engine, &model);
+        }
+    }
+
+    /// Moves the clock, then waits until the engine has revoked what the model revoked:
+    /// its lease list and revision equal the model's.
+    fn advance_clock(&mut self, i: usize, by: Duration) {
+        let revision_before = self.model.current_revision();
+        self.clock.advance(by);
+        let expired = self.model.advance_clock(by);
+        self.trace.coverage.expired_leases += expired.len();
+        self.trace.coverage.expired_with_keys +=
+            (self.model.current_revision() - revision_before) as usize;
+        let want_leases = self.model.lease_leases().map(|r| r.leases);
+        let want_rev = self.model.current_revision();
+        let started = Instant::now();
+        loop {
+            let leases = self.call(i, Engine::lease_leases).map(|r| r.leases);
+            let revision = self.call(i, Engine::status).map(|s| s.header.revision);
+            if leases == want_leases && revision == Ok(want_rev) {
+                break;
+            }
+            if started.elapsed() > EXPIRY_PATIENCE {
+                self.fail(
+                    i,
+                    &format!(
+                        "after the clock moved by {by:?} the engine must revoke the due leases \
+                         {expired:?} (soonest deadline first, one revision each if it has \
+                         keys); (lease list, revision) after waiting {EXPIRY_PATIENCE:?}"
+                    ),
+                    &(leases, revision),
+                    &(want_leases, want_rev),
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.trace.coverage.expiry_wait += started.elapsed();
     }
 
     fn hash_kv(&mut self, i: usize, rev: i64) -> Option<u32> {
@@ -191,14 +366,23 @@ impl<'a> Harness<'a> {
         Some(resp.hash)
     }
 
+    /// Settles and checks every watch of the engine incarnation, then drops the streams.
+    fn finish_watches(&mut self, i: usize) {
+        if let Err(m) = self.watches.finish_segment(&self.model) {
+            self.fail_watch(i, m);
+        }
+    }
+
     fn reopen(&mut self, i: usize) {
         let before = self.hash_kv(i, 0);
+        self.finish_watches(i);
         if let Some(engine) = self.engine.take()
             && let Err(e) = engine.close()
         {
             self.fail(i, "Engine::close", &Err::<(), _>(e), &Ok::<(), Error>(()));
         }
-        match Engine::open(self.dir, config(self.seq.limits)) {
+        self.model.apply(&Op::Reopen);
+        match Engine::open(self.dir, config(self.seq.limits, &self.clock)) {
             Ok(engine) => self.engine = Some(engine),
             Err(e) => self.fail(
                 i,
@@ -245,6 +429,18 @@ impl<'a> Harness<'a> {
                 );
             }
         }
+        for id in self.model.lease_ids() {
+            let engine = self.call(i, |e| e.lease_time_to_live(id, true));
+            let model = self.model.lease_time_to_live(id, true);
+            if engine != model {
+                self.fail(
+                    i,
+                    &format!("{what}: TimeToLive of lease {id} with keys"),
+                    &engine,
+                    &model,
+                );
+            }
+        }
     }
 
     fn close(&mut self, i: usize) {
@@ -269,7 +465,27 @@ fn apply(engine: &Engine, op: &Op) -> Reply {
         Op::Txn(r) => Reply::Txn(engine.txn(r.clone())),
         Op::Range(r) => Reply::Range(engine.range(r)),
         Op::Compact(r) => Reply::Compact(engine.compact(*r)),
-        Op::Reopen => Reply::Reopen,
         Op::HashKv(rev) => Reply::HashKv(engine.hash_kv(*rev)),
+        Op::LeaseGrant(r) => Reply::LeaseGrant(engine.lease_grant(*r)),
+        Op::LeaseRevoke(id) => Reply::LeaseRevoke(engine.lease_revoke(*id)),
+        Op::LeaseKeepAlive(id) => Reply::LeaseKeepAlive(engine.lease_keep_alive(*id)),
+        Op::LeaseTimeToLive { id, keys } => {
+            Reply::LeaseTimeToLive(engine.lease_time_to_live(*id, *keys))
+        }
+        Op::LeaseLeases => Reply::LeaseLeases(engine.lease_leases()),
+        // The harness runs these itself.
+        Op::Reopen => Reply::Reopen,
+        Op::AdvanceClock(_) => Reply::AdvanceClock(Vec::new()),
+        Op::Watch { .. } => Reply::Watch,
+        Op::SettleWatches => Reply::SettleWatches,
+    }
+}
+
+/// Text shown as is in a failure message.
+struct Raw(String);
+
+impl Debug for Raw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }

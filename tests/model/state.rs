@@ -1,23 +1,43 @@
-//! The reference model: etcd 3.6's KV semantics over a plain per-key history.
+//! The reference model: etcd 3.6's KV, lease and watch semantics over a plain per-key history.
 //!
-//! Every change ever made is kept, as `(main revision, Some(kv) | None for a tombstone)`
-//! appended to the key's history, so a read at revision R is "the last entry of the key
-//! with revision ≤ R". Compaction only moves `compact`: reads below it are refused, reads at
-//! or above it see the full history, which is exactly what a compacted store must return.
+//! Every change ever made is kept, as `(main revision, sub revision, Some(kv) | None for a
+//! tombstone)` appended to the key's history, so a read at revision R is "the last entry of
+//! the key with revision ≤ R", and the events a watch must see are the entries in its range
+//! and revision window in (main, sub) order. Compaction only moves `compact`: reads below it
+//! are refused, reads at or above it see the full history, which is exactly what a compacted
+//! store must return.
+//!
+//! Leases (§9) live in a table of (granted TTL, deadline) on the model's own clock, which the
+//! harness keeps equal to the engine's `ManualClock`. Attachments are not stored: the keys of
+//! lease L are the live keys whose `lease` field is L (a Put with lease L needs L to exist,
+//! and a revoke deletes every key naming L, so the two views cannot differ). Advancing the
+//! clock revokes every lease whose deadline is at or before the new time, soonest deadline
+//! first (ties by id), each through the same path as a client's revoke: one revision for its
+//! keys, deleted in key order, none if it has no keys. A reopen gives every lease its full
+//! TTL again from the current time (§9.3).
 //!
 //! The numbered sections (§) refer to `/work/shared/spec/etcd.md`.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
+use std::time::Duration;
 
 use bytes::Bytes;
 use kvd::{
     CompactionRequest, CompactionResponse, Compare, CompareResult, CompareTarget,
-    DeleteRangeRequest, DeleteRangeResponse, Error, HashKvResponse, KeyValue, PutRequest,
-    PutResponse, RangeRequest, RangeResponse, RequestOp, ResponseHeader, ResponseOp, SortOrder,
-    SortTarget, TxnRequest, TxnResponse, WriteRequest,
+    DeleteRangeRequest, DeleteRangeResponse, Error, HashKvResponse, KeyValue, LeaseGrantRequest,
+    LeaseGrantResponse, LeaseKeepAliveResponse, LeaseLeasesResponse, LeaseRevokeRequest,
+    LeaseRevokeResponse, LeaseTimeToLiveResponse, PutRequest, PutResponse, RangeRequest,
+    RangeResponse, RequestOp, ResponseHeader, ResponseOp, SortOrder, SortTarget, TxnRequest,
+    TxnResponse, WriteRequest,
 };
+
+/// etcd's MaxLeaseTTL in seconds (§9.1): a grant above it is refused.
+pub const LEASE_TTL_MAX_SECONDS: i64 = 9_000_000_000;
+/// etcd's minimum lease TTL with default timing (§9.1), kvd's `Config` default: grants below
+/// it are raised to it.
+pub const LEASE_TTL_MIN_SECONDS: i64 = 2;
 
 /// The admission limits the engine is opened with (`kvd::Config` fields of the same names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,8 +62,37 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Undefined(pub &'static str);
 
-/// One key's history: every change in revision order; `None` is a tombstone.
-type History = Vec<(i64, Option<KeyValue>)>;
+/// One change to one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The main revision of the change.
+    pub rev: i64,
+    /// Its position among the changes of that revision (etcd's sub revision).
+    pub sub: usize,
+    /// The new KeyValue, or `None` for a delete (tombstone).
+    pub kv: Option<KeyValue>,
+}
+
+/// One key's history: every change in (revision, sub) order.
+type History = Vec<Entry>;
+
+/// One change of the store, for watch expectations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// The key.
+    pub key: Bytes,
+    /// The change.
+    pub entry: Entry,
+}
+
+/// One lease of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Lease {
+    /// The granted TTL in seconds, after raising it to the minimum.
+    ttl: i64,
+    /// When it expires, on the model clock.
+    deadline: Duration,
+}
 
 /// The model store.
 #[derive(Debug, Clone)]
@@ -52,6 +101,9 @@ pub struct Model {
     current: i64,
     compact: i64,
     history: BTreeMap<Bytes, History>,
+    /// The model clock: the time the engine's `ManualClock` shows.
+    now: Duration,
+    leases: BTreeMap<i64, Lease>,
 }
 
 /// The outcome of the compares of a txn and of the nested txns on its chosen branch, all
@@ -71,6 +123,8 @@ impl Model {
             current: 1,
             compact: -1,
             history: BTreeMap::new(),
+            now: Duration::ZERO,
+            leases: BTreeMap::new(),
         }
     }
 
@@ -97,6 +151,49 @@ impl Model {
             .collect()
     }
 
+    /// Returns the model clock.
+    pub fn now(&self) -> Duration {
+        self.now
+    }
+
+    /// Returns the ids of every lease, in id order.
+    pub fn lease_ids(&self) -> Vec<i64> {
+        self.leases.keys().copied().collect()
+    }
+
+    /// Returns true if lease `id` exists.
+    pub fn lease_exists(&self, id: i64) -> bool {
+        self.leases.contains_key(&id)
+    }
+
+    /// Returns `key` as it was at revision `rev` (None if absent there), compaction ignored.
+    pub fn kv_at(&self, key: &[u8], rev: i64) -> Option<KeyValue> {
+        self.get(key, rev).cloned()
+    }
+
+    /// Returns every change to a key of the range `key`/`end` (Range conventions, §2.1) with
+    /// a main revision in `from..=to`, in (revision, sub) order.
+    pub fn changes(&self, key: &[u8], end: &[u8], from: i64, to: i64) -> Vec<Change> {
+        let Some(bounds) = bounds(key, end) else {
+            return Vec::new();
+        };
+        let mut out: Vec<Change> = self
+            .history
+            .range::<[u8], _>(bounds)
+            .flat_map(|(k, history)| {
+                history
+                    .iter()
+                    .filter(|e| from <= e.rev && e.rev <= to)
+                    .map(|e| Change {
+                        key: k.clone(),
+                        entry: e.clone(),
+                    })
+            })
+            .collect();
+        out.sort_by_key(|c| (c.entry.rev, c.entry.sub));
+        out
+    }
+
     // ---- Requests --------------------------------------------------------------------------
 
     /// A standalone Range (§2).
@@ -121,6 +218,10 @@ impl Model {
     pub fn put(&mut self, req: &PutRequest) -> Result<PutResponse, Error> {
         check_put(req)?;
         self.check_size(WriteRequest::Put(req.clone()))?;
+        // A standalone Put checks the lease before the key the ignore flags need (§3.1).
+        if req.lease != 0 && !self.lease_exists(req.lease) {
+            return Err(Error::LeaseNotFound);
+        }
         if (req.ignore_value || req.ignore_lease) && self.get(&req.key, self.current).is_none() {
             return Err(Error::KeyNotFound);
         }
@@ -196,6 +297,166 @@ impl Model {
         })
     }
 
+    // ---- Leases (§9) -------------------------------------------------------------------------
+
+    /// LeaseGrant (§9.1). A grant with id 0 gets the id the engine chose, `chosen`; with
+    /// `chosen = None` (the generator, which has no engine) it answers id 0 and records
+    /// nothing, so later operations never name that lease.
+    pub fn lease_grant(
+        &mut self,
+        req: &LeaseGrantRequest,
+        chosen: Option<i64>,
+    ) -> Result<LeaseGrantResponse, Error> {
+        if req.ttl > LEASE_TTL_MAX_SECONDS {
+            return Err(Error::LeaseTtlTooLarge);
+        }
+        self.check_size(WriteRequest::LeaseGrant(*req))?;
+        let ttl = req.ttl.max(LEASE_TTL_MIN_SECONDS);
+        let id = match (req.id, chosen) {
+            (0, None) => {
+                return Ok(LeaseGrantResponse {
+                    header: self.header(),
+                    id: 0,
+                    ttl,
+                });
+            }
+            (0, Some(id)) => id,
+            (id, _) => id,
+        };
+        if self.lease_exists(id) {
+            return Err(Error::LeaseExists);
+        }
+        self.leases.insert(
+            id,
+            Lease {
+                ttl,
+                deadline: deadline(self.now, ttl),
+            },
+        );
+        Ok(LeaseGrantResponse {
+            header: self.header(),
+            id,
+            ttl,
+        })
+    }
+
+    /// LeaseRevoke (§9.2): the lease's keys deleted in key order in one revision.
+    pub fn lease_revoke(&mut self, id: i64) -> Result<LeaseRevokeResponse, Error> {
+        self.check_size(WriteRequest::LeaseRevoke(LeaseRevokeRequest { id }))?;
+        if !self.lease_exists(id) {
+            return Err(Error::LeaseNotFound);
+        }
+        Ok(self.revoke(id))
+    }
+
+    fn revoke(&mut self, id: i64) -> LeaseRevokeResponse {
+        let keys = self.lease_keys(id);
+        let mut w = Writer::new(self);
+        for key in keys {
+            w.delete(&DeleteRangeRequest::key(key));
+        }
+        let header = ResponseHeader {
+            revision: w.read_rev(),
+        };
+        w.finish();
+        self.leases.remove(&id);
+        LeaseRevokeResponse { header }
+    }
+
+    /// The live keys attached to lease `id`, in key order.
+    fn lease_keys(&self, id: i64) -> Vec<Bytes> {
+        self.live(b"\0", b"\0", self.current)
+            .into_iter()
+            .filter(|kv| kv.lease == id)
+            .map(|kv| kv.key)
+            .collect()
+    }
+
+    /// LeaseKeepAlive (§9.4): a full TTL from now; TTL 0, no error, if unknown.
+    pub fn lease_keep_alive(&mut self, id: i64) -> Result<LeaseKeepAliveResponse, Error> {
+        let header = self.header();
+        let now = self.now;
+        let ttl = match self.leases.get_mut(&id) {
+            Some(lease) => {
+                lease.deadline = deadline(now, lease.ttl);
+                lease.ttl
+            }
+            None => 0,
+        };
+        Ok(LeaseKeepAliveResponse { header, id, ttl })
+    }
+
+    /// LeaseTimeToLive (§9.5): whole seconds left (truncated), the granted TTL and, if asked,
+    /// the keys in key order; TTL -1 and granted 0 if unknown.
+    pub fn lease_time_to_live(
+        &self,
+        id: i64,
+        keys: bool,
+    ) -> Result<LeaseTimeToLiveResponse, Error> {
+        let header = self.header();
+        Ok(match self.leases.get(&id) {
+            Some(lease) => LeaseTimeToLiveResponse {
+                header,
+                id,
+                ttl: i64::try_from(lease.deadline.saturating_sub(self.now).as_secs())
+                    .unwrap_or(i64::MAX),
+                granted_ttl: lease.ttl,
+                keys: if keys {
+                    self.lease_keys(id)
+                } else {
+                    Vec::new()
+                },
+            },
+            None => LeaseTimeToLiveResponse {
+                header,
+                id,
+                ttl: -1,
+                granted_ttl: 0,
+                keys: Vec::new(),
+            },
+        })
+    }
+
+    /// LeaseLeases (§9.6): every lease, soonest deadline first, ties by id.
+    pub fn lease_leases(&self) -> Result<LeaseLeasesResponse, Error> {
+        let mut leases: Vec<(Duration, i64)> = self
+            .leases
+            .iter()
+            .map(|(id, l)| (l.deadline, *id))
+            .collect();
+        leases.sort_unstable();
+        Ok(LeaseLeasesResponse {
+            header: self.header(),
+            leases: leases.into_iter().map(|(_, id)| id).collect(),
+        })
+    }
+
+    /// Moves the clock forward by `by` and revokes every lease whose deadline is at or before
+    /// the new time, soonest deadline first (ties by id), one revoke each (§9.3). Returns the
+    /// revoked ids in that order.
+    pub fn advance_clock(&mut self, by: Duration) -> Vec<i64> {
+        self.now = self.now.saturating_add(by);
+        let mut due: Vec<(Duration, i64)> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| l.deadline <= self.now)
+            .map(|(id, l)| (l.deadline, *id))
+            .collect();
+        due.sort_unstable();
+        for (_, id) in &due {
+            self.revoke(*id);
+        }
+        due.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// A close and reopen: every lease gets its full TTL again from now (§9.3, LEASE-3).
+    pub fn reopen(&mut self) {
+        let now = self.now;
+        for lease in self.leases.values_mut() {
+            lease.deadline = deadline(now, lease.ttl);
+        }
+    }
+
     // ---- Reads -----------------------------------------------------------------------------
 
     fn header(&self) -> ResponseHeader {
@@ -210,20 +471,14 @@ impl Model {
         history
             .iter()
             .rev()
-            .find(|(r, _)| *r <= rev)
-            .and_then(|(_, kv)| kv.as_ref())
+            .find(|e| e.rev <= rev)
+            .and_then(|e| e.kv.as_ref())
     }
 
     /// Returns the KeyValues alive at `rev` in the range `key`/`end` (§2.1), in key order.
     fn live(&self, key: &[u8], end: &[u8], rev: i64) -> Vec<KeyValue> {
-        let bounds: (Bound<&[u8]>, Bound<&[u8]>) = if end.is_empty() {
-            (Bound::Included(key), Bound::Included(key))
-        } else if end == b"\0" {
-            (Bound::Included(key), Bound::Unbounded)
-        } else if key >= end {
+        let Some(bounds) = bounds(key, end) else {
             return Vec::new();
-        } else {
-            (Bound::Included(key), Bound::Excluded(end))
         };
         self.history
             .range::<[u8], _>(bounds)
@@ -363,12 +618,17 @@ impl Model {
     /// that may write), then every Range.
     fn precheck(&self, req: &TxnRequest, path: &Path) -> Result<(), Error> {
         if !req.is_read_only() {
+            // Inside a txn each Put checks the key the ignore flags need, then its lease
+            // (§4.4), one Put after the other.
             walk_chosen(req, path, &mut |op| match op {
                 RequestOp::Put(p)
                     if (p.ignore_value || p.ignore_lease)
                         && self.get(&p.key, self.current).is_none() =>
                 {
                     Err(Error::KeyNotFound)
+                }
+                RequestOp::Put(p) if p.lease != 0 && !self.lease_exists(p.lease) => {
+                    Err(Error::LeaseNotFound)
                 }
                 _ => Ok(()),
             })?;
@@ -392,6 +652,27 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// The bounds of a key range, for `BTreeMap::range`.
+type KeyBounds<'k> = (Bound<&'k [u8]>, Bound<&'k [u8]>);
+
+/// Returns the BTreeMap bounds of the range `key`/`end` (§2.1), or None if it is empty.
+fn bounds<'k>(key: &'k [u8], end: &'k [u8]) -> Option<KeyBounds<'k>> {
+    if end.is_empty() {
+        Some((Bound::Included(key), Bound::Included(key)))
+    } else if end == b"\0" {
+        Some((Bound::Included(key), Bound::Unbounded))
+    } else if key >= end {
+        None
+    } else {
+        Some((Bound::Included(key), Bound::Excluded(end)))
+    }
+}
+
+/// A lease deadline: `ttl` seconds after `now` (a negative TTL cannot occur: grants raise it).
+fn deadline(now: Duration, ttl: i64) -> Duration {
+    now.saturating_add(Duration::from_secs(u64::try_from(ttl).unwrap_or(0)))
 }
 
 /// Calls `f` on every non-txn op of the chosen branches of `req`, depth first, in order.
@@ -629,7 +910,11 @@ impl<'m> Writer<'m> {
             .history
             .entry(req.key.clone())
             .or_default()
-            .push((rev, Some(kv)));
+            .push(Entry {
+                rev,
+                sub: self.changes,
+                kv: Some(kv),
+            });
         self.changes += 1;
         Ok(PutResponse {
             header: ResponseHeader { revision: rev },
@@ -645,7 +930,11 @@ impl<'m> Writer<'m> {
                 .history
                 .entry(kv.key.clone())
                 .or_default()
-                .push((rev, None));
+                .push(Entry {
+                    rev,
+                    sub: self.changes,
+                    kv: None,
+                });
             self.changes += 1;
         }
         DeleteRangeResponse {
