@@ -472,3 +472,62 @@ fn stalled_watcher_stays_bounded_and_later_gets_everything_in_order() {
 fn kvd_pending_bound() -> usize {
     128 + 1
 }
+
+#[test]
+fn watch_id_reused_after_cancel_keeps_flowing() {
+    // A client that cancels a watch and re-creates its id before reading the cancel must
+    // not inherit the old watch's back-pressure accounting.
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open_with(&dir, &Arc::new(ManualClock::new()));
+    let stream = engine.watch_stream().unwrap();
+    stream
+        .create(WatchCreateRequest {
+            watch_id: 5,
+            ..WatchCreateRequest::prefix("r/")
+        })
+        .unwrap();
+    stream.cancel(5);
+    stream
+        .create(WatchCreateRequest {
+            watch_id: 5,
+            ..WatchCreateRequest::prefix("r/")
+        })
+        .unwrap();
+    for i in 0..300 {
+        put(&engine, &format!("r/{i}"), 0);
+    }
+    let mut events = 0;
+    while events < 300 {
+        let r = next(&stream);
+        events += r.events.len();
+    }
+    assert_eq!(events, 300);
+}
+
+#[test]
+fn duplicate_watch_id_is_refused_with_id_minus_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open_with(&dir, &Arc::new(ManualClock::new()));
+    let stream = engine.watch_stream().unwrap();
+    assert_eq!(
+        stream
+            .create(WatchCreateRequest {
+                watch_id: 3,
+                ..WatchCreateRequest::key("k")
+            })
+            .unwrap(),
+        3
+    );
+    assert!(next(&stream).created);
+    assert_eq!(
+        stream
+            .create(WatchCreateRequest {
+                watch_id: 3,
+                ..WatchCreateRequest::key("k")
+            })
+            .unwrap(),
+        -1
+    );
+    let refused = next(&stream);
+    assert_eq!((refused.watch_id, refused.canceled), (-1, true));
+}

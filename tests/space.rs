@@ -467,3 +467,74 @@ fn auto_compaction_in_revision_mode_follows_the_engine_clock() {
             .is_compacted()
     );
 }
+
+#[test]
+fn read_only_txn_is_served_under_corrupt_alarm() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(-1)).unwrap();
+    engine.put(PutRequest::new("k", "v")).unwrap();
+    engine
+        .alarm(AlarmRequest {
+            action: AlarmAction::Activate,
+            member_id: 1,
+            alarm: AlarmType::Corrupt,
+        })
+        .unwrap();
+    let read = TxnRequest {
+        success: vec![RequestOp::Range(RangeRequest::key("k"))],
+        ..TxnRequest::default()
+    };
+    assert!(
+        engine.txn(read).unwrap().succeeded,
+        "reads keep working under CORRUPT (etcd)"
+    );
+    assert_eq!(
+        engine.put(PutRequest::new("k", "v")).unwrap_err(),
+        Error::Corrupt
+    );
+    assert_eq!(
+        engine
+            .delete_range(DeleteRangeRequest::key("k"))
+            .unwrap_err(),
+        Error::Corrupt
+    );
+}
+
+#[test]
+fn quota_estimate_counts_page_growth_and_deletes() {
+    // Large keys in 100-put txns, alternating with deletes of the same keys: the pages in
+    // use grow faster than etcd's cost says; the quota must still hold.
+    let dir = tempfile::tempdir().unwrap();
+    let quota = 8 << 20;
+    let engine = Engine::open(dir.path(), config(quota)).unwrap();
+    let key = |round: usize, i: usize| format!("{round:04}{i:03}{}", "k".repeat(2048));
+    'fill: for round in 0..10_000 {
+        let ops = (0..100)
+            .map(|i| RequestOp::Put(PutRequest::new(key(round, i), "v")))
+            .collect();
+        match engine.txn(TxnRequest {
+            success: ops,
+            ..TxnRequest::default()
+        }) {
+            Ok(_) => {}
+            Err(Error::NoSpace) => break 'fill,
+            Err(e) => panic!("{e}"),
+        }
+        if round % 2 == 1 {
+            let deletes = (0..100)
+                .map(|i| RequestOp::DeleteRange(DeleteRangeRequest::key(key(round, i))))
+                .collect();
+            engine
+                .txn(TxnRequest {
+                    success: deletes,
+                    ..TxnRequest::default()
+                })
+                .unwrap();
+        }
+    }
+    let in_use = engine.measure_space().unwrap();
+    assert!(
+        in_use < quota as u64,
+        "in use {in_use} past the quota {quota}"
+    );
+}

@@ -13,7 +13,11 @@
 //! - APPLY-2: a Compaction is applied first in its batch, so the revision it compacts at is
 //!   already published: a reader at the published revision never meets a compaction above
 //!   it.
-//! - APPLY-3: apply is deterministic: the same requests in the same order give the same
+//! - APPLY-3: apply is deterministic given its inputs: the same requests in the same order
+//!   give the same history bytes. It reads no randomness; it reads the engine's `Clock` only
+//!   for lease deadlines (memory only, reset on restart) and to generate expiry revokes and
+//!   auto-compactions, which then go through apply like client requests (a replicated log
+//!   would carry them as entries).
 //!   history bytes; it reads no clock and no randomness.
 //!
 //! Contact points: `Engine` sends [`Proposal`]s; `mvcc::write` applies each request.
@@ -100,7 +104,11 @@ pub struct Recovered {
 }
 
 /// Rebuilds the index from the history and the meta table.
-pub fn recover(store: &Store, now: Duration) -> Result<Recovered, StorageError> {
+pub fn recover(
+    store: &Store,
+    now: Duration,
+    lease_ttl_min: i64,
+) -> Result<Recovered, StorageError> {
     let snapshot = store.snapshot()?;
     let meta = |key| -> Result<i64, StorageError> {
         Ok(snapshot
@@ -118,7 +126,8 @@ pub fn recover(store: &Store, now: Duration) -> Result<Recovered, StorageError> 
     let mut lessor = Lessor::new();
     for (key, value) in snapshot.rows(LEASES_TABLE)? {
         let (id, ttl) = lease::decode_row(&key, &value)?;
-        lessor.grant(id, ttl, now);
+        // etcd raises stored TTLs below the minimum on load (LEASE-4).
+        lessor.grant(id, lease::effective_ttl(ttl, lease_ttl_min), now);
     }
     // The lease of each key's newest record, for keys that have one.
     let mut attached: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
@@ -196,7 +205,7 @@ pub struct Applier {
     /// When (engine clock) the figure was last refreshed, and the spacing to the next.
     last_stats_at: Option<Duration>,
     stats_spacing: Duration,
-    /// The cost of the writes applied so far in the current batch.
+    /// The estimated page growth of the records written so far in the current batch.
     batch_cost: u64,
     /// An exact in-use measurement taken during the current batch.
     batch_measured: Option<u64>,
@@ -313,6 +322,10 @@ impl Applier {
     /// Revokes the leases whose deadline passed on the engine's clock, through the same
     /// path as a client's revoke (so watchers see the deletions).
     fn expire_leases(&mut self) {
+        // Under CORRUPT every revoke would be refused: don't retry one per pass.
+        if sync::lock(&self.shared.alarms).corrupt() {
+            return;
+        }
         let now = self.shared.config.clock.now();
         let expired = sync::lock(&self.shared.lessor).expired(now, LEASE_REVOKES_PER_PASS_MAX);
         if expired.is_empty() {
@@ -412,11 +425,7 @@ impl Applier {
         let committed = shared.store.write(|batch| {
             let mut outcomes = Vec::with_capacity(writes.len());
             for (request, _) in &writes {
-                let outcome = self.apply_one(batch, request)?;
-                if matches!(outcome, Outcome::Answer(Ok(_))) {
-                    self.batch_cost += space::cost(request);
-                }
-                outcomes.push(outcome);
+                outcomes.push(self.apply_one(batch, request)?);
             }
             batch.put_meta(
                 MetaKey::CurrentRevision,
@@ -544,6 +553,8 @@ impl Applier {
             batch.delete_row(LEASES_TABLE, &r.id.to_be_bytes())?;
         }
         for change in &changes {
+            // SPACE-3: every record written, tombstones included, grows the estimate.
+            self.batch_cost += space::record_growth(change.kv().key.len(), change.kv().value.len());
             // LEASE-1: a Put attaches its key to its lease (0 detaches); a delete detaches.
             // ACCT-2: the consumption rows change with the data they count.
             let lease = match change {
@@ -651,16 +662,18 @@ impl Applier {
                 return Ok(false);
             }
         }
+        // What the write may really take in pages (SPACE-2): more than etcd's cost.
+        let need = space::growth_bound(cost);
         let base = self
             .batch_measured
             .unwrap_or_else(|| self.shared.space.estimate());
-        if space::fits(base.saturating_add(self.batch_cost), cost, quota) {
+        if space::fits(base.saturating_add(self.batch_cost), need, quota) {
             return Ok(true);
         }
         let exact = batch.allocated_bytes()?;
         self.batch_measured = Some(exact);
         self.batch_cost = 0;
-        Ok(space::fits(exact, cost, quota))
+        Ok(space::fits(exact, need, quota))
     }
 
     fn apply_alarm(

@@ -59,7 +59,7 @@ use crate::space::{self, SpaceTracker};
 use crate::storage::faults::Faults;
 use crate::storage::{CommitSync, Store, StoreOptions};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, RwLock, Weak};
-use crate::watch::{Hub, WATCH_SYNC_INTERVAL, WatchSource, WatchStream};
+use crate::watch::{Hub, WATCH_STALLED_RETRY, WATCH_SYNC_INTERVAL, WatchSource, WatchStream};
 use apply::{Applier, Proposal, WriteResponse};
 pub use auto_compact::AutoCompaction;
 pub use defrag::DefragFailpoint;
@@ -228,12 +228,16 @@ impl Shared {
         while !self.stopping.load(Ordering::Acquire) {
             // A storage failure here is also seen by the writer, which poisons the store;
             // watchers simply stop catching up until reopen.
-            let more = self
-                .hub
-                .sync_pass(&self.store, &self.index)
-                .unwrap_or_default();
-            if !more {
-                self.hub.wait_for_work(WATCH_SYNC_INTERVAL);
+            match self.hub.sync_pass(&self.store, &self.index) {
+                Ok(pass) if pass.progressed => {}
+                Ok(pass) if pass.behind => {
+                    self.hub.wait_for_work(WATCH_STALLED_RETRY);
+                }
+                // Nothing behind, or a storage failure (also seen by the writer, which
+                // poisons the store): sleep until woken or the next interval.
+                Ok(_) | Err(_) => {
+                    self.hub.wait_for_work(WATCH_SYNC_INTERVAL);
+                }
             }
             let now = self.config.clock.now();
             if now.saturating_sub(last_tick) >= self.config.watch_progress_notify_interval {
@@ -305,7 +309,7 @@ impl Engine {
             faults: config.faults.clone(),
         };
         let store = Store::open(dir.as_ref(), &options)?;
-        let recovered = apply::recover(&store, config.clock.now())?;
+        let recovered = apply::recover(&store, config.clock.now(), config.lease_ttl_min_seconds)?;
         // Conservative until the apply thread measures when idle (SPACE-3): the pages in
         // use never exceed the file.
         let in_use = store.file_size()?;
@@ -426,6 +430,11 @@ impl Engine {
     /// assert!(!engine.txn(create_if_absent).unwrap().succeeded);
     /// ```
     pub fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
+        if req.is_read_only() {
+            // A read: no alarm gate, served locally (etcd serves it under CORRUPT too).
+            validate::check_txn(&req, self.shared()?.config.max_txn_ops)?;
+            return self.read_only_txn(&req);
+        }
         let req = WriteRequest::Txn(req);
         self.admit(&req)?;
         let WriteRequest::Txn(req) = req else {

@@ -113,9 +113,14 @@ impl Lessor {
         }
     }
 
-    /// Renews lease `id` to a full TTL from `now`; returns the TTL, or `None` if unknown.
+    /// Renews lease `id` to a full TTL from `now`; returns the TTL, or `None` if unknown or
+    /// already past its deadline.
     pub fn keep_alive(&mut self, id: i64, now: Duration) -> Option<i64> {
         let lease = self.leases.get_mut(&id)?;
+        if lease.deadline <= now {
+            // Expired, its revoke pending: etcd answers TTL 0 and does not revive it.
+            return None;
+        }
         lease.deadline =
             now.saturating_add(Duration::from_secs(u64::try_from(lease.ttl).unwrap_or(0)));
         Some(lease.ttl)
@@ -233,8 +238,14 @@ mod tests {
             Some((4, 5))
         );
         assert_eq!(lessor.expired(at(3), 10), vec![8]);
-        assert_eq!(lessor.keep_alive(8, at(3)), Some(3));
-        assert!(lessor.expired(at(5), 10) == vec![7]);
+        assert_eq!(
+            lessor.keep_alive(8, at(3)),
+            None,
+            "past its deadline: not revived"
+        );
+        assert_eq!(lessor.keep_alive(7, at(2)), Some(5), "renewed until t=7");
+        assert_eq!(lessor.expired(at(6), 10), vec![8]);
+        assert_eq!(lessor.expired(at(7), 10), vec![8, 7]);
         assert_eq!(lessor.keep_alive(99, at(3)), None);
         assert_eq!(
             lessor.time_to_live(8, at(100)).map(|t| t.remaining),

@@ -10,11 +10,14 @@
 //! Invariants:
 //! - SPACE-1: costs are etcd's: Put 256 + |key| + |value|; Txn the larger of its branches,
 //!   nested txns included (etcd 3.6.14); LeaseGrant 64; everything else 0.
-//! - SPACE-2: a write with cost `c` is applied only if `in_use + c < quota` (strict, etcd)
+//! - SPACE-2: a write with cost `c` is applied only if `in_use + growth_bound(c) < quota`
+//!   (etcd's strict `<`, with the page growth a write may really cause instead of its cost)
 //!   and the filesystem keeps its reserve; `in_use` is the exact allocated size measured in
 //!   the apply thread's own transaction whenever the running estimate says it might not fit.
-//! - SPACE-3: the estimate never undercounts between measurements: every commit adds its
-//!   record bytes plus a page allowance; only a measurement lowers it.
+//!   Near the quota this measurement (a walk of every page) runs once per batch.
+//! - SPACE-3: the estimate does not undercount between measurements: every record written,
+//!   tombstones included, adds twice its bytes plus an allowance, and every commit a page
+//!   allowance; only a measurement lowers it.
 //!
 //! Contact points: `Engine` (admission) and `engine::apply` (the exact check); `alarm` is
 //! raised on the first refusal.
@@ -97,6 +100,24 @@ fn txn_cost(txn: &TxnRequest) -> u64 {
             .sum()
     };
     branch(&txn.success).max(branch(&txn.failure))
+}
+
+/// Bytes of history record header (`mvcc::record`).
+const RECORD_HEADER_BYTES: u64 = 29;
+
+/// Returns how much a record of this key and value may grow the pages in use: twice its
+/// bytes (copy-on-write B-tree pages are rarely full) plus a small per-record allowance
+/// (SPACE-3).
+pub fn record_growth(key_len: usize, value_len: usize) -> u64 {
+    2 * (RECORD_HEADER_BYTES + key_len as u64 + value_len as u64) + 64
+}
+
+/// Returns the space a write of etcd cost `cost` is checked for (SPACE-2): twice the cost
+/// plus one commit's page allowance, so an admitted write cannot take the pages in use past
+/// the quota. Stricter than etcd's `size + cost < quota` by that factor.
+pub fn growth_bound(cost: u64) -> u64 {
+    cost.saturating_mul(2)
+        .saturating_add(COMMIT_PAGE_ALLOWANCE_BYTES)
 }
 
 /// The in-use figure admission reads: the last exact measurement plus what commits added

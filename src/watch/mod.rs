@@ -63,13 +63,16 @@ const CANCEL_REASON_DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on t
 struct Delivery {
     response: WatchResponse,
     wants_prev_kv: bool,
-    /// Counted in its watcher's pending responses (WATCH-3).
-    counted: bool,
+    /// The watcher whose pending count this response is in (WATCH-3), if any. Keyed by the
+    /// hub's own id, not the watch id, which a client may reuse after a cancel.
+    counted: Option<u64>,
 }
 
 /// One watch.
 #[derive(Debug)]
 struct Watcher {
+    /// The hub's id of this watcher.
+    id: u64,
     stream: u64,
     watch_id: i64,
     key: Bytes,
@@ -111,7 +114,7 @@ impl Watcher {
         let delivery = Delivery {
             response,
             wants_prev_kv: self.prev_kv,
-            counted: true,
+            counted: Some(self.id),
         };
         // A stream whose consumer is gone drops its watchers on its own drop; until then a
         // failed send is harmless.
@@ -126,7 +129,7 @@ impl Watcher {
         let _ = self.sender.send(Delivery {
             response,
             wants_prev_kv: false,
-            counted: true,
+            counted: Some(self.id),
         });
     }
 }
@@ -206,6 +209,19 @@ fn remove_from<K: Ord>(map: &mut BTreeMap<K, BTreeSet<u64>>, key: &K, id: u64, a
         }
     }
 }
+
+/// What a sync pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncPass {
+    /// Some watcher moved: run another pass at once.
+    pub progressed: bool,
+    /// Watchers are still behind (perhaps waiting for their consumer to read): retry after
+    /// `WATCH_STALLED_RETRY`, as etcd retries its victims.
+    pub behind: bool,
+}
+
+/// How soon the sync thread retries watchers that could not move (etcd: 10 ms).
+pub const WATCH_STALLED_RETRY: Duration = Duration::from_millis(10);
 
 /// The registry of watchers, shared by the apply thread, the sync thread and the streams.
 #[derive(Debug)]
@@ -294,7 +310,7 @@ impl Hub {
         &self,
         stream: u64,
         sender: &Sender<Delivery>,
-        pending: &Mutex<BTreeMap<i64, Arc<AtomicUsize>>>,
+        pending: &Mutex<BTreeMap<u64, Arc<AtomicUsize>>>,
         req: WatchCreateRequest,
         compact_revision: i64,
     ) -> i64 {
@@ -315,7 +331,7 @@ impl Hub {
             let _ = sender.send(Delivery {
                 response,
                 wants_prev_kv: false,
-                counted: false,
+                counted: None,
             });
             watch_id
         };
@@ -335,7 +351,7 @@ impl Hub {
         };
         let watch_id = if req.watch_id != 0 {
             if watches.ids.contains_key(&req.watch_id) {
-                return refuse(req.watch_id, CANCEL_REASON_DUPLICATE_ID);
+                return refuse(-1, CANCEL_REASON_DUPLICATE_ID);
             }
             req.watch_id
         } else {
@@ -353,10 +369,11 @@ impl Hub {
             watches.ids.insert(watch_id, id);
         }
         let counter = Arc::new(AtomicUsize::new(0));
-        sync::lock(pending).insert(watch_id, counter.clone());
+        sync::lock(pending).insert(id, counter.clone());
         let caught_up = req.start_revision == 0 || req.start_revision > published;
         let start_rev = req.start_revision.max(published + 1);
         let watcher = Watcher {
+            id,
             stream,
             watch_id,
             key,
@@ -439,7 +456,7 @@ impl Hub {
             let _ = sender.send(Delivery {
                 response,
                 wants_prev_kv: false,
-                counted: false,
+                counted: None,
             });
         }
     }
@@ -472,35 +489,47 @@ impl Hub {
     }
 
     /// Feeds unsynced watchers from the history: one catch-up step each for up to
-    /// `WATCH_SYNC_WATCHERS_PER_PASS` of them. Returns true if work remains.
-    pub fn sync_pass(&self, store: &Store, index: &RwLock<Index>) -> Result<bool, StorageError> {
+    /// `WATCH_SYNC_WATCHERS_PER_PASS` of them.
+    pub fn sync_pass(
+        &self,
+        store: &Store,
+        index: &RwLock<Index>,
+    ) -> Result<SyncPass, StorageError> {
         let ids: Vec<u64> = sync::lock(&self.state)
             .unsynced
             .iter()
             .take(WATCH_SYNC_WATCHERS_PER_PASS)
             .copied()
             .collect();
+        let mut progressed = false;
         for id in ids {
-            self.catch_up(id, store, index)?;
+            progressed |= self.catch_up(id, store, index)?;
         }
-        Ok(!sync::lock(&self.state).unsynced.is_empty())
+        let behind = !sync::lock(&self.state).unsynced.is_empty();
+        Ok(SyncPass { progressed, behind })
     }
 
     /// One catch-up step of watcher `id`: join the synced set if caught up, else read one
-    /// chunk of history up to the published revision and deliver it.
-    fn catch_up(&self, id: u64, store: &Store, index: &RwLock<Index>) -> Result<(), StorageError> {
+    /// chunk of history up to the published revision and deliver it. Returns true if the
+    /// watcher moved (joined, advanced or was canceled), false if it could not.
+    fn catch_up(
+        &self,
+        id: u64,
+        store: &Store,
+        index: &RwLock<Index>,
+    ) -> Result<bool, StorageError> {
         let (key, end, next_rev, published) = {
             let mut state = sync::lock(&self.state);
             let published = state.published;
             let Some(w) = state.watchers.get(&id) else {
-                return Ok(());
+                return Ok(false);
             };
             if w.pending.load(Ordering::Acquire) >= WATCH_PENDING_RESPONSES_MAX {
-                return Ok(()); // Still slow: try again on a later pass.
+                return Ok(false); // Still slow: try again on a later pass.
             }
             if w.next_rev > published {
                 state.join_synced(id);
-                return Ok(());
+                return Ok(true);
             }
             (w.key.clone(), w.end.clone(), w.next_rev, published)
         };
@@ -512,7 +541,7 @@ impl Hub {
                 let compact = index.compact_revision;
                 drop(index);
                 cancel_compacted(&mut sync::lock(&self.state), id, compact);
-                return Ok(());
+                return Ok(true);
             }
             store.snapshot()?
         };
@@ -546,7 +575,7 @@ impl Hub {
         let delivered_up_to = if reached_end { published } else { last_main };
         let mut state = sync::lock(&self.state);
         let Some(w) = state.watchers.get_mut(&id) else {
-            return Ok(());
+            return Ok(false);
         };
         let events: Vec<Event> = events
             .into_iter()
@@ -562,11 +591,11 @@ impl Hub {
                 ..WatchResponse::default()
             };
             if !w.offer(response) {
-                return Ok(()); // No room after all: retry the same chunk later.
+                return Ok(false); // No room after all: retry the same chunk later.
             }
         }
         w.next_rev = delivered_up_to + 1;
-        Ok(())
+        Ok(true)
     }
 
     /// Sends a progress response to every synced watcher with `progress_notify` that got
@@ -665,7 +694,7 @@ pub struct WatchStream {
     stream: u64,
     sender: Sender<Delivery>,
     receiver: Receiver<Delivery>,
-    pending: Mutex<BTreeMap<i64, Arc<AtomicUsize>>>,
+    pending: Mutex<BTreeMap<u64, Arc<AtomicUsize>>>,
     engine: crate::sync::Weak<dyn WatchSource>,
 }
 
@@ -739,12 +768,12 @@ impl WatchStream {
 
     fn finish(&self, delivery: Delivery) -> WatchResponse {
         let mut response = delivery.response;
-        if delivery.counted {
+        if let Some(watcher) = delivery.counted {
             let mut pending = sync::lock(&self.pending);
             if response.canceled {
-                // The watch is gone; its id may be reused with a fresh counter.
-                pending.remove(&response.watch_id);
-            } else if let Some(counter) = pending.get(&response.watch_id) {
+                // The watcher is gone: its last response.
+                pending.remove(&watcher);
+            } else if let Some(counter) = pending.get(&watcher) {
                 let _ =
                     counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
             }
