@@ -104,13 +104,13 @@ mod cli {
         #[arg(long, value_name = "N", default_value_t = MAX_TXN_OPS_DEFAULT)]
         max_txn_ops: usize,
 
-        /// Automatic compaction mode, 'periodic' or 'revision'. Accepted for etcd
-        /// compatibility; NOT IMPLEMENTED YET (compact with `etcdctl compaction`).
+        /// Automatic compaction mode: 'periodic' (keep the history of the last RETENTION,
+        /// a duration like '1h' or a number of hours) or 'revision' (keep the last RETENTION
+        /// revisions).
         #[arg(long, value_name = "MODE", default_value = "periodic")]
         auto_compaction_mode: String,
 
-        /// Automatic compaction retention ('0' disables; e.g. '1h' or '1000'). Accepted for
-        /// etcd compatibility; NOT IMPLEMENTED YET.
+        /// Automatic compaction retention ('0' disables; e.g. '1h', '30m' or '1000').
         #[arg(long, value_name = "RETENTION", default_value = "0")]
         auto_compaction_retention: String,
 
@@ -301,8 +301,18 @@ mod cli {
             .with_writer(std::io::stderr)
             .with_ansi(false)
             .init();
-        warn_unimplemented(&flags);
+        let auto_compaction = match auto_compaction(
+            &flags.auto_compaction_mode,
+            &flags.auto_compaction_retention,
+        ) {
+            Ok(mode) => mode,
+            Err(message) => {
+                eprintln!("kvd: {message}");
+                return ExitCode::FAILURE;
+            }
+        };
         let config = kvd::server::ServerConfig {
+            auto_compaction,
             data_dir: flags.data_dir,
             name: flags.name,
             listen_client_urls: flags.listen_client_urls,
@@ -332,19 +342,47 @@ mod cli {
         let _ = out.flush();
     }
 
-    fn warn_unimplemented(flags: &Flags) {
-        if flags.auto_compaction_retention.trim() != "0" {
-            tracing::warn!(
-                mode = %flags.auto_compaction_mode,
-                retention = %flags.auto_compaction_retention,
-                "auto-compaction is not implemented yet; the flags are ignored"
-            );
+    /// Parses etcd's auto-compaction flags: retention '0' disables; periodic takes a
+    /// duration ('90s', '30m', '1h') or a plain number of hours; revision takes a count.
+    fn auto_compaction(mode: &str, retention: &str) -> Result<Option<kvd::AutoCompaction>, String> {
+        let retention = retention.trim();
+        if retention == "0" || retention.is_empty() {
+            return Ok(None);
         }
-        if flags.quota_backend_bytes != 0 {
-            tracing::warn!(
-                quota_backend_bytes = flags.quota_backend_bytes,
-                "the space quota is reported but not enforced yet"
-            );
+        let bad = || format!("invalid --auto-compaction-retention {retention:?} for mode {mode:?}");
+        match mode {
+            "revision" => retention
+                .parse::<i64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .map(kvd::AutoCompaction::Revision)
+                .map(Some)
+                .ok_or_else(bad),
+            "periodic" => {
+                let (number, unit) = match retention
+                    .char_indices()
+                    .find(|(_, c)| c.is_ascii_alphabetic())
+                {
+                    Some((at, _)) => retention.split_at(at),
+                    None => (retention, "h"),
+                };
+                let seconds_per = match unit {
+                    "s" => 1.0,
+                    "m" => 60.0,
+                    "h" => 3600.0,
+                    _ => return Err(bad()),
+                };
+                let value: f64 = number.parse().map_err(|_| bad())?;
+                if !(value.is_finite() && value > 0.0) {
+                    return Err(bad());
+                }
+                Ok(Some(kvd::AutoCompaction::Periodic(
+                    Duration::from_secs_f64(value * seconds_per),
+                )))
+            }
+            _ => Err(format!(
+                "invalid --auto-compaction-mode {mode:?}: want 'periodic' or 'revision'"
+            )),
         }
     }
 }

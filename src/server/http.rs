@@ -10,8 +10,9 @@
 //!   answers it: `ResourceExhausted "grpc: received message larger than max (N vs. M)"`.
 //!   tonic says the same thing with another code and text; [`etcd_oversize_status`]
 //!   rewrites it.
-//! - HTTP-3: `/health` answers 200 only when the engine answers a status request; otherwise
-//!   503 with the engine's error as the reason.
+//! - HTTP-3: `/health` answers 200 only when the engine answers a status request and no
+//!   alarm is active other than those named by `?exclude=<TYPE>`; otherwise 503 with
+//!   `ALARM <TYPE>` or the engine's error as the reason (etcd 3.5+).
 //! - HTTP-4: a path no route knows gets gRPC `Unimplemented` if the request is gRPC, else a
 //!   plain 404.
 //!
@@ -21,7 +22,7 @@
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{RawQuery, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -158,13 +159,35 @@ fn etcd_oversize_status(status: &Status) -> Option<Status> {
     )))
 }
 
-/// `GET /health` (HTTP-3), etcd 3.5+'s body shape.
-async fn health(State(shared): State<Shared>) -> Response {
+/// `GET /health` (HTTP-3), etcd 3.5+'s body shape: 503 with `ALARM <TYPE>` while an alarm
+/// not named by `?exclude=<TYPE>` is active, or when the engine does not answer.
+async fn health(State(shared): State<Shared>, RawQuery(query): RawQuery) -> Response {
+    let excluded: Vec<String> = query
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|pair| pair.strip_prefix("exclude="))
+        .map(str::to_owned)
+        .collect();
     match shared.node.status().await {
-        Ok(_) => json(
-            StatusCode::OK,
-            "{\"health\":\"true\",\"reason\":\"\"}".to_owned(),
-        ),
+        Ok(status) => {
+            let active = status
+                .alarms
+                .iter()
+                .find(|a| !excluded.iter().any(|e| e == a.alarm.name()));
+            match active {
+                None => json(
+                    StatusCode::OK,
+                    "{\"health\":\"true\",\"reason\":\"\"}".to_owned(),
+                ),
+                Some(alarm) => json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "{{\"health\":\"false\",\"reason\":\"ALARM {}\"}}",
+                        alarm.alarm.name()
+                    ),
+                ),
+            }
+        }
         Err(status) => {
             let reason = json_escape(status.message());
             json(

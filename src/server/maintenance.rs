@@ -1,5 +1,5 @@
-//! etcd's Maintenance service: Status, HashKV, Alarm and Defragment are answered; Hash,
-//! Snapshot, MoveLeader and Downgrade are refused with a clear message.
+//! etcd's Maintenance service: Status, HashKV, Alarm, Defragment and Snapshot are answered;
+//! Hash, MoveLeader and Downgrade are refused with a clear message.
 //!
 //! Owns: how a single-member engine fills etcd's cluster-shaped Status.
 //!
@@ -7,18 +7,25 @@
 //! - MAINT-1: Status is the engine's status translated by `convert` (CONV-5), with the
 //!   version and quota of this server; `raftIndex` and `raftAppliedIndex` are both the
 //!   engine's applied index (one member commits what it applies).
-//! - MAINT-2: Alarm GET answers no alarms and ACTIVATE/DEACTIVATE change nothing until the
-//!   engine keeps alarms; the header is filled (etcd 3.5+; 3.4 left it empty).
-//! - MAINT-3: Defragment answers OK without touching the file until the engine's defrag
-//!   lands; the log says so.
+//! - MAINT-2: Alarm is the engine's alarm store; the engine raises alarms as member 0 and
+//!   the wire shows this member's id (and maps it back on DEACTIVATE); the header is filled
+//!   (etcd 3.5+; 3.4 left it empty). Status lists each alarm in `errors` as etcd's compact
+//!   text, `memberID:<id> alarm:<TYPE> ` (trailing space).
+//! - MAINT-3: Defragment is the engine's online defrag; writes pause only for the swap.
+//! - MAINT-4: Snapshot writes a consistent copy of the database next to it, streams it in
+//!   32 KiB chunks with `remaining_bytes`, then a 32-byte SHA-256 trailer (etcd's format),
+//!   and deletes the copy. Plain reads, not a memory map: the copy is private and read once,
+//!   so a map would buy nothing and need unsafe code.
 //!
 //! Contact points: `server::node` (engine status), `server::status` (refusals).
 
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
+use crate::api;
 use crate::server::convert::ReportedStatus;
 use crate::server::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, Node};
+use crate::server::pb::etcdserverpb::AlarmMember;
 use crate::server::pb::etcdserverpb::maintenance_server::Maintenance;
 use crate::server::pb::etcdserverpb::{
     AlarmRequest, AlarmResponse, DefragmentRequest, DefragmentResponse, DowngradeRequest,
@@ -27,6 +34,69 @@ use crate::server::pb::etcdserverpb::{
 };
 use crate::server::status;
 use crate::sync::Arc;
+
+/// etcd's snapshot chunk size.
+const SNAPSHOT_CHUNK_BYTES: usize = 32 * 1024;
+/// Chunks buffered between the reader thread and the gRPC stream.
+const SNAPSHOT_CHANNEL_CHUNKS: usize = 16;
+/// Numbers the snapshot copies of this process.
+static SNAPSHOTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn alarm_type(wire: i32) -> api::AlarmType {
+    match wire {
+        1 => api::AlarmType::NoSpace,
+        2 => api::AlarmType::Corrupt,
+        _ => api::AlarmType::None,
+    }
+}
+
+/// Returns the member id the wire shows for an engine alarm member (MAINT-2).
+fn wire_member(engine_member: u64, this_member: u64) -> u64 {
+    if engine_member == 0 {
+        this_member
+    } else {
+        engine_member
+    }
+}
+
+/// Sends the file at `path` as etcd's snapshot stream (MAINT-4).
+fn stream_file(
+    path: &std::path::Path,
+    total: u64,
+    sender: &tokio::sync::mpsc::Sender<Result<SnapshotResponse, Status>>,
+) -> std::io::Result<()> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut remaining = total;
+    let mut buffer = vec![0u8; SNAPSHOT_CHUNK_BYTES];
+    while remaining > 0 {
+        let n = file.read(&mut buffer)?;
+        if n == 0 {
+            return Err(std::io::Error::other("the copy is shorter than its length"));
+        }
+        hasher.update(&buffer[..n]);
+        remaining = remaining.saturating_sub(n as u64);
+        let chunk = SnapshotResponse {
+            header: None,
+            remaining_bytes: remaining,
+            blob: bytes::Bytes::copy_from_slice(&buffer[..n]),
+            version: String::new(),
+        };
+        if sender.blocking_send(Ok(chunk)).is_err() {
+            return Ok(()); // The client went away.
+        }
+    }
+    let trailer = SnapshotResponse {
+        header: None,
+        remaining_bytes: 0,
+        blob: bytes::Bytes::copy_from_slice(&hasher.finalize()),
+        version: String::new(),
+    };
+    let _ = sender.blocking_send(Ok(trailer));
+    Ok(())
+}
 
 /// The Maintenance service.
 #[derive(Debug, Clone)]
@@ -45,13 +115,41 @@ impl MaintenanceService {
 impl Maintenance for MaintenanceService {
     async fn alarm(
         &self,
-        _request: Request<AlarmRequest>,
+        request: Request<AlarmRequest>,
     ) -> Result<Response<AlarmResponse>, Status> {
-        // MAINT-2: every action answers "no alarms" until the engine keeps alarms.
-        let header = self.node.current_header().await?;
+        let req = request.into_inner();
+        let member = self.node.ids.member_id;
+        let action = match req.action {
+            1 => api::AlarmAction::Activate,
+            2 => api::AlarmAction::Deactivate,
+            _ => api::AlarmAction::Get,
+        };
+        let alarm = alarm_type(req.alarm);
+        // MAINT-2: this member is the engine's member 0.
+        let member_id = if req.member_id == member {
+            0
+        } else {
+            req.member_id
+        };
+        let engine_req = api::AlarmRequest {
+            action,
+            member_id,
+            alarm,
+        };
+        let resp = self
+            .node
+            .call(move |engine| engine.alarm(engine_req))
+            .await?;
         Ok(Response::new(AlarmResponse {
-            header: Some(header),
-            alarms: Vec::new(),
+            header: Some(self.node.ids.header(resp.header.revision)),
+            alarms: resp
+                .alarms
+                .iter()
+                .map(|a| AlarmMember {
+                    member_id: wire_member(a.member_id, member),
+                    alarm: a.alarm as i32,
+                })
+                .collect(),
         }))
     }
 
@@ -65,7 +163,21 @@ impl Maintenance for MaintenanceService {
             storage_version: ETCD_CLUSTER_VERSION,
             quota_bytes: self.node.settings.quota_bytes,
         };
-        Ok(Response::new(self.node.ids.status(status, &reported)))
+        let member = self.node.ids.member_id;
+        let errors = status
+            .alarms
+            .iter()
+            .map(|a| {
+                format!(
+                    "memberID:{} alarm:{} ",
+                    wire_member(a.member_id, member),
+                    a.alarm.name()
+                )
+            })
+            .collect();
+        let mut resp = self.node.ids.status(status, &reported);
+        resp.errors = errors;
+        Ok(Response::new(resp))
     }
 
     async fn defragment(
@@ -73,10 +185,15 @@ impl Maintenance for MaintenanceService {
         _request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
         // MAINT-3.
-        tracing::info!("defragment requested: not implemented by the engine yet, nothing done");
-        let header = self.node.current_header().await?;
+        let done = self.node.call(|engine| engine.defrag()).await?;
+        tracing::info!(
+            db_size_before = done.db_size_before,
+            db_size_after = done.db_size_after,
+            pause_micros = done.pause_micros,
+            "defragmented"
+        );
         Ok(Response::new(DefragmentResponse {
-            header: Some(header),
+            header: Some(self.node.ids.header(done.header.revision)),
         }))
     }
 
@@ -102,7 +219,30 @@ impl Maintenance for MaintenanceService {
         &self,
         _request: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        Err(status::unimplemented(status::SNAPSHOT_NOT_IMPLEMENTED))
+        // MAINT-4: one copy per request, named so that concurrent requests never collide.
+        let sequence = SNAPSHOTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = self
+            .node
+            .settings
+            .data_dir
+            .join(format!("snapshot.{}.{sequence}.tmp", std::process::id()));
+        let copy = path.clone();
+        let (bytes, _) = self
+            .node
+            .call(move |engine| engine.snapshot_to(&copy))
+            .await?;
+        let (sender, receiver) = tokio::sync::mpsc::channel(SNAPSHOT_CHANNEL_CHUNKS);
+        tokio::task::spawn_blocking(move || {
+            let result = stream_file(&path, bytes, &sender);
+            // The copy served its purpose either way; a leftover would only take space.
+            let _ = std::fs::remove_file(&path);
+            if let Err(e) = result {
+                let _ = sender.blocking_send(Err(Status::internal(format!("kvd: snapshot: {e}"))));
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(receiver),
+        )))
     }
 
     async fn move_leader(

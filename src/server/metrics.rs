@@ -135,7 +135,23 @@ fn render_engine(out: &mut String, engine: Option<&EngineGauges>) {
         return;
     };
     let status = &engine.status;
-    let gauges: [(&str, &str, i128); 7] = [
+    let alarm = |kind| count(status.alarms.iter().filter(|a| a.alarm == kind).count());
+    let gauges: [(&str, &str, i128); 10] = [
+        (
+            "kvd_db_size_quota_bytes",
+            "The space quota in bytes (0 when disabled).",
+            status.db_size_quota.into(),
+        ),
+        (
+            "kvd_alarm_nospace",
+            "1 while the NOSPACE alarm is active.",
+            alarm(crate::api::AlarmType::NoSpace),
+        ),
+        (
+            "kvd_alarm_corrupt",
+            "1 while the CORRUPT alarm is active.",
+            alarm(crate::api::AlarmType::Corrupt),
+        ),
         (
             "kvd_db_size_bytes",
             "Length of the database file in bytes.",

@@ -70,6 +70,8 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub const SHUTDOWN_BLOCKING_MAX: Duration = Duration::from_secs(5);
 /// Most threads the blocking pool runs engine calls on at once; further calls queue.
 pub const BLOCKING_THREADS_MAX: usize = 64;
+/// etcd's MaxQuotaBytes: a larger quota is accepted with a warning.
+const QUOTA_BYTES_WARN: u64 = 8 << 30;
 /// The peer URL MemberList shows. kvd has no peer port; etcd's clients only print it.
 pub const PEER_URL_PLACEHOLDER: &str = "http://127.0.0.1:2380";
 
@@ -85,8 +87,10 @@ pub struct ServerConfig {
     /// URLs to advertise in MemberList; empty means the listening URLs.
     pub advertise_client_urls: Vec<String>,
     /// The space quota in bytes: 0 means etcd's default (2 GiB), negative disables
-    /// (`--quota-backend-bytes`). Reported in Status; not enforced yet.
+    /// (`--quota-backend-bytes`).
     pub quota_backend_bytes: i64,
+    /// Automatic compaction (`--auto-compaction-mode`, `--auto-compaction-retention`).
+    pub auto_compaction: Option<crate::AutoCompaction>,
     /// Largest request accepted (`--max-request-bytes`).
     pub max_request_bytes: usize,
     /// Largest number of operations in one Txn level (`--max-txn-ops`).
@@ -134,8 +138,17 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
     let engine_config = Config {
         max_request_bytes: config.max_request_bytes,
         max_txn_ops: config.max_txn_ops,
+        quota_backend_bytes: config.quota_backend_bytes,
+        auto_compaction: config.auto_compaction,
         ..Config::default()
     };
+    if crate::space_quota_bytes(config.quota_backend_bytes).is_some_and(|q| q > QUOTA_BYTES_WARN) {
+        // etcd warns the same way: above 8 GiB the database is slow to start and defrag.
+        tracing::warn!(
+            quota_backend_bytes = config.quota_backend_bytes,
+            "quota exceeds the maximum value (8 GiB)"
+        );
+    }
     let engine = Engine::open(&config.data_dir, engine_config).map_err(ServerError::Engine)?;
     // SRV-4: the engine holds the directory's lock from here on.
     let identity = identity::load_or_create(&config.data_dir).map_err(ServerError::Identity)?;
@@ -209,6 +222,7 @@ async fn serve(
         peer_url: PEER_URL_PLACEHOLDER.to_owned(),
         quota_bytes: quota_reported(config.quota_backend_bytes),
         max_txn_ops: config.max_txn_ops,
+        data_dir: config.data_dir.clone(),
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let node = Arc::new(Node::new(engine, ids, settings, stopped.clone()));

@@ -91,9 +91,6 @@ pub const AUTH_NOT_ENABLED: &str = "etcdserver: authentication is not enabled";
 /// The message of Maintenance.Hash.
 pub const HASH_NOT_IMPLEMENTED: &str = "kvd: Hash is not implemented: it hashes etcd's bbolt \
      file, which kvd does not have; use HashKV (etcdctl endpoint hashkv)";
-/// The message of Maintenance.Snapshot.
-pub const SNAPSHOT_NOT_IMPLEMENTED: &str = "kvd: snapshot is not implemented yet: copying the \
-     database file while writes go on would not give a consistent image";
 /// The message of Maintenance.MoveLeader.
 pub const MOVE_LEADER_NOT_SUPPORTED: &str =
     "kvd: move-leader is not supported: kvd is a single-member server and always the leader";
