@@ -335,7 +335,7 @@ async fn one_stream_carries_many_watches() {
     assert!(duplicate.created && duplicate.canceled);
     assert_eq!(
         (duplicate.watch_id, duplicate.cancel_reason.as_str()),
-        (1, "mvcc: duplicate watch ID provided on the WatchStream")
+        (-1, "mvcc: duplicate watch ID provided on the WatchStream")
     );
     session
         .create(WatchCreateRequest {

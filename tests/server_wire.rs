@@ -17,7 +17,7 @@ use kvd::server::pb::etcdserverpb::request_op::Request;
 use kvd::server::pb::etcdserverpb::{
     AlarmRequest, AuthStatusRequest, AuthenticateRequest, CompactionRequest, Compare,
     DeleteRangeRequest, HashKvRequest, HashRequest, MemberAddRequest, MemberListRequest,
-    PutRequest, RangeRequest, RequestOp, SnapshotRequest, StatusRequest, TxnRequest,
+    PutRequest, RangeRequest, RequestOp, StatusRequest, TxnRequest,
 };
 use tonic::Code;
 use tonic::transport::Channel;
@@ -344,16 +344,6 @@ async fn unserved_rpcs_say_what_is_missing() {
     assert!(
         hash.message().starts_with("kvd: Hash is not implemented"),
         "{hash:?}"
-    );
-    let snapshot = maintenance
-        .snapshot(SnapshotRequest {})
-        .await
-        .expect_err("no snapshot yet");
-    assert_eq!(snapshot.code(), Code::Unimplemented);
-    assert!(
-        snapshot
-            .message()
-            .starts_with("kvd: snapshot is not implemented yet")
     );
 
     let add = ClusterClient::new(channel.clone())
