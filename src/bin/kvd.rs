@@ -86,7 +86,8 @@ mod cli {
         advertise_client_urls: Vec<String>,
 
         /// Space quota in bytes: 0 means the default (2 GiB), a negative value disables it.
-        /// Reported by `endpoint status` (dbSizeQuota); NOT ENFORCED YET.
+        /// Past it, writes that need space fail with "database space exceeded" and raise
+        /// the NOSPACE alarm, as in etcd; reported by `endpoint status` (dbSizeQuota).
         #[arg(
             long,
             value_name = "BYTES",
