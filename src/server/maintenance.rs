@@ -40,7 +40,7 @@ const SNAPSHOT_CHUNK_BYTES: usize = 32 * 1024;
 /// Chunks buffered between the reader thread and the gRPC stream.
 const SNAPSHOT_CHANNEL_CHUNKS: usize = 16;
 /// Numbers the snapshot copies of this process.
-static SNAPSHOTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static SNAPSHOTS: crate::sync::AtomicU64 = crate::sync::AtomicU64::new(0);
 
 fn alarm_type(wire: i32) -> api::AlarmType {
     match wire {
@@ -220,7 +220,7 @@ impl Maintenance for MaintenanceService {
         _request: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
         // MAINT-4: one copy per request, named so that concurrent requests never collide.
-        let sequence = SNAPSHOTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let sequence = SNAPSHOTS.fetch_add(1, crate::sync::Ordering::Relaxed);
         let path = self
             .node
             .settings
