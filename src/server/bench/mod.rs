@@ -416,17 +416,29 @@ async fn preload(
             }
         });
     }
-    let mut last_print = Instant::now();
-    while let Some(joined) = loaders.join_next().await {
+    let mut ticker = tokio::time::interval(PROGRESS_INTERVAL);
+    ticker.tick().await;
+    loop {
+        let joined = tokio::select! {
+            joined = loaders.join_next() => joined,
+            _ = ticker.tick() => {
+                if config.progress {
+                    let done = (next.load(Ordering::Relaxed).min(chunks) * per_txn as u64)
+                        .min(config.key_space);
+                    eprint!("\rkvd bench: preloading {done}/{} keys   ", config.key_space);
+                }
+                continue;
+            }
+        };
         match joined {
-            Ok(Ok(())) => {}
-            Ok(Err(message)) => return Err(BenchError::Preload(message)),
-            Err(e) => return Err(BenchError::Preload(e.to_string())),
+            None => break,
+            Some(Ok(Ok(()))) => {}
+            Some(Ok(Err(message))) => return Err(BenchError::Preload(message)),
+            Some(Err(e)) => return Err(BenchError::Preload(e.to_string())),
         }
-        if config.progress && last_print.elapsed() >= PROGRESS_INTERVAL {
-            eprint!("\rkvd bench: preloading {} keys", config.key_space);
-            last_print = Instant::now();
-        }
+    }
+    if config.progress && started.elapsed() >= PROGRESS_INTERVAL {
+        eprintln!();
     }
     Ok(Preload {
         keys: config.key_space,
