@@ -456,18 +456,17 @@ impl Accounts {
 
     /// Writes the changed usage rows into `batch` (ACCT-2).
     pub fn flush(&mut self, batch: &mut WriteBatch<'_>) -> Result<(), StorageError> {
-        for key in std::mem::take(&mut self.dirty) {
-            let row_key = codec::encode_usage_key(&key.0, &key.1);
-            match self.usage.get(&key) {
-                Some(counters) => {
-                    batch.put_row(USAGE_TABLE, &row_key, &codec::encode_counters(counters))?
-                }
-                None => {
-                    batch.delete_row(USAGE_TABLE, &row_key)?;
-                }
-            }
+        if self.dirty.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let rows: Vec<(Vec<u8>, Option<Vec<u8>>)> = std::mem::take(&mut self.dirty)
+            .into_iter()
+            .map(|key| {
+                let value = self.usage.get(&key).map(codec::encode_counters);
+                (codec::encode_usage_key(&key.0, &key.1), value)
+            })
+            .collect();
+        batch.write_rows(USAGE_TABLE, rows)
     }
 
     /// Returns the registry.

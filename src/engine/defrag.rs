@@ -115,6 +115,11 @@ fn copy_and_swap(
             Err(e) => return Err(abandon(shared, Some(target), e)),
         }
     }
+    // Close and reopen the copy: redb trims the file it grew by doubling only at close, and
+    // doing it here keeps it out of the write pause.
+    if let Err(e) = target.reopen() {
+        return Err(abandon(shared, None, e));
+    }
     failpoint(shared, DefragFailpoint::AfterCatchUp)?;
     let (reply, answer) = crossbeam_channel::bounded(1);
     step(DefragStep::Swap(Box::new(target), reply))?;
@@ -152,8 +157,10 @@ pub fn swap(shared: &Shared, target: Target) -> Result<u64> {
         }
     }
     drop(snapshot);
-    if let Ok(in_use) = store.size_in_use() {
-        shared.space.measured(in_use);
+    // EDEFRAG-2: no walk of the new file here (it reads every page); its length bounds
+    // what it uses until the next idle measurement (SPACE-3).
+    if let Ok(length) = store.file_size() {
+        shared.space.measured(length);
     }
     Ok(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX))
 }

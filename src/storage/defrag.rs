@@ -108,7 +108,10 @@ impl Store {
             .map_err(|e| io_error("rename defragmented file over", &live, &e))?;
         // From the rename on, the new file is the one at the live path: put it in service
         // before anything else can fail, so no write can go to the old, unlinked file.
-        *crate::sync::write(&self.db) = Arc::new(db);
+        let old = std::mem::replace(&mut *crate::sync::write(&self.db), Arc::new(db));
+        // Dropping the old database flushes and frees its cache: off the write pause, on a
+        // thread of its own (readers still holding it finish first either way, DEFRAG-3).
+        let _ = std::thread::Builder::new().name("kvd-defrag-drop".into()).spawn(move || drop(old));
         sync_dir(&self.dir)
     }
 
@@ -226,6 +229,19 @@ impl Target {
                 .map_err(|e| StorageError::Io(e.to_string()))?;
         }
         Ok(txn)
+    }
+
+    /// Closes the new file and opens it again, so redb trims the space it grew by doubling.
+    pub fn reopen(&mut self) -> Result<(), StorageError> {
+        let placeholder = redb::Builder::new()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .map_err(|e| storage_error(e))?;
+        let db = std::mem::replace(&mut self.db, placeholder);
+        db.close().map_err(storage_error)?;
+        self.db = redb::Builder::new()
+            .create(&self.path)
+            .map_err(|e| open_error(&self.path, e.into()))?;
+        Ok(())
     }
 
     /// Returns the path of the new file.

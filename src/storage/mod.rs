@@ -425,6 +425,26 @@ impl WriteBatch<'_> {
         Ok(stats.allocated_pages() * stats.page_size() as u64)
     }
 
+    /// Writes (`Some` value) or deletes (`None`) many rows of one table, opening it once.
+    pub fn write_rows<'r>(
+        &mut self,
+        table: RowTable,
+        rows: impl IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
+    ) -> Result<(), StorageError> {
+        let mut t = self.txn.open_table(table.definition()).map_err(storage_error)?;
+        for (key, value) in rows {
+            match value {
+                Some(value) => {
+                    t.insert(key.as_slice(), value.as_slice()).map_err(storage_error)?;
+                }
+                None => {
+                    t.remove(key.as_slice()).map_err(storage_error)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Writes a row of a registered table.
     pub fn put_row(
         &mut self,
