@@ -410,6 +410,31 @@ impl Accounts {
         if self.registry.is_empty() {
             return Ok(());
         }
+        if let [(key, cost, new_key)] = puts {
+            // One Put, the common case: no maps to build.
+            let owner = self.owner(key);
+            for r in chain(owner) {
+                let Some(config) = self.registry.get(r) else {
+                    continue;
+                };
+                let bytes = i64::from(*cost) * MILLI;
+                let keys = if *new_key { MILLI } else { 0 };
+                for (resource, amount) in [(KV_BYTES, bytes), (KV_KEYS, keys)] {
+                    if let Some(limit) = config.limits.get(resource) {
+                        let consumed = self.consumed(r, resource);
+                        if amount > 0 && consumed.saturating_add(amount) > limit.milli() {
+                            return Err(Error::QuotaExceeded(format!(
+                                "kvd: quota exceeded for role '{r}': {resource} consumption {} + request {} > limit {}",
+                                show(consumed),
+                                show(amount),
+                                limit
+                            )));
+                        }
+                    }
+                }
+            }
+            return Ok(());
+        }
         let mut by_owner: BTreeMap<&str, BTreeMap<&str, i64>> = BTreeMap::new();
         for (key, cost, new_key) in puts {
             let amounts = by_owner.entry(self.owner(key)).or_default();
