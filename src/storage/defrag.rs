@@ -111,7 +111,9 @@ impl Store {
         let old = std::mem::replace(&mut *crate::sync::write(&self.db), Arc::new(db));
         // Dropping the old database flushes and frees its cache: off the write pause, on a
         // thread of its own (readers still holding it finish first either way, DEFRAG-3).
-        let _ = std::thread::Builder::new().name("kvd-defrag-drop".into()).spawn(move || drop(old));
+        let _ = std::thread::Builder::new()
+            .name("kvd-defrag-drop".into())
+            .spawn(move || drop(old));
         sync_dir(&self.dir)
     }
 

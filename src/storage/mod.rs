@@ -431,11 +431,15 @@ impl WriteBatch<'_> {
         table: RowTable,
         rows: impl IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
     ) -> Result<(), StorageError> {
-        let mut t = self.txn.open_table(table.definition()).map_err(storage_error)?;
+        let mut t = self
+            .txn
+            .open_table(table.definition())
+            .map_err(storage_error)?;
         for (key, value) in rows {
             match value {
                 Some(value) => {
-                    t.insert(key.as_slice(), value.as_slice()).map_err(storage_error)?;
+                    t.insert(key.as_slice(), value.as_slice())
+                        .map_err(storage_error)?;
                 }
                 None => {
                     t.remove(key.as_slice()).map_err(storage_error)?;
