@@ -35,7 +35,7 @@ mod watch;
 pub use accounting::{AccountingRequest, AgentState, Counters, KV_BYTES, KV_KEYS, RoleUsage};
 pub use api::*;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use engine::{AutoCompaction, Config, DefragFailpoint, Engine};
+pub use engine::{ApplyStats, AutoCompaction, Config, DefragFailpoint, Engine};
 pub use error::{Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};
 pub use space::{cost as write_cost, quota_bytes as space_quota_bytes};

@@ -442,6 +442,7 @@ impl Applier {
                     .stats
                     .applied_index
                     .store(self.applied_index, Ordering::Release);
+                self.shared.stats.record_batch(outcomes.len());
                 if let Some(measured) = self.batch_measured.take() {
                     self.shared.space.measured(measured);
                 }

@@ -198,6 +198,31 @@ struct Shared {
 #[derive(Debug)]
 struct Stats {
     applied_index: AtomicU64,
+    /// Commits of write batches, by batch size: bucket `i` counts batches of at most
+    /// `2^i` requests (the last bucket takes the rest).
+    batch_sizes: [AtomicU64; BATCH_SIZE_BUCKETS],
+}
+
+/// Buckets of the batch-size histogram: 1, 2, 4, ... 1024 and more.
+pub const BATCH_SIZE_BUCKETS: usize = 12;
+
+impl Stats {
+    fn record_batch(&self, requests: usize) {
+        let bucket = (usize::BITS - requests.saturating_sub(1).leading_zeros()) as usize;
+        self.batch_sizes[bucket.min(BATCH_SIZE_BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Figures of the write path, for monitoring.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApplyStats {
+    /// Writes admitted and waiting for the apply thread now.
+    pub queue_depth: usize,
+    /// The bound of that queue (`Config::proposal_queue_len`).
+    pub queue_capacity: usize,
+    /// Commits by batch size: `(at most this many requests, commits)`, the last bucket
+    /// open-ended.
+    pub batch_sizes: Vec<(u64, u64)>,
 }
 
 impl Shared {
@@ -323,6 +348,7 @@ impl Engine {
             hub: Arc::new(Hub::new(recovered.current)),
             stats: Stats {
                 applied_index: AtomicU64::new(recovered.applied_index),
+                batch_sizes: Default::default(),
             },
             space: SpaceTracker::new(in_use),
             alarms: Mutex::new(Alarms::new(recovered.alarms)),
@@ -540,6 +566,32 @@ impl Engine {
     /// Returns the number of watches open on all streams.
     pub fn watchers(&self) -> Result<usize> {
         Ok(self.shared()?.hub.watchers())
+    }
+
+    /// Returns the write queue's depth and the group-commit batch sizes so far.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// engine.put(kvd::PutRequest::new("k", "v")).unwrap();
+    /// let stats = engine.apply_stats().unwrap();
+    /// assert_eq!(stats.batch_sizes[0], (1, 1), "one commit of one request");
+    /// ```
+    pub fn apply_stats(&self) -> Result<ApplyStats> {
+        let running = self.running.as_ref().ok_or(Error::Closed)?;
+        let batch_sizes = running
+            .shared
+            .stats
+            .batch_sizes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (1u64 << i, n.load(Ordering::Relaxed)))
+            .collect();
+        Ok(ApplyStats {
+            queue_depth: running.proposals.len(),
+            queue_capacity: running.shared.config.proposal_queue_len,
+            batch_sizes,
+        })
     }
 
     /// Grants a lease (etcd's LeaseGrant). A TTL below the minimum is raised to it.

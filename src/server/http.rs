@@ -218,6 +218,7 @@ async fn metrics_text(State(shared): State<Shared>) -> Response {
                 watchers: engine.watchers()?,
                 leases: engine.lease_leases()?.leases.len(),
                 roles: engine.roles()?,
+                apply: engine.apply_stats()?,
             })
         })
         .await

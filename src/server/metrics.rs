@@ -113,6 +113,8 @@ pub struct EngineGauges {
     pub leases: usize,
     /// Every role with a quota, consumption or a reservation (MET-4 picks the quota roles).
     pub roles: Vec<RoleUsage>,
+    /// The write queue and the group-commit batch sizes.
+    pub apply: crate::ApplyStats,
 }
 
 /// The long-lived gRPC streams open at scrape time.
@@ -193,6 +195,42 @@ fn render_engine(out: &mut String, engine: Option<&EngineGauges>) {
             out,
             "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
         );
+    }
+    render_apply(out, &engine.apply);
+}
+
+/// The write queue (admitted, not yet applied) and the commits by batch size.
+fn render_apply(out: &mut String, apply: &crate::ApplyStats) {
+    for (name, help, value) in [
+        (
+            "kvd_apply_queue_depth",
+            "Writes admitted and waiting for the apply thread.",
+            apply.queue_depth,
+        ),
+        (
+            "kvd_apply_queue_capacity",
+            "The bound of the apply queue.",
+            apply.queue_capacity,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+        );
+    }
+    let name = "kvd_group_commit_batches_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Commits of write batches, by the most requests a batch of that bucket held.\n# TYPE {name} counter"
+    );
+    let last = apply.batch_sizes.len().saturating_sub(1);
+    for (i, (at_most, commits)) in apply.batch_sizes.iter().enumerate() {
+        let bucket = if i == last {
+            "+Inf".to_owned()
+        } else {
+            at_most.to_string()
+        };
+        let _ = writeln!(out, "{name}{{requests_at_most=\"{bucket}\"}} {commits}");
     }
 }
 
@@ -471,6 +509,11 @@ mod tests {
             watchers: 3,
             leases: 2,
             roles: Vec::new(),
+            apply: crate::ApplyStats {
+                queue_depth: 7,
+                queue_capacity: 5000,
+                batch_sizes: vec![(1, 3), (2, 1)],
+            },
         };
         let streams = StreamGauges {
             watch: 1,
@@ -487,6 +530,9 @@ mod tests {
             "kvd_db_size_in_use_bytes 1024",
             "kvd_current_revision 7",
             "kvd_compact_revision -1",
+            "kvd_apply_queue_depth 7",
+            "kvd_group_commit_batches_total{requests_at_most=\"1\"} 3",
+            "kvd_group_commit_batches_total{requests_at_most=\"+Inf\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

@@ -237,7 +237,7 @@ impl Target {
     pub fn reopen(&mut self) -> Result<(), StorageError> {
         let placeholder = redb::Builder::new()
             .create_with_backend(redb::backends::InMemoryBackend::new())
-            .map_err(|e| storage_error(e))?;
+            .map_err(storage_error)?;
         let db = std::mem::replace(&mut self.db, placeholder);
         db.close().map_err(storage_error)?;
         self.db = redb::Builder::new()

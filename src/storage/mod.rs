@@ -426,7 +426,7 @@ impl WriteBatch<'_> {
     }
 
     /// Writes (`Some` value) or deletes (`None`) many rows of one table, opening it once.
-    pub fn write_rows<'r>(
+    pub fn write_rows(
         &mut self,
         table: RowTable,
         rows: impl IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
