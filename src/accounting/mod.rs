@@ -393,12 +393,7 @@ impl Accounts {
                 };
                 let consumed = self.consumed(r, resource);
                 if consumed.saturating_add(*amount) > limit.milli() {
-                    return Err(Error::QuotaExceeded(format!(
-                        "kvd: quota exceeded for role '{r}': {resource} consumption {} + request {} > limit {}",
-                        show(consumed),
-                        show(*amount),
-                        limit
-                    )));
+                    return Err(exceeded(r, resource, consumed, *amount, limit));
                 }
             }
         }
@@ -423,12 +418,7 @@ impl Accounts {
                     if let Some(limit) = config.limits.get(resource) {
                         let consumed = self.consumed(r, resource);
                         if amount > 0 && consumed.saturating_add(amount) > limit.milli() {
-                            return Err(Error::QuotaExceeded(format!(
-                                "kvd: quota exceeded for role '{r}': {resource} consumption {} + request {} > limit {}",
-                                show(consumed),
-                                show(amount),
-                                limit
-                            )));
+                            return Err(exceeded(r, resource, consumed, amount, limit));
                         }
                     }
                 }
@@ -468,12 +458,7 @@ impl Accounts {
             };
             let consumed = self.consumed(role, resource);
             if *amount > 0 && consumed.saturating_add(*amount) > limit.milli() {
-                return Err(Error::QuotaExceeded(format!(
-                    "kvd: quota exceeded for role '{role}': {resource} consumption {} + request {} > limit {}",
-                    show(consumed),
-                    show(*amount),
-                    limit
-                )));
+                return Err(exceeded(role, resource, consumed, *amount, limit));
             }
         }
         Ok(())
@@ -898,6 +883,16 @@ fn without(quantities: &ResourceQuantities, name: &str) -> ResourceQuantities {
         }
     }
     out
+}
+
+/// Returns the refusal of a charge of `amount` to `role` that its `limit` on `resource` does
+/// not allow (ACCT-4); the message names all five.
+fn exceeded(role: &str, resource: &str, consumed: i64, amount: i64, limit: Scalar) -> Error {
+    Error::QuotaExceeded(format!(
+        "kvd: quota exceeded for role '{role}': {resource} consumption {} + request {} > limit {limit}",
+        show(consumed),
+        show(amount)
+    ))
 }
 
 /// Prints milli-units as Mesos prints scalars.
