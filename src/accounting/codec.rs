@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Agent, AgentState, Allocation, Counters, Reservation};
+use super::{Agent, AgentState, Allocation, Reservation};
 use crate::error::StorageError;
 use crate::quota::{QuotaConfig, ResourceLimits, ResourceQuantities, Scalar};
 
@@ -226,49 +226,6 @@ pub fn decode_allocation(value: &[u8]) -> Result<Allocation, StorageError> {
     })
 }
 
-/// Encodes a usage row key: role, NUL, resource (role names cannot hold NUL).
-pub fn encode_usage_key(role: &str, resource: &str) -> Vec<u8> {
-    let mut out = role.as_bytes().to_vec();
-    out.push(0);
-    out.extend_from_slice(resource.as_bytes());
-    out
-}
-
-/// Decodes a usage row key.
-pub fn decode_usage_key(key: &[u8]) -> Result<(String, String), StorageError> {
-    let split = key
-        .iter()
-        .position(|b| *b == 0)
-        .ok_or_else(|| corrupted("usage key without separator"))?;
-    let role =
-        String::from_utf8(key[..split].to_vec()).map_err(|_| corrupted("role is not UTF-8"))?;
-    let resource = String::from_utf8(key[split + 1..].to_vec())
-        .map_err(|_| corrupted("resource is not UTF-8"))?;
-    Ok((role, resource))
-}
-
-/// Encodes usage counters.
-pub fn encode_counters(c: &Counters) -> Vec<u8> {
-    let mut out = Vec::with_capacity(32);
-    for v in [c.allocated, c.reserved, c.reserved_in_use, c.offered] {
-        out.extend_from_slice(&v.to_be_bytes());
-    }
-    out
-}
-
-/// Decodes usage counters.
-pub fn decode_counters(value: &[u8]) -> Result<Counters, StorageError> {
-    let mut r = Reader { bytes: value };
-    let c = Counters {
-        allocated: r.i64()?,
-        reserved: r.i64()?,
-        reserved_in_use: r.i64()?,
-        offered: r.i64()?,
-    };
-    r.end()?;
-    Ok(c)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,16 +248,5 @@ mod tests {
                 "prefix of {len} bytes decoded"
             );
         }
-        let c = Counters {
-            allocated: 1,
-            reserved: 2,
-            reserved_in_use: 3,
-            offered: 4,
-        };
-        assert_eq!(decode_counters(&encode_counters(&c)), Ok(c));
-        assert_eq!(
-            decode_usage_key(&encode_usage_key("a/b", "cpus")),
-            Ok(("a/b".into(), "cpus".into()))
-        );
     }
 }

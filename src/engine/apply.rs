@@ -432,7 +432,7 @@ impl Applier {
                 u64::try_from(self.current).unwrap_or(0),
             )?;
             batch.put_meta(MetaKey::AppliedIndex, self.applied_index)?;
-            sync::lock(&self.shared.accounts).flush(batch)?;
+
             Ok(outcomes)
         });
         match committed {
