@@ -868,15 +868,8 @@ pub fn read_only_txn(
         &req.failure
     };
     for op in branch {
-        if let crate::api::RequestOp::Range(r) = op
-            && r.revision != 0
-        {
-            if r.revision > current {
-                return Err(Error::FutureRevision);
-            }
-            if r.revision < index.compact_revision {
-                return Err(Error::Compacted);
-            }
+        if let crate::api::RequestOp::Range(r) = op {
+            read::check_txn_range_revision(r.revision, current, index.compact_revision)?;
         }
     }
     let mut responses = Vec::with_capacity(branch.len());

@@ -73,6 +73,22 @@ pub fn read_revision(asked: i64, current: i64, compacted: i64) -> Result<i64, Er
     Ok(at)
 }
 
+/// etcd's checkRange, run on a Txn's Range ops before the Txn does anything: an explicit
+/// revision must not be above `current` nor below `compacted`; unlike a standalone Range, a
+/// negative revision is not "current" (etcd's quirk).
+pub fn check_txn_range_revision(revision: i64, current: i64, compacted: i64) -> Result<(), Error> {
+    if revision == 0 {
+        return Ok(());
+    }
+    if revision > current {
+        return Err(Error::FutureRevision);
+    }
+    if revision < compacted {
+        return Err(Error::Compacted);
+    }
+    Ok(())
+}
+
 /// Returns the index half of `req` at main revision `at` (READ-2).
 pub fn plan_range(index: &Index, req: &RangeRequest, at: i64) -> RangePlan {
     let mut hits = index.range(KeyRange::new(&req.key, &req.range_end), at);

@@ -344,16 +344,7 @@ impl<'a, 't> TxnWriter<'a, 't> {
     /// etcd's checkRange: an explicit revision must not be in the future nor below the
     /// compaction revision; unlike a standalone Range a negative one is not "current".
     fn check_txn_range(&self, req: &RangeRequest) -> Result<(), Error> {
-        if req.revision == 0 {
-            return Ok(());
-        }
-        if req.revision > self.begin {
-            return Err(Error::FutureRevision);
-        }
-        if req.revision < self.index.compact_revision {
-            return Err(Error::Compacted);
-        }
-        Ok(())
+        read::check_txn_range_revision(req.revision, self.begin, self.index.compact_revision)
     }
 
     /// Executes the branches `path` chose. Checks must have passed.
