@@ -807,7 +807,7 @@ impl Engine {
     /// assert!(err.to_string().starts_with("kvd: quota exceeded for role 'dev'"));
     /// ```
     pub fn update_quota(&self, configs: Vec<RawQuotaConfig>, force: bool) -> Result<()> {
-        self.accounting(AccountingRequest::UpdateQuota { configs, force })
+        self.apply_accounting(AccountingRequest::UpdateQuota { configs, force })
             .map(drop)
     }
 
@@ -834,7 +834,7 @@ impl Engine {
         state: AgentState,
         resources: BTreeMap<String, f64>,
     ) -> Result<()> {
-        self.accounting(AccountingRequest::RegisterAgent {
+        self.apply_accounting(AccountingRequest::RegisterAgent {
             id: id.to_owned(),
             state,
             resources,
@@ -857,12 +857,12 @@ impl Engine {
             agent: agent.to_owned(),
             resources,
         };
-        self.accounting(request).map(drop)
+        self.apply_accounting(request).map(drop)
     }
 
     /// Removes a reservation that no allocation draws on.
     pub fn unreserve(&self, id: &str) -> Result<()> {
-        self.accounting(AccountingRequest::Unreserve { id: id.to_owned() })
+        self.apply_accounting(AccountingRequest::Unreserve { id: id.to_owned() })
             .map(drop)
     }
 
@@ -881,12 +881,12 @@ impl Engine {
             agent: agent.to_owned(),
             resources,
         };
-        self.accounting(request).map(drop)
+        self.apply_accounting(request).map(drop)
     }
 
     /// Removes an allocation.
     pub fn release(&self, id: &str) -> Result<()> {
-        self.accounting(AccountingRequest::Release { id: id.to_owned() })
+        self.apply_accounting(AccountingRequest::Release { id: id.to_owned() })
             .map(drop)
     }
 
@@ -904,10 +904,18 @@ impl Engine {
     /// Replaces drifted consumption rows with the recount, through the apply path
     /// (idempotent); returns how many rows changed.
     pub fn repair_consumption(&self) -> Result<usize> {
-        self.accounting(AccountingRequest::Repair)
+        self.apply_accounting(AccountingRequest::Repair)
     }
 
-    fn accounting(&self, request: AccountingRequest) -> Result<usize> {
+    /// Applies any operator request on the registry or the records through the apply path
+    /// (the methods above are shorthands for it); returns the rows a repair changed, else 0.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// assert_eq!(engine.apply_accounting(kvd::AccountingRequest::Repair).unwrap(), 0);
+    /// ```
+    pub fn apply_accounting(&self, request: AccountingRequest) -> Result<usize> {
         match self.submit(WriteRequest::Accounting(request))? {
             WriteResponse::Accounting(changed) => Ok(changed),
             _ => Err(mismatched()),

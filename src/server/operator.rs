@@ -40,7 +40,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
-use crate::accounting::{AgentState, Counters, RoleUsage};
+use crate::accounting::{AccountingRequest, AgentState, Counters, RoleUsage};
 use crate::engine::Engine;
 use crate::error::{Error, StorageError};
 use crate::quota::{QuotaConfig, RawQuotaConfig, SCALAR_MILLI_PER_UNIT, Scalar};
@@ -77,33 +77,8 @@ const ROLE_WEIGHT_DEFAULT: f64 = 1.0;
 #[derive(Debug, Clone, PartialEq)]
 enum Call {
     GetQuota,
-    UpdateQuota {
-        configs: Vec<RawQuotaConfig>,
-        force: bool,
-    },
-    RegisterAgent {
-        id: String,
-        state: AgentState,
-        resources: BTreeMap<String, f64>,
-    },
-    Reserve {
-        id: String,
-        role: String,
-        agent: String,
-        resources: BTreeMap<String, f64>,
-    },
-    Unreserve {
-        id: String,
-    },
-    Allocate {
-        id: String,
-        role: String,
-        agent: String,
-        resources: BTreeMap<String, f64>,
-    },
-    Release {
-        id: String,
-    },
+    /// A registry or record change, applied as the engine's own request.
+    Write(AccountingRequest),
     ReconcileConsumption {
         repair: bool,
     },
@@ -266,28 +241,28 @@ fn decode_value(value: &Value) -> Result<Call, Refusal> {
         "REGISTER_AGENT" => decode_agent(&required(&call, &field)?),
         "RESERVE_RESOURCES" => {
             decode_record(&required(&call, &field)?).map(|(id, role, agent, resources)| {
-                Call::Reserve {
+                Call::Write(AccountingRequest::Reserve {
                     id,
                     role,
                     agent,
                     resources,
-                }
+                })
             })
         }
-        "UNRESERVE_RESOURCES" => {
-            decode_id(&required(&call, &field)?).map(|id| Call::Unreserve { id })
-        }
+        "UNRESERVE_RESOURCES" => decode_id(&required(&call, &field)?)
+            .map(|id| Call::Write(AccountingRequest::Unreserve { id })),
         "ALLOCATE" => {
             decode_record(&required(&call, &field)?).map(|(id, role, agent, resources)| {
-                Call::Allocate {
+                Call::Write(AccountingRequest::Allocate {
                     id,
                     role,
                     agent,
                     resources,
-                }
+                })
             })
         }
-        "RELEASE" => decode_id(&required(&call, &field)?).map(|id| Call::Release { id }),
+        "RELEASE" => decode_id(&required(&call, &field)?)
+            .map(|id| Call::Write(AccountingRequest::Release { id })),
         "RECONCILE_CONSUMPTION" => match call.object(&field).map_err(convert)? {
             Some(f) => f.bool("repair").map(|repair| Call::ReconcileConsumption {
                 repair: repair.unwrap_or(false),
@@ -329,7 +304,10 @@ fn decode_update_quota(fields: &Fields<'_>) -> Result<Call, String> {
             limits: config.scalars("limits")?,
         });
     }
-    Ok(Call::UpdateQuota { configs, force })
+    Ok(Call::Write(AccountingRequest::UpdateQuota {
+        configs,
+        force,
+    }))
 }
 
 fn decode_agent(fields: &Fields<'_>) -> Result<Call, String> {
@@ -345,11 +323,11 @@ fn decode_agent(fields: &Fields<'_>) -> Result<Call, String> {
             ));
         }
     };
-    Ok(Call::RegisterAgent {
+    Ok(Call::Write(AccountingRequest::RegisterAgent {
         id: fields.required_string("agent_id")?.to_owned(),
         state,
         resources: fields.scalars("resources")?,
-    })
+    }))
 }
 
 /// Returns the id, role, agent and resources of a reservation or an allocation.
@@ -508,63 +486,10 @@ async fn execute(node: &Node, call: Call) -> Result<Response, Refusal> {
             let configs = run(node, Engine::get_quota).await?;
             Ok(json_response(&get_quota_json(&configs)))
         }
-        Call::UpdateQuota { configs, force } => {
-            let roles: Vec<String> = configs.iter().map(|c| c.role.clone()).collect();
-            run(node, move |engine| engine.update_quota(configs, force)).await?;
-            tracing::info!(roles = ?roles, force, "quota updated");
-            Ok(StatusCode::OK.into_response())
-        }
-        Call::RegisterAgent {
-            id,
-            state,
-            resources,
-        } => {
-            let logged = id.clone();
-            run(node, move |engine| {
-                engine.register_agent(&id, state, resources)
-            })
-            .await?;
-            tracing::info!(agent = %logged, state = ?state, "agent registered");
-            Ok(StatusCode::OK.into_response())
-        }
-        Call::Reserve {
-            id,
-            role,
-            agent,
-            resources,
-        } => {
-            let logged = (id.clone(), role.clone());
-            run(node, move |engine| {
-                engine.reserve(&id, &role, &agent, resources)
-            })
-            .await?;
-            tracing::info!(id = %logged.0, role = %logged.1, "resources reserved");
-            Ok(StatusCode::OK.into_response())
-        }
-        Call::Unreserve { id } => {
-            let logged = id.clone();
-            run(node, move |engine| engine.unreserve(&id)).await?;
-            tracing::info!(id = %logged, "reservation removed");
-            Ok(StatusCode::OK.into_response())
-        }
-        Call::Allocate {
-            id,
-            role,
-            agent,
-            resources,
-        } => {
-            let logged = (id.clone(), role.clone());
-            run(node, move |engine| {
-                engine.allocate(&id, &role, &agent, resources)
-            })
-            .await?;
-            tracing::info!(id = %logged.0, role = %logged.1, "resources allocated");
-            Ok(StatusCode::OK.into_response())
-        }
-        Call::Release { id } => {
-            let logged = id.clone();
-            run(node, move |engine| engine.release(&id)).await?;
-            tracing::info!(id = %logged, "allocation released");
+        Call::Write(request) => {
+            let logged = format!("{request:?}");
+            run(node, move |engine| engine.apply_accounting(request)).await?;
+            tracing::info!(request = %logged, "operator request applied");
             Ok(StatusCode::OK.into_response())
         }
         Call::ReconcileConsumption { repair } => {
@@ -789,18 +714,18 @@ mod tests {
         assert_eq!(decode(r#"{"type":"GET_QUOTA"}"#), Ok(Call::GetQuota));
         assert_eq!(
             decode(r#"{"type":"UPDATE_QUOTA","update_quota":{}}"#),
-            Ok(Call::UpdateQuota {
+            Ok(Call::Write(AccountingRequest::UpdateQuota {
                 configs: vec![],
                 force: false
-            })
+            }))
         );
         assert_eq!(
             decode(r#"{"type":"REGISTER_AGENT","register_agent":{"agent_id":"a"}}"#),
-            Ok(Call::RegisterAgent {
+            Ok(Call::Write(AccountingRequest::RegisterAgent {
                 id: "a".into(),
                 state: AgentState::Registered,
                 resources: BTreeMap::new()
-            })
+            }))
         );
         assert_eq!(
             decode(r#"{"type":"RECONCILE_CONSUMPTION"}"#),
@@ -809,7 +734,7 @@ mod tests {
         let limits = decode(
             r#"{"type":"UPDATE_QUOTA","update_quota":{"quota_configs":[{"role":"r","limits":{"cpus":{"value":"inf"},"mem":{"value":2}}}]}}"#,
         );
-        let Ok(Call::UpdateQuota { configs, .. }) = limits else {
+        let Ok(Call::Write(AccountingRequest::UpdateQuota { configs, .. })) = limits else {
             panic!("{limits:?}");
         };
         assert_eq!(configs[0].limits["mem"], 2.0);
