@@ -10,7 +10,7 @@
 //! its ancestors, so a role's row is its whole subtree.
 //!
 //! Invariants:
-//! - ACCT-1 (conservation): every usage row equals a recount from the index and the records
+//! - ACCT-1 (conservation): every usage counter equals a recount from the index and the records
 //!   ([`Accounts::recount`]).
 //! - ACCT-2: registry rows and records change in the same storage transaction as the data
 //!   they describe, and the usage counters change in the same apply step as the writes they
@@ -152,7 +152,7 @@ pub struct RoleUsage {
     pub resources: BTreeMap<String, Counters>,
 }
 
-/// The registry, the usage rows and the records.
+/// The registry, the usage counters and the records.
 #[derive(Debug, Default)]
 pub struct Accounts {
     registry: Registry,
@@ -258,7 +258,7 @@ impl Accounts {
         usage
     }
 
-    /// Returns the differences between the usage rows and a recount: (role, resource,
+    /// Returns the differences between the usage counters and a recount: (role, resource,
     /// counted, recounted). Empty when ACCT-1 holds.
     pub fn drift(&self, index: &Index) -> Vec<(String, String, Counters, Counters)> {
         let recount = self.recount(index);
@@ -272,7 +272,7 @@ impl Accounts {
             .collect()
     }
 
-    /// Replaces the usage rows with a recount; returns how many rows changed.
+    /// Replaces the usage counters with a recount; returns how many changed.
     pub fn repair(&mut self, index: &Index) -> usize {
         let drift = self.drift(index);
         for (role, resource, _, truth) in &drift {
@@ -926,7 +926,7 @@ pub enum AccountingRequest {
         /// The record id.
         id: String,
     },
-    /// Replace the usage rows with a recount (reconciliation of consumption).
+    /// Replace the usage counters with a recount (reconciliation of consumption).
     Repair,
 }
 

@@ -890,7 +890,7 @@ impl Engine {
             .map(drop)
     }
 
-    /// Returns the differences between the consumption rows and a full recount from the
+    /// Returns the differences between the consumption counters and a full recount from the
     /// index and the records: (role, resource, counted, recounted); empty when they agree.
     pub fn consumption_drift(
         &self,
@@ -901,7 +901,7 @@ impl Engine {
         Ok(accounts.drift(&index))
     }
 
-    /// Replaces drifted consumption rows with the recount, through the apply path
+    /// Replaces drifted consumption counters with the recount, through the apply path
     /// (idempotent); returns how many rows changed.
     pub fn repair_consumption(&self) -> Result<usize> {
         self.apply_accounting(AccountingRequest::Repair)

@@ -371,6 +371,11 @@ pub fn etcdctl_watch(
             KILLED
         }
     };
+    // Let the server drop this watch before the next call reads its baseline: a watch that
+    // lingers and then goes away while the next one registers would hide the new one.
+    wait_until(WATCH_WAIT_MAX, || {
+        watchers(endpoint).is_none_or(|n| n <= before)
+    });
     Run {
         code,
         stdout: read(out.path()),
