@@ -161,7 +161,7 @@ impl RangeRequest {
         }
     }
 
-    fn encoded_len(&self) -> usize {
+    pub(crate) fn encoded_len(&self) -> usize {
         bytes_field(1, &self.key)
             + bytes_field(2, &self.range_end)
             + int_field(3, self.limit)
@@ -252,7 +252,7 @@ impl PutRequest {
         }
     }
 
-    fn encoded_len(&self) -> usize {
+    pub(crate) fn encoded_len(&self) -> usize {
         bytes_field(1, &self.key)
             + bytes_field(2, &self.value)
             + int_field(3, self.lease)
@@ -319,7 +319,7 @@ impl DeleteRangeRequest {
         }
     }
 
-    fn encoded_len(&self) -> usize {
+    pub(crate) fn encoded_len(&self) -> usize {
         bytes_field(1, &self.key) + bytes_field(2, &self.range_end) + bool_field(3, self.prev_kv)
     }
 }
@@ -418,7 +418,7 @@ impl Compare {
         }
     }
 
-    fn encoded_len(&self) -> usize {
+    pub(crate) fn encoded_len(&self) -> usize {
         let (target, operand) = match &self.target {
             CompareTarget::Version(v) => (0, int_field(4, *v)),
             CompareTarget::Create(v) => (1, int_field(5, *v)),
@@ -453,7 +453,7 @@ pub enum RequestOp {
 }
 
 impl RequestOp {
-    fn encoded_len(&self) -> usize {
+    pub(crate) fn encoded_len(&self) -> usize {
         match self {
             RequestOp::Range(r) => message_field(1, r.encoded_len()),
             RequestOp::Put(r) => message_field(2, r.encoded_len()),
@@ -510,7 +510,7 @@ impl TxnRequest {
             .all(|op| matches!(op, RequestOp::Range(_)))
     }
 
-    fn encoded_len(&self) -> usize {
+    pub(crate) fn encoded_len(&self) -> usize {
         let compares: usize = self
             .compare
             .iter()
@@ -949,57 +949,43 @@ pub struct DefragProgress {
     pub total_bytes: u64,
 }
 
-/// Any write the apply thread executes. Also the unit the request-size limit applies to.
-#[derive(Debug, Clone, PartialEq)]
-pub enum WriteRequest {
-    /// A Put.
-    Put(PutRequest),
-    /// A DeleteRange.
-    DeleteRange(DeleteRangeRequest),
-    /// A Txn that may write.
-    Txn(TxnRequest),
-    /// A compaction.
-    Compaction(CompactionRequest),
-    /// A lease grant.
-    LeaseGrant(LeaseGrantRequest),
-    /// A lease revoke (from a client or from expiry).
-    LeaseRevoke(LeaseRevokeRequest),
-    /// An alarm activation or deactivation.
-    Alarm(AlarmRequest),
-    /// A quota registry or consumption record request.
-    Accounting(crate::accounting::AccountingRequest),
-}
-
 /// Bytes of framing etcd's raft entry adds around a request: the request header with its
 /// 64-bit id (field 100) and the oneof tag and length of the request itself.
 const RAFT_ENTRY_HEADER_BYTES: usize = 14;
 
-impl WriteRequest {
-    /// Returns the size etcd would check against `--max-request-bytes`: the request as
-    /// marshalled inside etcd's raft entry (API-2).
-    ///
-    /// ```
-    /// let put = kvd::WriteRequest::Put(kvd::PutRequest::new("big", vec![0u8; 1_572_836]));
-    /// assert!(put.encoded_len() <= 1_572_864);
-    /// let put = kvd::WriteRequest::Put(kvd::PutRequest::new("big", vec![0u8; 1_572_838]));
-    /// assert!(put.encoded_len() > 1_572_864);
-    /// ```
+/// Returns the size of a request of `inner` encoded bytes inside etcd's raft entry, which is
+/// what etcd checks against `--max-request-bytes` (API-2).
+pub(crate) fn raft_entry_len(inner: usize) -> usize {
+    RAFT_ENTRY_HEADER_BYTES + message_field(4, inner)
+}
+
+impl CompactionRequest {
+    /// Returns the length of the request's protobuf encoding.
     pub fn encoded_len(&self) -> usize {
-        let inner = match self {
-            WriteRequest::Put(r) => r.encoded_len(),
-            WriteRequest::DeleteRange(r) => r.encoded_len(),
-            WriteRequest::Txn(r) => r.encoded_len(),
-            WriteRequest::Compaction(r) => int_field(1, r.revision) + bool_field(2, r.physical),
-            WriteRequest::LeaseGrant(r) => int_field(1, r.ttl) + int_field(2, r.id),
-            WriteRequest::LeaseRevoke(r) => int_field(1, r.id),
-            WriteRequest::Accounting(r) => r.encoded_len(),
-            WriteRequest::Alarm(r) => {
-                int_field(1, r.action as i64)
-                    + int_field(2, r.member_id as i64)
-                    + int_field(3, r.alarm as i64)
-            }
-        };
-        RAFT_ENTRY_HEADER_BYTES + message_field(4, inner)
+        int_field(1, self.revision) + bool_field(2, self.physical)
+    }
+}
+
+impl LeaseGrantRequest {
+    /// Returns the length of the request's protobuf encoding.
+    pub fn encoded_len(&self) -> usize {
+        int_field(1, self.ttl) + int_field(2, self.id)
+    }
+}
+
+impl LeaseRevokeRequest {
+    /// Returns the length of the request's protobuf encoding.
+    pub fn encoded_len(&self) -> usize {
+        int_field(1, self.id)
+    }
+}
+
+impl AlarmRequest {
+    /// Returns the length of the request's protobuf encoding.
+    pub fn encoded_len(&self) -> usize {
+        int_field(1, self.action as i64)
+            + int_field(2, self.member_id as i64)
+            + int_field(3, self.alarm as i64)
     }
 }
 

@@ -35,9 +35,12 @@ mod watch;
 pub use accounting::{AccountingRequest, AgentState, Counters, KV_BYTES, KV_KEYS, RoleUsage};
 pub use api::*;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use engine::{ApplyStats, AutoCompaction, Config, DefragFailpoint, Engine};
+pub use engine::{
+    ApplyStats, AutoCompaction, Completion, Config, DefragFailpoint, Engine, WriteRequest,
+    write_cost,
+};
 pub use error::{Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};
-pub use space::{cost as write_cost, quota_bytes as space_quota_bytes};
+pub use space::{FreeSpace, ManualFreeSpace, StatvfsFreeSpace, quota_bytes as space_quota_bytes};
 pub use storage::faults::Faults;
 pub use watch::WatchStream;

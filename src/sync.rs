@@ -12,7 +12,7 @@
 #[cfg(loom)]
 pub use loom::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
-pub use loom::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+pub use loom::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 // loom has no weak pointer; nothing loom models holds one.
 #[cfg(loom)]
 pub use std::sync::Weak;
@@ -20,7 +20,9 @@ pub use std::sync::Weak;
 #[cfg(not(loom))]
 pub use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
-pub use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+pub use std::sync::{
+    Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
+};
 
 /// Locks `mutex`, recovering the guard if a panicking thread poisoned it: the data behind
 /// our mutexes is kept consistent by the code that holds them, so poisoning carries no

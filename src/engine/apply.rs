@@ -1,45 +1,55 @@
-//! The apply thread: group commit of admitted writes, compaction steps between batches, and
-//! recovery on open.
+//! The apply thread: applies admitted writes in order, in batches, each batch in one
+//! storage write transaction, and hands every committed batch to the commit thread
+//! (`engine::commit`) without waiting for it to be durable; compaction steps run between
+//! batches; recovery runs on open.
 //!
-//! Each loop: take the first queued proposal (block if there is no compaction work), take
-//! up to `batch_requests_max - 1` more without waiting, apply them in order in one storage
-//! write transaction, commit, publish the revision, answer every request; then run one
-//! compaction step if a compaction is pending.
+//! Each loop takes every queued proposal (up to `batch_requests_max`; sleeps if there is
+//! none and no compaction work), applies them in order in one `Store::write_logged`
+//! transaction (committed without I/O, its changes framed as one log record), and hands the
+//! batch with its record, its events and its answers to the commit thread, which makes the
+//! record durable, publishes and answers. Meanwhile this thread applies the next batch: one
+//! batch's `fdatasync` overlaps the next one's apply (`docs/design/write-path.md`).
 //!
 //! Invariants:
-//! - APPLY-1: a request's answer is sent only after the commit holding it returned (durable
-//!   unless `unsafe_no_fsync`); if the commit fails, every request of the batch gets the
-//!   storage error and nothing of the batch is published.
-//! - APPLY-2: a Compaction is applied first in its batch, so the revision it compacts at is
-//!   already published: a reader at the published revision never meets a compaction above
-//!   it.
+//! - APPLY-1: a request's answer is delivered only after the commit holding it is durable
+//!   (COMMIT-1; durable unless `unsafe_no_fsync`); if the commit fails, every request of the
+//!   batch gets the storage error and nothing of the batch is published.
+//! - APPLY-2: a Compaction is applied first in its batch, after a barrier (COMMIT-3) has
+//!   published every batch before it, so the revision it compacts at is already published:
+//!   a reader at the published revision never meets a compaction above it. Defrag steps
+//!   also run only after a barrier.
 //! - APPLY-3: apply is deterministic given its inputs: the same requests in the same order
 //!   give the same history bytes. It reads no randomness; it reads the engine's `Clock` only
 //!   for lease deadlines (memory only, reset on restart) and to generate expiry revokes and
 //!   auto-compactions, which then go through apply like client requests (a replicated log
-//!   would carry them as entries).
-//!   history bytes; it reads no clock and no randomness.
+//!   would carry them as entries); the filesystem's free space comes from the injected
+//!   `FreeSpace`, read at most once per batch.
+//! - APPLY-4: the apply thread never waits for a disk sync except in a checkpoint batch, a
+//!   compaction step, a defrag step, and the size-in-use walk; it sleeps only when there is
+//!   no proposal and no compaction work.
 //!
-//! Contact points: `Engine` sends [`Proposal`]s; `mvcc::write` applies each request.
-
-use std::collections::VecDeque;
+//! Contact points: `Engine` pushes [`Proposal`]s into a [`Mailbox`]; `mvcc::write` applies
+//! each request; `engine::commit` finishes each batch.
 
 use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use bytes::Bytes;
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use super::Shared;
 use super::auto_compact::AutoCompactor;
+use super::commit::{AppliedBatch, Handover};
 use super::defrag::{self, DefragStep};
+use super::mailbox::Mailbox;
+use super::proposal::{Answer, Completion, Proposal};
 use crate::accounting::Accounts;
 use crate::alarm::{self, ALARMS_TABLE};
 use crate::api::{
     AlarmAction, AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionRequest,
-    CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest,
-    LeaseGrantResponse, LeaseRevokeRequest, LeaseRevokeResponse, PutResponse, ResponseHeader,
-    TxnRequest, TxnResponse, WriteRequest,
+    CompactionResponse, DeleteRangeRequest, LeaseGrantRequest, LeaseGrantResponse,
+    LeaseRevokeRequest, LeaseRevokeResponse, PutRequest, PutResponse, ResponseHeader, TxnRequest,
+    TxnResponse,
 };
 use crate::error::{Error, Result, StorageError};
 use crate::lease::{self, LEASE_REVOKES_PER_PASS_MAX, LEASES_TABLE, Lessor};
@@ -51,41 +61,6 @@ use crate::mvcc::{Index, Revision};
 use crate::space;
 use crate::storage::{MetaKey, Snapshot, Store, WriteBatch};
 use crate::sync::{self, Arc, Ordering};
-
-/// A message to the apply thread.
-#[derive(Debug)]
-pub enum Proposal {
-    /// A step of a defrag, run between two batches.
-    Defrag(DefragStep),
-    /// A write to apply.
-    Write {
-        /// The request.
-        request: WriteRequest,
-        /// Where the answer goes.
-        reply: Sender<Result<WriteResponse>>,
-    },
-}
-
-/// The answer to a write.
-#[derive(Debug)]
-pub enum WriteResponse {
-    /// A Put's answer.
-    Put(PutResponse),
-    /// A DeleteRange's answer.
-    DeleteRange(DeleteRangeResponse),
-    /// A Txn's answer.
-    Txn(TxnResponse),
-    /// A Compaction's answer.
-    Compaction(CompactionResponse),
-    /// A lease grant's answer.
-    LeaseGrant(LeaseGrantResponse),
-    /// A lease revoke's answer.
-    LeaseRevoke(LeaseRevokeResponse),
-    /// An alarm request's answer.
-    Alarm(AlarmResponse),
-    /// An accounting request's answer: the rows a repair changed, else 0.
-    Accounting(usize),
-}
 
 /// What open found on disk.
 pub struct Recovered {
@@ -173,31 +148,31 @@ pub fn recover(
     })
 }
 
-/// How many times gathering a batch yields the CPU to wait for more proposals.
-const GATHER_YIELDS_MAX: usize = 2;
-
-/// The shortest time between two idle refreshes of the size-in-use figure.
+/// The shortest time between two refreshes of the size-in-use figure.
 const STATS_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A refresh of the size-in-use figure is spaced at least this many times its own duration
+/// from the next, so the page walk takes at most 1/20 of the apply thread under load.
+const STATS_REFRESH_SPACING_FACTOR: u32 = 20;
 
 /// How long the idle apply thread sleeps before looking at lease deadlines again.
 const IDLE_WAKE_INTERVAL: Duration = Duration::from_millis(50);
 
-/// A compaction being carried out, with the callers waiting for its physical end.
+/// A compaction being carried out, with the answers owed when it physically ends.
 struct PendingCompaction {
     job: CompactionJob,
-    /// Callers answered when the job ends, with the answer each is owed.
-    waiters: Vec<(Sender<Result<WriteResponse>>, Result<WriteResponse>)>,
+    waiters: Vec<Answer>,
 }
 
 /// The state of the apply thread.
 pub struct Applier {
     shared: Arc<Shared>,
+    proposals: Arc<Mailbox<Proposal>>,
+    commits: Arc<Mailbox<Handover>>,
     /// The revision of the last applied write, committed or not.
     current: i64,
     applied_index: u64,
     compactions: VecDeque<PendingCompaction>,
-    /// A proposal held back to start the next batch (APPLY-2).
-    carried: Option<Proposal>,
     /// The changes of the batch being applied, by revision, for watchers once it commits.
     events: Vec<(i64, Vec<Change>)>,
     /// Commits since the size-in-use figure was last refreshed.
@@ -209,28 +184,55 @@ pub struct Applier {
     batch_cost: u64,
     /// An exact in-use measurement taken during the current batch.
     batch_measured: Option<u64>,
+    /// The filesystem's free space, read once per batch when a write with a cost needs it.
+    batch_fs_free: Option<Option<u64>>,
+    /// True while batches handed to the commit thread may not be published yet.
+    undrained: bool,
     auto_compactor: Option<AutoCompactor>,
 }
 
 /// What applying one request produced.
 enum Outcome {
-    Answer(Result<WriteResponse>),
+    /// An answer delivered with the batch.
+    Answer(Answer),
     /// A compaction was scheduled; a physical one is answered when its job ends.
     Compaction {
         revision: i64,
         physical: bool,
-        response: CompactionResponse,
+        answer: Answer,
     },
     /// A physical compaction that failed: like etcd, answered only after the compactions
     /// already scheduled have finished.
-    AfterPendingCompactions(Error),
+    AfterPendingCompactions(Answer),
+}
+
+/// Turns a typed result into an outcome. A storage failure answers `done` with it at once
+/// and aborts the batch (the caller fails the rest).
+fn settle<T: Send + 'static>(
+    done: Completion<T>,
+    result: Result<Result<T>, StorageError>,
+) -> Result<Outcome, StorageError> {
+    match result {
+        Ok(answer) => Ok(Outcome::Answer(Answer::new(done, answer))),
+        Err(e) => {
+            done(Err(Error::Storage(e.clone())));
+            Err(e)
+        }
+    }
+}
+
+/// Nobody waits for the answer of a write the engine makes itself (expiry, auto-compaction).
+fn unanswered<T>() -> Completion<T> {
+    Box::new(|_| {})
 }
 
 impl Applier {
     /// Returns the apply state after recovery.
     pub fn new(
         shared: Arc<Shared>,
-        current: i64,
+        proposals: Arc<Mailbox<Proposal>>,
+        commits: Arc<Mailbox<Handover>>,
+        recovered_current: i64,
         applied_index: u64,
         jobs: Vec<CompactionJob>,
     ) -> Applier {
@@ -247,48 +249,40 @@ impl Applier {
             .map(|mode| AutoCompactor::new(mode, shared.config.clock.now()));
         Applier {
             shared,
-            current,
+            proposals,
+            commits,
+            current: recovered_current,
             applied_index,
             compactions,
-            carried: None,
             events: Vec::new(),
-            // Measure at the first idle moment: open starts from the file length.
+            // Measure at the first chance: open starts from the file length.
             commits_since_stats: 1,
             last_stats_at: None,
             stats_spacing: STATS_REFRESH_INTERVAL,
             batch_cost: 0,
             batch_measured: None,
+            batch_fs_free: None,
+            undrained: false,
             auto_compactor,
         }
     }
 
-    /// Runs until every sender is gone and the queue is drained. An unfinished compaction
-    /// resumes at the next open (COMPACT-2).
-    pub fn run(mut self, proposals: Receiver<Proposal>) {
+    /// Runs until the proposal mailbox is closed and drained, then closes the commit
+    /// mailbox. An unfinished compaction resumes at the next open (COMPACT-2).
+    pub fn run(mut self) {
         loop {
-            let first = match self.carried.take() {
-                Some(p) => Some(p),
-                None if self.compactions.is_empty() => {
-                    match proposals.recv_timeout(IDLE_WAKE_INTERVAL) {
-                        Ok(p) => Some(p),
-                        Err(RecvTimeoutError::Timeout) => None,
-                        Err(RecvTimeoutError::Disconnected) => return,
-                    }
-                }
-                None => match proposals.try_recv() {
-                    Ok(p) => Some(p),
-                    Err(TryRecvError::Empty) => None,
-                    Err(TryRecvError::Disconnected) => return,
-                },
+            let wait = if self.compactions.is_empty() {
+                Some(IDLE_WAKE_INTERVAL)
+            } else {
+                Some(Duration::ZERO)
             };
-            let idle = first.is_none();
-            match first {
-                Some(Proposal::Defrag(step)) => self.defrag_step(step),
-                Some(first) => {
-                    let batch = self.gather(first, &proposals);
-                    self.apply_batch(batch);
-                }
-                None => {}
+            let taken = self
+                .proposals
+                .take(self.shared.config.batch_requests_max, wait);
+            let idle = taken.items.is_empty();
+            self.apply_taken(taken.items);
+            if taken.closed {
+                break;
             }
             self.refresh_stats(idle);
             // EDEFRAG-1: no compaction step while a defrag copies.
@@ -298,6 +292,44 @@ impl Applier {
             self.expire_leases();
             self.auto_compact();
         }
+        self.drain();
+        self.commits.close();
+    }
+
+    /// Applies what one take returned: runs of writes as batches; a compaction starts a
+    /// batch of its own after a barrier (APPLY-2); a defrag step runs after a barrier.
+    fn apply_taken(&mut self, items: Vec<Proposal>) {
+        let mut batch = Vec::with_capacity(items.len());
+        for proposal in items {
+            match proposal {
+                Proposal::Defrag(step) => {
+                    self.apply_batch(std::mem::take(&mut batch));
+                    self.drain();
+                    self.defrag_step(step);
+                }
+                p if p.is_compaction() => {
+                    self.apply_batch(std::mem::take(&mut batch));
+                    self.drain();
+                    batch.push(p);
+                }
+                p => batch.push(p),
+            }
+        }
+        self.apply_batch(batch);
+    }
+
+    /// Waits until every batch handed to the commit thread is published or failed
+    /// (COMMIT-3).
+    fn drain(&mut self) {
+        if !self.undrained {
+            return;
+        }
+        let (reply, done) = crossbeam_channel::bounded(1);
+        if self.commits.push(Handover::Barrier(reply)).is_ok() {
+            // An error means the commit thread is gone, so nothing is left to wait for.
+            let _ = done.recv();
+        }
+        self.undrained = false;
     }
 
     /// Submits the compaction auto-compaction asks for, through the apply path (AUTO-2).
@@ -307,16 +339,15 @@ impl Applier {
         };
         let now = self.shared.config.clock.now();
         let compacted = sync::read(&self.shared.index).compact_revision;
-        let Some(revision) = compactor.due(now, self.shared.published.load(), compacted) else {
+        let Some(revision) = compactor.due(now, self.current, compacted) else {
             return;
         };
-        // Nobody waits for the answer; the receiver is dropped at once.
-        let (reply, _) = crossbeam_channel::bounded(1);
-        let request = WriteRequest::Compaction(CompactionRequest {
+        self.drain();
+        let request = CompactionRequest {
             revision,
             physical: false,
-        });
-        self.apply_writes(vec![(request, reply)]);
+        };
+        self.apply_batch(vec![Proposal::Compaction(request, unanswered())]);
     }
 
     /// Revokes the leases whose deadline passed on the engine's clock, through the same
@@ -333,53 +364,9 @@ impl Applier {
         }
         let revokes = expired
             .into_iter()
-            .map(|id| {
-                // Nobody waits for an expiry's answer; the receiver is dropped at once.
-                let (reply, _) = crossbeam_channel::bounded(1);
-                (WriteRequest::LeaseRevoke(LeaseRevokeRequest { id }), reply)
-            })
+            .map(|id| Proposal::LeaseRevoke(LeaseRevokeRequest { id }, unanswered()))
             .collect();
-        self.apply_writes(revokes);
-    }
-
-    /// Takes up to a batch of proposals without waiting; a Compaction ends the batch before
-    /// it (APPLY-2).
-    fn gather(&mut self, first: Proposal, proposals: &Receiver<Proposal>) -> Vec<Proposal> {
-        let mut batch = vec![first];
-        let mut yields = 0;
-        while batch.len() < self.shared.config.batch_requests_max {
-            let next = match proposals.try_recv() {
-                Ok(next) => next,
-                // Callers answered by the last commit are resubmitting: give them one chance
-                // to join this batch (group commit), then commit what is there.
-                Err(_) if yields < GATHER_YIELDS_MAX && batch.len() > 1 => {
-                    yields += 1;
-                    std::thread::yield_now();
-                    continue;
-                }
-                Err(_) => break,
-            };
-            if is_compaction(&next) || matches!(next, Proposal::Defrag(_)) {
-                self.carried = Some(next);
-                break;
-            }
-            batch.push(next);
-        }
-        batch
-    }
-
-    fn apply_batch(&mut self, batch: Vec<Proposal>) {
-        let mut writes = Vec::with_capacity(batch.len());
-        for proposal in batch {
-            match proposal {
-                Proposal::Write { request, reply } => writes.push((request, reply)),
-                // gather() ends a batch before a defrag step; handle one that slipped in anyway.
-                Proposal::Defrag(step) => self.defrag_step(step),
-            }
-        }
-        if !writes.is_empty() {
-            self.apply_writes(writes);
-        }
+        self.apply_batch(revokes);
     }
 
     fn defrag_step(&mut self, step: DefragStep) {
@@ -394,17 +381,20 @@ impl Applier {
         }
     }
 
-    /// Refreshes the size-in-use figure readers see, only when the thread is idle, commits
-    /// happened since, and enough time passed: the figure costs a walk of every page (about
-    /// a second per GiB here), so it is spaced at least `STATS_REFRESH_INTERVAL` and twenty
-    /// times its own duration apart. Between refreshes admission uses the estimate, and
+    /// Refreshes the size-in-use figure readers see. The figure costs a walk of every page
+    /// (about a second per GiB here), so refreshes are spaced at least
+    /// `STATS_REFRESH_INTERVAL` and `STATS_REFRESH_SPACING_FACTOR` times their own duration
+    /// apart, on the engine clock, busy or idle: under continuous writes the figure lags by
+    /// at most that spacing (SPACE-4). Between refreshes admission uses the estimate, and
     /// apply measures exactly when the estimate says a write might not fit (SPACE-2).
     fn refresh_stats(&mut self, idle: bool) {
         let now = self.shared.config.clock.now();
         let due = self
             .last_stats_at
             .is_none_or(|at| now.saturating_sub(at) >= self.stats_spacing);
-        if self.commits_since_stats == 0 || !idle || !due {
+        // A fresh engine measures at its first idle moment, not in its first busy loop.
+        let first_busy = self.last_stats_at.is_none() && !idle;
+        if self.commits_since_stats == 0 || !due || first_busy {
             return;
         }
         // Wall-clock time of the walk, to space the next one; not an input to apply.
@@ -414,144 +404,247 @@ impl Applier {
             self.commits_since_stats = 0;
         }
         self.last_stats_at = Some(now);
-        self.stats_spacing = STATS_REFRESH_INTERVAL.max(started.elapsed() * 20);
+        self.stats_spacing =
+            STATS_REFRESH_INTERVAL.max(started.elapsed() * STATS_REFRESH_SPACING_FACTOR);
     }
 
-    fn apply_writes(&mut self, writes: Vec<(WriteRequest, Sender<Result<WriteResponse>>)>) {
+    /// Applies `proposals` (writes only) as one batch and hands it to the commit thread.
+    fn apply_batch(&mut self, proposals: Vec<Proposal>) {
+        if proposals.is_empty() {
+            return;
+        }
         let shared = self.shared.clone();
         let (before_current, before_applied) = (self.current, self.applied_index);
         self.batch_cost = 0;
         self.batch_measured = None;
-        let committed = shared.store.write(|batch| {
-            let mut outcomes = Vec::with_capacity(writes.len());
-            for (request, _) in &writes {
-                outcomes.push(self.apply_one(batch, request)?);
+        self.batch_fs_free = None;
+        let mut outcomes = Vec::with_capacity(proposals.len());
+        let mut pending = proposals.into_iter();
+        let committed = shared.store.write_logged(|batch| {
+            for proposal in pending.by_ref() {
+                outcomes.push(self.apply_one(batch, proposal)?);
             }
             batch.put_meta(
                 MetaKey::CurrentRevision,
                 u64::try_from(self.current).unwrap_or(0),
             )?;
             batch.put_meta(MetaKey::AppliedIndex, self.applied_index)?;
-
-            Ok(outcomes)
+            Ok(())
         });
         match committed {
-            Ok(outcomes) => {
-                let events = std::mem::take(&mut self.events);
-                self.shared
-                    .stats
-                    .applied_index
-                    .store(self.applied_index, Ordering::Release);
+            Ok(((), record)) => {
                 self.shared.stats.record_batch(outcomes.len());
                 if let Some(measured) = self.batch_measured.take() {
                     self.shared.space.measured(measured);
                 }
                 self.shared.space.committed(self.batch_cost);
                 self.commits_since_stats += 1;
-                self.shared.publish(self.current, events);
-                for ((_, reply), outcome) in writes.into_iter().zip(outcomes) {
-                    self.answer(reply, outcome);
+                let answers = self.settle_outcomes(outcomes);
+                let batch = AppliedBatch {
+                    record,
+                    revision: self.current,
+                    applied_index: self.applied_index,
+                    events: std::mem::take(&mut self.events),
+                    answers,
+                };
+                if let Err(Handover::Batch(batch)) = self.commits.push(Handover::Batch(batch)) {
+                    // The commit thread is gone (the engine is stopping): nothing can be
+                    // made durable any more.
+                    for answer in batch.answers {
+                        answer.fail(Error::Closed);
+                    }
                 }
+                self.undrained = true;
             }
             Err(e) => {
                 // APPLY-1: nothing of the batch is published; the store is now poisoned.
                 self.events.clear();
                 self.current = before_current;
                 self.applied_index = before_applied;
-                for (_, reply) in writes {
-                    let _ = reply.send(Err(Error::Storage(e.clone())));
+                for outcome in outcomes {
+                    match outcome {
+                        Outcome::Answer(a)
+                        | Outcome::Compaction { answer: a, .. }
+                        | Outcome::AfterPendingCompactions(a) => a.fail(Error::Storage(e.clone())),
+                    }
+                }
+                for proposal in pending {
+                    proposal.refuse(Error::Storage(e.clone()));
                 }
             }
         }
     }
 
-    fn answer(&mut self, reply: Sender<Result<WriteResponse>>, outcome: Outcome) {
-        // A caller that gave up waiting is not an error of ours, hence the ignored sends.
-        match outcome {
-            Outcome::Answer(answer) => {
-                let _ = reply.send(answer);
-            }
-            Outcome::Compaction {
-                revision,
-                physical,
-                response,
-            } => {
-                let answer = Ok(WriteResponse::Compaction(response));
-                let mut waiters = Vec::new();
-                if physical {
-                    waiters.push((reply, answer));
-                } else {
-                    let _ = reply.send(answer);
+    /// Sorts a committed batch's outcomes into the answers delivered with it and the ones
+    /// owed when a compaction physically ends.
+    fn settle_outcomes(&mut self, outcomes: Vec<Outcome>) -> Vec<Answer> {
+        let mut answers = Vec::with_capacity(outcomes.len());
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Answer(answer) => answers.push(answer),
+                Outcome::Compaction {
+                    revision,
+                    physical,
+                    answer,
+                } => {
+                    let mut waiters = Vec::new();
+                    if physical {
+                        waiters.push(answer);
+                    } else {
+                        answers.push(answer);
+                    }
+                    self.compactions.push_back(PendingCompaction {
+                        job: CompactionJob::new(revision),
+                        waiters,
+                    });
                 }
-                self.compactions.push_back(PendingCompaction {
-                    job: CompactionJob::new(revision),
-                    waiters,
-                });
+                Outcome::AfterPendingCompactions(answer) => match self.compactions.back_mut() {
+                    Some(last) => last.waiters.push(answer),
+                    None => answers.push(answer),
+                },
             }
-            Outcome::AfterPendingCompactions(error) => match self.compactions.back_mut() {
-                Some(last) => last.waiters.push((reply, Err(error))),
-                None => {
-                    let _ = reply.send(Err(error));
-                }
-            },
         }
+        answers
     }
 
-    /// Applies one request. An `Err` is a storage failure that aborts the batch; a refused
-    /// request is an `Ok(Outcome::Answer(Err(..)))` and changed nothing.
+    /// Applies one request. An `Err` is a storage failure that aborts the batch (the
+    /// request itself was answered with it); a refused request is answered with its
+    /// refusal and changed nothing.
     fn apply_one(
         &mut self,
         batch: &mut WriteBatch<'_>,
-        request: &WriteRequest,
+        proposal: Proposal,
     ) -> Result<Outcome, StorageError> {
+        let cost = proposal.cost();
+        match proposal {
+            Proposal::Alarm(req, done) => settle(done, self.apply_alarm(batch, req)),
+            Proposal::Put(req, done) => {
+                let result = self.gated(batch, cost, |a, b| a.apply_put(b, &req));
+                settle(done, result)
+            }
+            Proposal::DeleteRange(req, done) => {
+                let result = self.gated(batch, cost, |a, b| {
+                    a.apply_kv(b, None, |w, _, _| Ok(Ok(w.delete_range(&req)?)))
+                });
+                settle(done, result)
+            }
+            Proposal::Txn(req, done) => {
+                let result = self.gated(batch, cost, |a, b| {
+                    a.apply_kv(b, None, |w, _, accounts| apply_txn(w, accounts, &req))
+                });
+                settle(done, result)
+            }
+            Proposal::LeaseRevoke(req, done) => {
+                let result = self.gated(batch, cost, |a, b| {
+                    a.apply_kv(b, Some(req.id), |w, lessor, _| {
+                        revoke_keys(w, lessor, req.id)
+                    })
+                });
+                settle(done, result)
+            }
+            Proposal::LeaseGrant(req, done) => {
+                let result = self.gated(batch, cost, |a, b| a.apply_lease_grant(b, req));
+                settle(done, result)
+            }
+            Proposal::Accounting(req, done) => {
+                let result = self.gated(batch, cost, |a, b| {
+                    let shared = a.shared.clone();
+                    let index = sync::read(&shared.index);
+                    let mut accounts = sync::lock(&shared.accounts);
+                    let quota = space::quota_bytes(shared.config.quota_backend_bytes);
+                    let answer = req.apply(&mut accounts, quota, &index, b)?;
+                    if answer.is_ok() {
+                        a.applied_index += 1;
+                    }
+                    Ok(answer)
+                });
+                settle(done, result)
+            }
+            Proposal::Compaction(req, done) => {
+                match self.gated(batch, cost, |a, b| Ok(Ok(a.apply_compaction(b, req)?))) {
+                    Ok(Ok(Ok(scheduled))) => Ok(Outcome::Compaction {
+                        revision: req.revision,
+                        physical: req.physical,
+                        answer: Answer::new(done, Ok(scheduled)),
+                    }),
+                    Ok(Ok(Err(Error::Compacted))) if req.physical => Ok(
+                        Outcome::AfterPendingCompactions(Answer::new(done, Err(Error::Compacted))),
+                    ),
+                    Ok(Ok(Err(refused)) | Err(refused)) => {
+                        Ok(Outcome::Answer(Answer::new(done, Err(refused))))
+                    }
+                    Err(e) => {
+                        done(Err(Error::Storage(e.clone())));
+                        Err(e)
+                    }
+                }
+            }
+            Proposal::Defrag(step) => {
+                // apply_taken() never puts a defrag step in a batch; run it anyway.
+                self.defrag_step(step);
+                Err(StorageError::Io(
+                    "internal error: defrag step inside a write batch".into(),
+                ))
+            }
+        }
+    }
+
+    /// Runs `apply` if the alarm and space gate let a write of `cost` through.
+    fn gated<T>(
+        &mut self,
+        batch: &mut WriteBatch<'_>,
+        cost: u64,
+        apply: impl FnOnce(&mut Self, &mut WriteBatch<'_>) -> Result<Result<T>, StorageError>,
+    ) -> Result<Result<T>, StorageError> {
+        match self.gate(batch, cost)? {
+            Some(refusal) => Ok(Err(refusal)),
+            None => apply(self, batch),
+        }
+    }
+
+    fn apply_put(
+        &mut self,
+        batch: &mut WriteBatch<'_>,
+        req: &PutRequest,
+    ) -> Result<Result<PutResponse>, StorageError> {
+        self.apply_kv(batch, None, |writer, _, accounts| {
+            if let Err(e) = writer.check_put(req) {
+                return Ok(Err(e));
+            }
+            if let Err(e) = accounts.check_puts(&[writer.planned_put(req)?]) {
+                return Ok(Err(e));
+            }
+            Ok(Ok(writer.put(req)?))
+        })
+    }
+
+    /// Runs a key-value write through a [`TxnWriter`], then charges its changes, attaches
+    /// leases and records its events. `revoked` is a lease whose revoke this is: it goes
+    /// once its keys are deleted.
+    fn apply_kv<T>(
+        &mut self,
+        batch: &mut WriteBatch<'_>,
+        revoked: Option<i64>,
+        write: impl FnOnce(
+            &mut TxnWriter<'_, '_>,
+            &Lessor,
+            &Accounts,
+        ) -> Result<Result<T>, StorageError>,
+    ) -> Result<Result<T>, StorageError> {
         let shared = self.shared.clone();
-        if let WriteRequest::Alarm(a) = request {
-            return self.apply_alarm(batch, *a);
-        }
-        if let Some(refusal) = self.gate(batch, request)? {
-            return Ok(Outcome::Answer(Err(refusal)));
-        }
         let mut index = sync::write(&shared.index);
         let mut lessor = sync::lock(&shared.lessor);
         let mut accounts = sync::lock(&shared.accounts);
-        match request {
-            WriteRequest::Compaction(c) => {
-                return self.apply_compaction(&mut index, &mut accounts, batch, *c);
-            }
-            WriteRequest::LeaseGrant(g) => return self.apply_lease_grant(&mut lessor, batch, *g),
-            WriteRequest::Accounting(a) => {
-                let quota = space::quota_bytes(shared.config.quota_backend_bytes);
-                let answer = a.apply(&mut accounts, quota, &index, batch)?;
-                if answer.is_ok() {
-                    self.applied_index += 1;
-                }
-                return Ok(Outcome::Answer(answer.map(WriteResponse::Accounting)));
-            }
-            _ => {}
-        }
-        let exists = |id: i64| lessor.contains(id);
-        let mut writer = TxnWriter::new(&mut index, batch, &exists, self.current);
-        let answer = match request {
-            WriteRequest::Put(p) => match writer.check_put(p) {
-                Ok(()) => match accounts.check_puts(&[writer.planned_put(p)?]) {
-                    Ok(()) => Ok(WriteResponse::Put(writer.put(p)?)),
-                    Err(e) => Err(e),
-                },
-                Err(e) => Err(e),
-            },
-            WriteRequest::DeleteRange(d) => Ok(WriteResponse::DeleteRange(writer.delete_range(d)?)),
-            WriteRequest::Txn(t) => apply_txn(&mut writer, &accounts, t)?.map(WriteResponse::Txn),
-            WriteRequest::LeaseRevoke(r) => revoke_keys(&mut writer, &lessor, r.id)?,
-            WriteRequest::Compaction(_)
-            | WriteRequest::LeaseGrant(_)
-            | WriteRequest::Alarm(_)
-            | WriteRequest::Accounting(_) => Err(Error::InvalidArgument("handled above".into())),
+        let (answer, changed, changes) = {
+            let exists = |id: i64| lessor.contains(id);
+            let mut writer = TxnWriter::new(&mut index, batch, &exists, self.current);
+            let answer = write(&mut writer, &*lessor, &*accounts)?;
+            let changed = writer.changed();
+            (answer, changed, writer.into_changes())
         };
-        let changed = writer.changed();
-        let changes = writer.into_changes();
-        if let (WriteRequest::LeaseRevoke(r), Ok(_)) = (request, &answer) {
-            lessor.revoke(r.id);
-            batch.delete_row(LEASES_TABLE, &r.id.to_be_bytes())?;
+        if let (Some(id), Ok(_)) = (revoked, &answer) {
+            lessor.revoke(id);
+            batch.delete_row(LEASES_TABLE, &id.to_be_bytes())?;
         }
         for change in &changes {
             // SPACE-3: every record written, tombstones included, grows the estimate.
@@ -578,15 +671,16 @@ impl Applier {
         if answer.is_ok() {
             self.applied_index += 1;
         }
-        Ok(Outcome::Answer(answer))
+        Ok(answer)
     }
 
     fn apply_lease_grant(
         &mut self,
-        lessor: &mut Lessor,
         batch: &mut WriteBatch<'_>,
         req: LeaseGrantRequest,
-    ) -> Result<Outcome, StorageError> {
+    ) -> Result<Result<LeaseGrantResponse>, StorageError> {
+        let shared = self.shared.clone();
+        let mut lessor = sync::lock(&shared.lessor);
         let id = match req.id {
             0 => lease::generate_id(
                 self.applied_index ^ (self.current as u64).rotate_left(32),
@@ -595,31 +689,29 @@ impl Applier {
             id => id,
         };
         if lessor.contains(id) {
-            return Ok(Outcome::Answer(Err(Error::LeaseExists)));
+            return Ok(Err(Error::LeaseExists));
         }
-        let ttl = lease::effective_ttl(req.ttl, self.shared.config.lease_ttl_min_seconds);
+        let ttl = lease::effective_ttl(req.ttl, shared.config.lease_ttl_min_seconds);
         let (key, value) = lease::encode_row(id, ttl);
         batch.put_row(LEASES_TABLE, &key, &value)?;
-        lessor.grant(id, ttl, self.shared.config.clock.now());
+        lessor.grant(id, ttl, shared.config.clock.now());
         self.applied_index += 1;
         let header = ResponseHeader {
             revision: self.current,
         };
-        Ok(Outcome::Answer(Ok(WriteResponse::LeaseGrant(
-            LeaseGrantResponse { header, id, ttl },
-        ))))
+        Ok(Ok(LeaseGrantResponse { header, id, ttl }))
     }
 
     /// The alarm and space gate of the apply chain (etcd's capped and quota appliers):
-    /// returns the refusal, if any, of a request before it changes anything. CORRUPT stops
-    /// every write; NOSPACE, the quota and the filesystem reserve stop writes with a cost,
-    /// and the first such refusal raises NOSPACE in this batch (ALARM-3, SPACE-2).
+    /// returns the refusal, if any, of a request of `cost` before it changes anything.
+    /// CORRUPT stops every write; NOSPACE, the quota and the filesystem reserve stop writes
+    /// with a cost, and the first such refusal raises NOSPACE in this batch (ALARM-3,
+    /// SPACE-2).
     fn gate(
         &mut self,
         batch: &mut WriteBatch<'_>,
-        request: &WriteRequest,
+        cost: u64,
     ) -> Result<Option<Error>, StorageError> {
-        let cost = space::cost(request);
         {
             let alarms = sync::lock(&self.shared.alarms);
             if alarms.corrupt() {
@@ -647,7 +739,8 @@ impl Applier {
 
     /// Returns true if a write of `cost` fits the quota and the filesystem reserve: first
     /// against the running estimate, then, if that says no, against an exact measurement of
-    /// this transaction's allocated pages.
+    /// this transaction's allocated pages. The free space is read once per batch; later
+    /// writes of the batch count against it with what the batch wrote so far.
     fn space_available(
         &mut self,
         batch: &mut WriteBatch<'_>,
@@ -655,11 +748,15 @@ impl Applier {
     ) -> Result<bool, StorageError> {
         let config = &self.shared.config;
         let quota = space::quota_bytes(config.quota_backend_bytes);
-        if let Some(free) = space::fs_available(self.shared.store.dir()) {
+        let free = *self
+            .batch_fs_free
+            .get_or_insert_with(|| config.free_space.available(self.shared.store.dir()));
+        if let Some(free) = free {
             let reserve = config
                 .fs_reserve_bytes
                 .unwrap_or_else(|| space::default_fs_reserve_bytes(quota));
-            if free < reserve.saturating_add(cost) {
+            let left = free.saturating_sub(self.batch_cost);
+            if left < reserve.saturating_add(cost) {
                 return Ok(false);
             }
         }
@@ -681,7 +778,7 @@ impl Applier {
         &mut self,
         batch: &mut WriteBatch<'_>,
         req: AlarmRequest,
-    ) -> Result<Outcome, StorageError> {
+    ) -> Result<Result<AlarmResponse>, StorageError> {
         let member = AlarmMember {
             member_id: req.member_id,
             alarm: req.alarm,
@@ -712,29 +809,29 @@ impl Applier {
         let header = ResponseHeader {
             revision: self.current,
         };
-        Ok(Outcome::Answer(Ok(WriteResponse::Alarm(AlarmResponse {
+        Ok(Ok(AlarmResponse {
             header,
             alarms: listed,
-        }))))
+        }))
     }
 
+    /// Schedules a compaction: the index drops what it supersedes now; the records go in
+    /// later compaction steps.
     fn apply_compaction(
         &mut self,
-        index: &mut Index,
-        accounts: &mut Accounts,
         batch: &mut WriteBatch<'_>,
         req: CompactionRequest,
-    ) -> Result<Outcome, StorageError> {
+    ) -> Result<Result<CompactionResponse>, StorageError> {
+        let shared = self.shared.clone();
+        let mut index = sync::write(&shared.index);
+        let mut accounts = sync::lock(&shared.accounts);
         if req.revision <= index.compact_revision {
-            if req.physical {
-                return Ok(Outcome::AfterPendingCompactions(Error::Compacted));
-            }
-            return Ok(Outcome::Answer(Err(Error::Compacted)));
+            return Ok(Err(Error::Compacted));
         }
         if req.revision > self.current {
-            return Ok(Outcome::Answer(Err(Error::FutureRevision)));
+            return Ok(Err(Error::FutureRevision));
         }
-        debug_assert!(req.revision <= self.shared.published.load(), "APPLY-2");
+        debug_assert!(req.revision <= shared.published.load(), "APPLY-2");
         for (key, cost) in index.compact(req.revision) {
             // ACCT-1: kv_bytes counts revisions the index retains.
             accounts.release_bytes(&key, cost);
@@ -744,16 +841,11 @@ impl Applier {
             u64::try_from(req.revision).unwrap_or(0),
         )?;
         self.applied_index += 1;
-        let response = CompactionResponse {
+        Ok(Ok(CompactionResponse {
             header: ResponseHeader {
                 revision: self.current,
             },
-        };
-        Ok(Outcome::Compaction {
-            revision: req.revision,
-            physical: req.physical,
-            response,
-        })
+        }))
     }
 
     fn compaction_step(&mut self) {
@@ -769,31 +861,22 @@ impl Applier {
         match stepped {
             Ok(false) => {}
             Ok(true) => {
+                // The step's durable commit holds the compaction's own batch too.
                 if let Some(done) = self.compactions.pop_front() {
-                    for (reply, answer) in done.waiters {
-                        let _ = reply.send(answer);
+                    for answer in done.waiters {
+                        answer.deliver();
                     }
                 }
             }
             Err(e) => {
                 for pending in self.compactions.drain(..) {
-                    for (reply, _) in pending.waiters {
-                        let _ = reply.send(Err(Error::Storage(e.clone())));
+                    for answer in pending.waiters {
+                        answer.fail(Error::Storage(e.clone()));
                     }
                 }
             }
         }
     }
-}
-
-fn is_compaction(proposal: &Proposal) -> bool {
-    matches!(
-        proposal,
-        Proposal::Write {
-            request: WriteRequest::Compaction(_),
-            ..
-        }
-    )
 }
 
 /// Decides, checks and runs a write Txn. The outer `Result` is a storage failure.
@@ -829,7 +912,7 @@ fn revoke_keys(
     writer: &mut TxnWriter<'_, '_>,
     lessor: &Lessor,
     id: i64,
-) -> Result<Result<WriteResponse>, StorageError> {
+) -> Result<Result<LeaseRevokeResponse>, StorageError> {
     let Some(ttl) = lessor.time_to_live(id, Duration::ZERO) else {
         return Ok(Err(Error::LeaseNotFound));
     };
@@ -843,9 +926,7 @@ fn revoke_keys(
     let header = ResponseHeader {
         revision: writer.revision(),
     };
-    Ok(Ok(WriteResponse::LeaseRevoke(LeaseRevokeResponse {
-        header,
-    })))
+    Ok(Ok(LeaseRevokeResponse { header }))
 }
 
 /// Runs a Txn whose branches only read, at the published revision, in the caller's thread.

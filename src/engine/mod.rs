@@ -27,7 +27,10 @@
 
 mod apply;
 mod auto_compact;
+mod commit;
 mod defrag;
+mod mailbox;
+mod proposal;
 mod publish;
 
 use std::collections::BTreeMap;
@@ -37,8 +40,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{Sender, TrySendError};
-
 use crate::accounting::{self, AccountingRequest, Accounts, AgentState, RoleUsage};
 use crate::alarm::{ALARMS_TABLE, Alarms};
 use crate::api::{
@@ -46,7 +47,7 @@ use crate::api::{
     DefragProgress, DefragResponse, DeleteRangeRequest, DeleteRangeResponse, HashKvResponse,
     KeyValue, LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveResponse, LeaseLeasesResponse,
     LeaseRevokeRequest, LeaseRevokeResponse, LeaseTimeToLiveResponse, PutRequest, PutResponse,
-    RangeRequest, RangeResponse, ResponseHeader, Status, TxnRequest, TxnResponse, WriteRequest,
+    RangeRequest, RangeResponse, ResponseHeader, Status, TxnRequest, TxnResponse,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result, StorageError};
@@ -55,15 +56,20 @@ use crate::mvcc::hash::HashState;
 use crate::mvcc::write::Change;
 use crate::mvcc::{Index, read, validate};
 use crate::quota::{QuotaConfig, RawQuotaConfig};
-use crate::space::{self, SpaceTracker};
+use crate::space::{self, FreeSpace, SpaceTracker, StatvfsFreeSpace};
 use crate::storage::faults::Faults;
+use crate::storage::wal::WAL_FILE_BYTES_DEFAULT;
 use crate::storage::{CommitSync, Store, StoreOptions};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, RwLock, Weak};
 use crate::watch::{Hub, WATCH_STALLED_RETRY, WATCH_SYNC_INTERVAL, WatchSource, WatchStream};
-use apply::{Applier, Proposal, WriteResponse};
+use apply::Applier;
 pub use auto_compact::AutoCompaction;
+use commit::Handover;
 pub use defrag::DefragFailpoint;
 use defrag::DefragState;
+use mailbox::Mailbox;
+pub use proposal::{Completion, WriteRequest, write_cost};
+use proposal::{InFlight, Proposal, holding};
 pub use publish::Published;
 
 /// etcd's default `--max-request-bytes`.
@@ -126,6 +132,10 @@ pub struct Config {
     pub fs_reserve_bytes: Option<u64>,
     /// The member id alarms raised by this engine carry.
     pub member_id: u64,
+    /// Where the filesystem guard reads the free space (statvfs unless a test drives it).
+    pub free_space: Arc<dyn FreeSpace>,
+    /// Length of the write-ahead log file; a full log makes the next batch a checkpoint.
+    pub wal_file_bytes: u64,
     /// Makes a defrag stop at a step as if the process died there (tests only).
     pub defrag_failpoint: Option<DefragFailpoint>,
     /// etcd's `--auto-compaction-mode` and `--auto-compaction-retention`; `None` is off.
@@ -149,6 +159,8 @@ impl Default for Config {
             quota_backend_bytes: 0,
             fs_reserve_bytes: None,
             member_id: 0,
+            free_space: Arc::new(StatvfsFreeSpace),
+            wal_file_bytes: WAL_FILE_BYTES_DEFAULT,
             defrag_failpoint: None,
             auto_compaction: None,
         }
@@ -191,6 +203,8 @@ struct Shared {
     defrag: DefragState,
     /// Tells the watch sync thread to stop.
     stopping: AtomicBool,
+    /// Writes admitted and not yet answered (PROP-2).
+    in_flight: Arc<InFlight>,
     config: Config,
 }
 
@@ -216,7 +230,8 @@ impl Stats {
 /// Figures of the write path, for monitoring.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ApplyStats {
-    /// Writes admitted and waiting for the apply thread now.
+    /// Writes admitted and not yet answered now (queued, being applied or being made
+    /// durable).
     pub queue_depth: usize,
     /// The bound of that queue (`Config::proposal_queue_len`).
     pub queue_capacity: usize,
@@ -300,8 +315,9 @@ pub struct Engine {
 #[derive(Debug)]
 struct Running {
     shared: Arc<Shared>,
-    proposals: Sender<Proposal>,
+    proposals: Arc<Mailbox<Proposal>>,
     apply_thread: JoinHandle<()>,
+    commit_thread: JoinHandle<()>,
     watch_thread: JoinHandle<()>,
 }
 
@@ -332,6 +348,7 @@ impl Engine {
                 .chain(accounting::TABLES)
                 .collect(),
             faults: config.faults.clone(),
+            wal_file_bytes: config.wal_file_bytes,
         };
         let store = Store::open(dir.as_ref(), &options)?;
         let recovered = apply::recover(&store, config.clock.now(), config.lease_ttl_min_seconds)?;
@@ -339,7 +356,6 @@ impl Engine {
         // use never exceed the file.
         let in_use = store.file_size()?;
         let accounts = Accounts::load(&store.snapshot()?, &recovered.index)?;
-        let (sender, receiver) = crossbeam_channel::bounded(config.proposal_queue_len);
         let shared = Arc::new(Shared {
             store,
             index: RwLock::new(recovered.index),
@@ -355,18 +371,30 @@ impl Engine {
             accounts: Mutex::new(accounts),
             defrag: DefragState::default(),
             stopping: AtomicBool::new(false),
+            in_flight: Arc::new(InFlight::default()),
             config,
         });
+        let proposals = Arc::new(Mailbox::new());
+        let commits: Arc<Mailbox<Handover>> = Arc::new(Mailbox::new());
         let applier = Applier::new(
             shared.clone(),
+            proposals.clone(),
+            commits.clone(),
             recovered.current,
             recovered.applied_index,
             recovered.jobs,
         );
         let apply_thread = std::thread::Builder::new()
             .name("kvd-apply".into())
-            .spawn(move || applier.run(receiver))
+            .spawn(move || applier.run())
             .map_err(|e| StorageError::Io(format!("spawn apply thread: {e}")))?;
+        let commit_thread = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("kvd-commit".into())
+                .spawn(move || commit::run(&shared, &commits))
+                .map_err(|e| StorageError::Io(format!("spawn commit thread: {e}")))?
+        };
         let watch_thread = {
             let shared = shared.clone();
             std::thread::Builder::new()
@@ -377,8 +405,9 @@ impl Engine {
         Ok(Engine {
             running: Some(Running {
                 shared,
-                proposals: sender,
+                proposals,
                 apply_thread,
+                commit_thread,
                 watch_thread,
             }),
         })
@@ -412,16 +441,29 @@ impl Engine {
     /// assert_eq!(&second.prev_kv.unwrap().value[..], b"v1");
     /// ```
     pub fn put(&self, req: PutRequest) -> Result<PutResponse> {
-        let req = WriteRequest::Put(req);
-        self.admit(&req)?;
-        let WriteRequest::Put(req) = req else {
-            return Err(mismatched());
-        };
-        validate::check_put(&req)?;
-        match self.submit(WriteRequest::Put(req))? {
-            WriteResponse::Put(r) => Ok(r),
-            _ => Err(mismatched()),
+        wait(|done| self.submit_put(req, done))
+    }
+
+    /// Submits a Put and returns at once; `done` receives the answer once the commit that
+    /// holds it is durable, or the refusal (from this thread, before this returns, for a
+    /// refusal at admission). `done` must not block: it runs on the engine's commit thread.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// engine.submit_put(kvd::PutRequest::new("k", "v"), Box::new(move |r| tx.send(r).unwrap()));
+    /// assert_eq!(rx.recv().unwrap().unwrap().header.revision, 2);
+    /// ```
+    pub fn submit_put(&self, req: PutRequest, done: Completion<PutResponse>) {
+        let admitted = self
+            .alarm_gate(space::put_cost(req.key.len(), req.value.len()))
+            .and_then(|()| validate::check_put(&req));
+        if let Err(e) = admitted {
+            return done(Err(e));
         }
+        let len = crate::api::raft_entry_len(req.encoded_len());
+        self.enqueue(len, done, |done| Proposal::Put(req, done));
     }
 
     /// Deletes a key or a range (etcd's DeleteRange).
@@ -434,11 +476,20 @@ impl Engine {
     /// assert_eq!(deleted.deleted, 1);
     /// ```
     pub fn delete_range(&self, req: DeleteRangeRequest) -> Result<DeleteRangeResponse> {
-        validate::check_delete(&req)?;
-        match self.submit(WriteRequest::DeleteRange(req))? {
-            WriteResponse::DeleteRange(r) => Ok(r),
-            _ => Err(mismatched()),
+        wait(|done| self.submit_delete_range(req, done))
+    }
+
+    /// Submits a DeleteRange; `done` receives the answer as with [`Engine::submit_put`].
+    pub fn submit_delete_range(
+        &self,
+        req: DeleteRangeRequest,
+        done: Completion<DeleteRangeResponse>,
+    ) {
+        if let Err(e) = validate::check_delete(&req) {
+            return done(Err(e));
         }
+        let len = crate::api::raft_entry_len(req.encoded_len());
+        self.enqueue(len, done, |done| Proposal::DeleteRange(req, done));
     }
 
     /// Runs a transaction (etcd's Txn). A read-only one is served in the caller's thread.
@@ -456,24 +507,30 @@ impl Engine {
     /// assert!(!engine.txn(create_if_absent).unwrap().succeeded);
     /// ```
     pub fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
+        wait(|done| self.submit_txn(req, done))
+    }
+
+    /// Submits a Txn; `done` receives the answer as with [`Engine::submit_put`]. A
+    /// read-only Txn is served in this thread before this returns.
+    pub fn submit_txn(&self, req: TxnRequest, done: Completion<TxnResponse>) {
+        let max_txn_ops = match self.shared() {
+            Ok(shared) => shared.config.max_txn_ops,
+            Err(e) => return done(Err(e)),
+        };
         if req.is_read_only() {
             // A read: no alarm gate, served locally (etcd serves it under CORRUPT too).
-            validate::check_txn(&req, self.shared()?.config.max_txn_ops)?;
-            return self.read_only_txn(&req);
+            let answer =
+                validate::check_txn(&req, max_txn_ops).and_then(|()| self.read_only_txn(&req));
+            return done(answer);
         }
-        let req = WriteRequest::Txn(req);
-        self.admit(&req)?;
-        let WriteRequest::Txn(req) = req else {
-            return Err(mismatched());
-        };
-        validate::check_txn(&req, self.shared()?.config.max_txn_ops)?;
-        if req.is_read_only() {
-            return self.read_only_txn(&req);
+        let admitted = self
+            .alarm_gate(space::txn_cost(&req))
+            .and_then(|()| validate::check_txn(&req, max_txn_ops));
+        if let Err(e) = admitted {
+            return done(Err(e));
         }
-        match self.submit(WriteRequest::Txn(req))? {
-            WriteResponse::Txn(r) => Ok(r),
-            _ => Err(mismatched()),
-        }
+        let len = crate::api::raft_entry_len(req.encoded_len());
+        self.enqueue(len, done, |done| Proposal::Txn(req, done));
     }
 
     /// Compacts the history at `req.revision` (etcd's Compact); with `physical` the call
@@ -489,10 +546,14 @@ impl Engine {
     /// assert!(old.unwrap_err().is_compacted());
     /// ```
     pub fn compact(&self, req: CompactionRequest) -> Result<CompactionResponse> {
-        match self.submit(WriteRequest::Compaction(req))? {
-            WriteResponse::Compaction(r) => Ok(r),
-            _ => Err(mismatched()),
-        }
+        wait(|done| self.submit_compact(req, done))
+    }
+
+    /// Submits a Compact; `done` receives the answer as with [`Engine::submit_put`] (with
+    /// `physical`, after the superseded records are deleted).
+    pub fn submit_compact(&self, req: CompactionRequest, done: Completion<CompactionResponse>) {
+        let len = crate::api::raft_entry_len(req.encoded_len());
+        self.enqueue(len, done, |done| Proposal::Compaction(req, done));
     }
 
     /// Hashes the history visible at `revision` (0 = current), as etcd's HashKV.
@@ -588,7 +649,7 @@ impl Engine {
             .map(|(i, n)| (1u64 << i, n.load(Ordering::Relaxed)))
             .collect();
         Ok(ApplyStats {
-            queue_depth: running.proposals.len(),
+            queue_depth: running.shared.in_flight.load(),
             queue_capacity: running.shared.config.proposal_queue_len,
             batch_sizes,
         })
@@ -605,14 +666,19 @@ impl Engine {
     /// assert_eq!((ttl.granted_ttl, ttl.keys.len()), (60, 1));
     /// ```
     pub fn lease_grant(&self, req: LeaseGrantRequest) -> Result<LeaseGrantResponse> {
-        self.admit(&WriteRequest::LeaseGrant(req))?;
+        wait(|done| self.submit_lease_grant(req, done))
+    }
+
+    /// Submits a LeaseGrant; `done` receives the answer as with [`Engine::submit_put`].
+    pub fn submit_lease_grant(&self, req: LeaseGrantRequest, done: Completion<LeaseGrantResponse>) {
+        if let Err(e) = self.alarm_gate(space::LEASE_GRANT_COST_BYTES) {
+            return done(Err(e));
+        }
         if req.ttl > LEASE_TTL_MAX_SECONDS {
-            return Err(Error::LeaseTtlTooLarge);
+            return done(Err(Error::LeaseTtlTooLarge));
         }
-        match self.submit(WriteRequest::LeaseGrant(req))? {
-            WriteResponse::LeaseGrant(r) => Ok(r),
-            _ => Err(mismatched()),
-        }
+        let len = crate::api::raft_entry_len(req.encoded_len());
+        self.enqueue(len, done, |done| Proposal::LeaseGrant(req, done));
     }
 
     /// Revokes a lease and deletes its keys in one revision (etcd's LeaseRevoke).
@@ -629,10 +695,14 @@ impl Engine {
     /// assert!(engine.lease_revoke(lease.id).unwrap_err().to_string().contains("lease not found"));
     /// ```
     pub fn lease_revoke(&self, id: i64) -> Result<LeaseRevokeResponse> {
-        match self.submit(WriteRequest::LeaseRevoke(LeaseRevokeRequest { id }))? {
-            WriteResponse::LeaseRevoke(r) => Ok(r),
-            _ => Err(mismatched()),
-        }
+        wait(|done| self.submit_lease_revoke(id, done))
+    }
+
+    /// Submits a LeaseRevoke; `done` receives the answer as with [`Engine::submit_put`].
+    pub fn submit_lease_revoke(&self, id: i64, done: Completion<LeaseRevokeResponse>) {
+        let req = LeaseRevokeRequest { id };
+        let len = crate::api::raft_entry_len(req.encoded_len());
+        self.enqueue(len, done, |done| Proposal::LeaseRevoke(req, done));
     }
 
     /// Renews a lease to its full TTL (etcd's LeaseKeepAlive); TTL 0 if it does not exist.
@@ -715,10 +785,8 @@ impl Engine {
             let alarms = crate::sync::lock(&shared.alarms).list(req.alarm);
             return Ok(AlarmResponse { header, alarms });
         }
-        match self.submit(WriteRequest::Alarm(req))? {
-            WriteResponse::Alarm(r) => Ok(r),
-            _ => Err(mismatched()),
-        }
+        let len = crate::api::raft_entry_len(req.encoded_len());
+        wait(|done| self.enqueue(len, done, |done| Proposal::Alarm(req, done)))
     }
 
     /// Rewrites the database into a fresh, densely packed file while writes go on, pausing
@@ -738,7 +806,7 @@ impl Engine {
         defrag::run(&running.shared, |step| {
             running
                 .proposals
-                .send(Proposal::Defrag(step))
+                .push(Proposal::Defrag(step))
                 .map_err(|_| Error::Closed)
         })
     }
@@ -916,10 +984,8 @@ impl Engine {
     /// assert_eq!(engine.apply_accounting(kvd::AccountingRequest::Repair).unwrap(), 0);
     /// ```
     pub fn apply_accounting(&self, request: AccountingRequest) -> Result<usize> {
-        match self.submit(WriteRequest::Accounting(request))? {
-            WriteResponse::Accounting(changed) => Ok(changed),
-            _ => Err(mismatched()),
-        }
+        let len = crate::api::raft_entry_len(request.encoded_len());
+        wait(|done| self.enqueue(len, done, |done| Proposal::Accounting(request, done)))
     }
 
     /// Returns the revisions, sizes and applied index.
@@ -982,43 +1048,56 @@ impl Engine {
     }
 
     /// The admission half of the alarm gate (etcd checks the quota before validating the
-    /// request): refuses fast while an alarm blocks the write. The space check itself is
-    /// exact only in the apply thread, which measures when the estimate is near the quota.
-    fn admit(&self, request: &WriteRequest) -> Result<()> {
+    /// request): refuses fast while an alarm blocks a write of `cost`. The space check
+    /// itself is exact only in the apply thread, which measures when the estimate is near
+    /// the quota.
+    fn alarm_gate(&self, cost: u64) -> Result<()> {
         let shared = self.shared()?;
         let alarms = crate::sync::lock(&shared.alarms);
         if alarms.corrupt() {
             return Err(Error::Corrupt);
         }
-        if space::cost(request) > 0 && alarms.nospace() {
+        if cost > 0 && alarms.nospace() {
             return Err(Error::NoSpace);
         }
         Ok(())
     }
 
-    fn submit(&self, request: WriteRequest) -> Result<WriteResponse> {
-        // etcd checks the apply backlog before the request size.
-        if self.running.as_ref().is_some_and(|r| r.proposals.is_full()) {
-            return Err(Error::TooManyRequests);
-        }
-        if request.encoded_len() > self.shared()?.config.max_request_bytes {
-            return Err(Error::RequestTooLarge);
-        }
-        let (reply, answer) = crossbeam_channel::bounded(1);
-        self.send(Proposal::Write { request, reply })?;
-        answer.recv().map_err(|_| Error::Closed)?
-    }
-
-    fn send(&self, proposal: Proposal) -> Result<()> {
+    /// The rest of admission, once per request: the queue bound (PROP-2; etcd checks the
+    /// apply backlog before the request size), then the size limit; then queues the
+    /// proposal `wrap` makes of `done`. A refusal goes to `done` at once.
+    fn enqueue<T: Send + 'static>(
+        &self,
+        encoded_len: usize,
+        done: Completion<T>,
+        wrap: impl FnOnce(Completion<T>) -> Proposal,
+    ) {
         let Some(running) = &self.running else {
-            return Err(Error::Closed);
+            return done(Err(Error::Closed));
         };
-        match running.proposals.try_send(proposal) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => Err(Error::TooManyRequests),
-            Err(TrySendError::Disconnected(_)) => Err(Error::Closed),
+        let config = &running.shared.config;
+        let Some(slot) = running.shared.in_flight.admit(config.proposal_queue_len) else {
+            return done(Err(Error::TooManyRequests));
+        };
+        if encoded_len > config.max_request_bytes {
+            drop(slot);
+            return done(Err(Error::RequestTooLarge));
+        }
+        if let Err(proposal) = running.proposals.push(wrap(holding(slot, done))) {
+            proposal.refuse(Error::Closed);
         }
     }
+}
+
+/// Runs `submit` with a completion that hands the answer to this thread, and waits for it:
+/// the blocking API over the asynchronous one.
+fn wait<T: Send + 'static>(submit: impl FnOnce(Completion<T>)) -> Result<T> {
+    let (reply, answer) = crossbeam_channel::bounded(1);
+    submit(Box::new(move |result| {
+        // A caller that stopped waiting is not an error of ours.
+        let _ = reply.send(result);
+    }));
+    answer.recv().map_err(|_| Error::Closed)?
 }
 
 impl Running {
@@ -1027,10 +1106,12 @@ impl Running {
         self.shared.stopping.store(true, Ordering::Release);
         // The watch thread wakes at least every WATCH_SYNC_INTERVAL and then sees the flag.
         let _ = self.watch_thread.join();
-        drop(self.proposals);
-        // A panic in the apply thread has already been reported on stderr; the store is
-        // closed by the caller either way.
+        self.proposals.close();
+        // A panic in either thread has already been reported on stderr; the store is
+        // closed by the caller either way. The apply thread closes the commit mailbox once
+        // it drained the proposals, and the commit thread ends after answering them.
         let _ = self.apply_thread.join();
+        let _ = self.commit_thread.join();
         self.shared
     }
 }
@@ -1041,8 +1122,4 @@ impl Drop for Engine {
             running.stop();
         }
     }
-}
-
-fn mismatched() -> Error {
-    Error::InvalidArgument("apply thread answered with the wrong response kind".into())
 }

@@ -7,7 +7,7 @@
 //!   revision `r` also sees every memory effect the apply thread made before publishing `r`
 //!   (the commit that holds `r`, the index entries up to `r`).
 //!
-//! Contact points: the apply thread publishes after each commit; readers load before they
+//! Contact points: the commit thread publishes after each durable batch; readers load before they
 //! look anything up. `loom-tests/` models this protocol with loom's atomics.
 
 use crate::sync::{AtomicI64, Ordering};
@@ -26,8 +26,8 @@ impl Published {
         }
     }
 
-    /// Makes `revision` visible to readers. Called only by the apply thread, after the commit
-    /// that holds `revision` (PUB-2).
+    /// Makes `revision` visible to readers. Called only by the commit thread, after the
+    /// commit that holds `revision` is durable (PUB-2, COMMIT-1).
     pub fn publish(&self, revision: i64) {
         let previous = self.revision.load(Ordering::Relaxed);
         assert!(

@@ -3,8 +3,9 @@
 //! Owns: nothing but the glue from gRPC to [`crate::Engine`].
 //!
 //! Invariants:
-//! - KV-1: each RPC translates its request (`convert`), runs one engine call on the blocking
-//!   pool (NODE-1), and translates the answer or the error (`status`); no semantics live here.
+//! - KV-1: each RPC translates its request (`convert`), makes one engine call (a read on the
+//!   blocking pool, a write submitted and awaited, NODE-1), and translates the answer or the
+//!   error (`status`); no semantics live here.
 //!
 //! Contact points: `server::convert`, `server::node`.
 
@@ -46,7 +47,10 @@ impl Kv for KvService {
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
         let req = convert::put_request(request.into_inner());
-        let resp = self.node.call(move |engine| engine.put(req)).await?;
+        let resp = self
+            .node
+            .submit(move |engine, done| engine.submit_put(req, done))
+            .await?;
         Ok(Response::new(self.node.ids.put(resp)))
     }
 
@@ -57,7 +61,7 @@ impl Kv for KvService {
         let req = convert::delete_range_request(request.into_inner());
         let resp = self
             .node
-            .call(move |engine| engine.delete_range(req))
+            .submit(move |engine, done| engine.submit_delete_range(req, done))
             .await?;
         Ok(Response::new(self.node.ids.delete_range(resp)))
     }
@@ -65,7 +69,14 @@ impl Kv for KvService {
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
         let req = convert::txn_request(request.into_inner(), self.node.settings.max_txn_ops)
             .map_err(|err| status::from_error(&err))?;
-        let resp = self.node.call(move |engine| engine.txn(req)).await?;
+        let resp = if req.is_read_only() {
+            // A read, served in the caller's thread: keep it off the reactor (NODE-1).
+            self.node.call(move |engine| engine.txn(req)).await?
+        } else {
+            self.node
+                .submit(move |engine, done| engine.submit_txn(req, done))
+                .await?
+        };
         Ok(Response::new(self.node.ids.txn(resp)))
     }
 
@@ -74,7 +85,10 @@ impl Kv for KvService {
         request: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
         let req = convert::compaction_request(request.get_ref());
-        let resp = self.node.call(move |engine| engine.compact(req)).await?;
+        let resp = self
+            .node
+            .submit(move |engine, done| engine.submit_compact(req, done))
+            .await?;
         tracing::info!(
             revision = req.revision,
             physical = req.physical,

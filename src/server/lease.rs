@@ -57,7 +57,7 @@ impl Lease for LeaseService {
         };
         let resp = self
             .node
-            .call(move |engine| engine.lease_grant(req))
+            .submit(move |engine, done| engine.submit_lease_grant(req, done))
             .await?;
         Ok(Response::new(self.node.ids.lease_grant(resp)))
     }
@@ -69,7 +69,7 @@ impl Lease for LeaseService {
         let id = request.get_ref().id;
         let resp = self
             .node
-            .call(move |engine| engine.lease_revoke(id))
+            .submit(move |engine, done| engine.submit_lease_revoke(id, done))
             .await?;
         Ok(Response::new(self.node.ids.lease_revoke(resp)))
     }

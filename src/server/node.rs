@@ -4,8 +4,11 @@
 //! Owns: the bridge from async handlers to the synchronous engine.
 //!
 //! Invariants:
-//! - NODE-1: every engine call runs on tokio's blocking pool ([`Node::call`]), never on a
-//!   reactor thread: the engine blocks on locks, on the apply thread and on disk.
+//! - NODE-1: an engine call that may block (reads: locks and disk; defrag, snapshot, hash)
+//!   runs on tokio's blocking pool ([`Node::call`]), never on a reactor thread. A write is
+//!   submitted from the reactor thread ([`Node::submit`]: admission takes only short
+//!   locks and never waits) and its answer awaited there, so no thread is parked per
+//!   write in flight.
 //! - NODE-2: the node holds no state of its own beyond configuration, the shutdown signal
 //!   and the gauges of open streams; everything a client sees comes from the engine at the
 //!   time of the call (surfaces hold no state).
@@ -20,8 +23,8 @@ use std::time::Duration;
 use tonic::Status;
 
 use crate::api;
-use crate::engine::Engine;
-use crate::error::Result;
+use crate::engine::{Completion, Engine};
+use crate::error::{Error, Result};
 use crate::server::convert::HeaderIds;
 use crate::server::status;
 use crate::sync::{Arc, AtomicUsize, Ordering};
@@ -140,6 +143,28 @@ impl Node {
     {
         let engine = self.engine.clone();
         blocking(move || f(&engine)).await
+    }
+
+    /// Submits a write with `submit` (one of the engine's `submit_*` calls) and awaits its
+    /// answer on the runtime (NODE-1), mapping its error to etcd's gRPC status.
+    pub async fn submit<T, F>(&self, submit: F) -> std::result::Result<T, Status>
+    where
+        F: FnOnce(&Engine, Completion<T>),
+        T: Send + 'static,
+    {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        submit(
+            &self.engine,
+            Box::new(move |result| {
+                // A client that went away is not an error of ours.
+                let _ = reply.send(result);
+            }),
+        );
+        match answer.await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(status::from_error(&err)),
+            Err(_) => Err(status::from_error(&Error::Closed)),
+        }
     }
 
     /// Returns the engine's status (revisions, sizes, applied index).

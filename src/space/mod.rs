@@ -24,7 +24,7 @@
 
 use std::path::Path;
 
-use crate::api::{RequestOp, TxnRequest, WriteRequest};
+use crate::api::{RequestOp, TxnRequest};
 use crate::sync::{AtomicU64, Ordering};
 
 /// etcd's DefaultQuotaBytes: 2 GiB.
@@ -66,30 +66,13 @@ pub fn default_fs_reserve_bytes(quota: Option<u64>) -> u64 {
     quota.map_or(FS_RESERVE_BYTES_MIN, |q| (q / 8).max(FS_RESERVE_BYTES_MIN))
 }
 
-/// Returns the cost of a write (SPACE-1).
-///
-/// ```
-/// use kvd::{PutRequest, WriteRequest};
-/// assert_eq!(kvd::write_cost(&WriteRequest::Put(PutRequest::new("ab", "xyz"))), 256 + 2 + 3);
-/// ```
-pub fn cost(request: &WriteRequest) -> u64 {
-    match request {
-        WriteRequest::Put(p) => put_cost(p.key.len(), p.value.len()),
-        WriteRequest::Txn(t) => txn_cost(t),
-        WriteRequest::LeaseGrant(_) => LEASE_GRANT_COST_BYTES,
-        WriteRequest::DeleteRange(_)
-        | WriteRequest::Compaction(_)
-        | WriteRequest::LeaseRevoke(_)
-        | WriteRequest::Alarm(_)
-        | WriteRequest::Accounting(_) => 0,
-    }
-}
-
-fn put_cost(key: usize, value: usize) -> u64 {
+/// Returns the cost of a Put of this key and value (SPACE-1).
+pub fn put_cost(key: usize, value: usize) -> u64 {
     PUT_OVERHEAD_BYTES + key as u64 + value as u64
 }
 
-fn txn_cost(txn: &TxnRequest) -> u64 {
+/// Returns the cost of a Txn: its larger branch, nested txns included (SPACE-1).
+pub fn txn_cost(txn: &TxnRequest) -> u64 {
     let branch = |ops: &[RequestOp]| -> u64 {
         ops.iter()
             .map(|op| match op {
@@ -167,16 +150,68 @@ pub fn fits(in_use: u64, cost: u64, quota: Option<u64>) -> bool {
     quota.is_none_or(|q| in_use.saturating_add(cost) < q)
 }
 
-/// Returns the bytes free on the filesystem holding `dir`, or `None` if it cannot be read
-/// (then the guard does not refuse: an unreadable figure is not evidence of a full disk).
-pub fn fs_available(dir: &Path) -> Option<u64> {
-    fs4::available_space(dir).ok()
+/// Where the filesystem guard reads the free space of the data directory's filesystem: an
+/// input of apply like the clock, so tests and simulations can drive it.
+pub trait FreeSpace: Send + Sync + std::fmt::Debug {
+    /// Returns the bytes free on the filesystem holding `dir`, or `None` if that cannot be
+    /// read (then the guard does not refuse: an unreadable figure is not evidence of a full
+    /// disk).
+    fn available(&self, dir: &Path) -> Option<u64>;
+}
+
+/// The free space `statvfs` reports.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StatvfsFreeSpace;
+
+impl FreeSpace for StatvfsFreeSpace {
+    fn available(&self, dir: &Path) -> Option<u64> {
+        fs4::available_space(dir).ok()
+    }
+}
+
+/// A free-space figure a test sets by hand.
+///
+/// ```
+/// use kvd::{FreeSpace, ManualFreeSpace};
+/// let space = ManualFreeSpace::new(Some(1 << 30));
+/// space.set(Some(10));
+/// assert_eq!(space.available(std::path::Path::new(".")), Some(10));
+/// ```
+#[derive(Debug)]
+pub struct ManualFreeSpace {
+    /// `u64::MAX` stands for "cannot be read".
+    bytes: AtomicU64,
+}
+
+impl ManualFreeSpace {
+    /// Returns a figure starting at `bytes` (`None`: unreadable).
+    pub fn new(bytes: Option<u64>) -> ManualFreeSpace {
+        ManualFreeSpace {
+            bytes: AtomicU64::new(bytes.unwrap_or(u64::MAX)),
+        }
+    }
+
+    /// Sets the figure (`None`: unreadable).
+    pub fn set(&self, bytes: Option<u64>) {
+        self.bytes
+            .store(bytes.unwrap_or(u64::MAX), Ordering::Release);
+    }
+}
+
+impl FreeSpace for ManualFreeSpace {
+    fn available(&self, _dir: &Path) -> Option<u64> {
+        match self.bytes.load(Ordering::Acquire) {
+            u64::MAX => None,
+            n => Some(n),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::{DeleteRangeRequest, LeaseGrantRequest, PutRequest, RangeRequest};
+    use crate::engine::{WriteRequest, write_cost as cost};
 
     fn put(key: &str, value: &str) -> RequestOp {
         RequestOp::Put(PutRequest::new(key.to_owned(), value.to_owned()))

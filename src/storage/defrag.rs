@@ -276,7 +276,7 @@ fn remove_if_present(path: &Path) -> Result<(), StorageError> {
     }
 }
 
-fn sync_dir(dir: &Path) -> Result<(), StorageError> {
+pub(super) fn sync_dir(dir: &Path) -> Result<(), StorageError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| io_error("sync directory", dir, &e))

@@ -48,7 +48,7 @@ impl Faults {
         self.remaining.store(u64::MAX, Ordering::SeqCst);
     }
 
-    fn allow(&self) -> io::Result<()> {
+    pub(crate) fn allow(&self) -> io::Result<()> {
         let mut current = self.remaining.load(Ordering::SeqCst);
         loop {
             match current {

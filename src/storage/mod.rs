@@ -37,10 +37,12 @@ use redb::{
 
 pub mod defrag;
 pub mod faults;
+pub mod wal;
 
 use crate::error::StorageError;
 use crate::sync::{Arc, Mutex, RwLock, lock};
 use faults::{Faults, FaultyBackend};
+use wal::{LogPosition, LogRecord, LogWriter, Op, OpLog};
 
 /// The name of the database file inside the data directory.
 pub const DB_FILE_NAME: &str = "kvd.redb";
@@ -73,7 +75,25 @@ pub enum MetaKey {
     FinishedCompactRevision,
     /// The number of write requests applied.
     AppliedIndex,
+    /// The sequence number of the last batch commit (`wal`).
+    WalSeq,
+    /// Where the record after that batch's goes in the log (`wal`).
+    WalOffset,
+    /// The log epoch: one per open (WAL-2).
+    WalEpoch,
 }
+
+/// Every meta key, in code order (`MetaKey::code` is the index).
+const META_KEYS: [MetaKey; 8] = [
+    MetaKey::SchemaVersion,
+    MetaKey::CurrentRevision,
+    MetaKey::ScheduledCompactRevision,
+    MetaKey::FinishedCompactRevision,
+    MetaKey::AppliedIndex,
+    MetaKey::WalSeq,
+    MetaKey::WalOffset,
+    MetaKey::WalEpoch,
+];
 
 impl MetaKey {
     fn name(self) -> &'static str {
@@ -83,7 +103,28 @@ impl MetaKey {
             MetaKey::ScheduledCompactRevision => "scheduled_compact_revision",
             MetaKey::FinishedCompactRevision => "finished_compact_revision",
             MetaKey::AppliedIndex => "applied_index",
+            MetaKey::WalSeq => "wal_seq",
+            MetaKey::WalOffset => "wal_offset",
+            MetaKey::WalEpoch => "wal_epoch",
         }
+    }
+
+    /// Returns the key's code in log records.
+    fn code(self) -> u8 {
+        match self {
+            MetaKey::SchemaVersion => 0,
+            MetaKey::CurrentRevision => 1,
+            MetaKey::ScheduledCompactRevision => 2,
+            MetaKey::FinishedCompactRevision => 3,
+            MetaKey::AppliedIndex => 4,
+            MetaKey::WalSeq => 5,
+            MetaKey::WalOffset => 6,
+            MetaKey::WalEpoch => 7,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<MetaKey> {
+        META_KEYS.get(usize::from(code)).copied()
     }
 }
 
@@ -126,11 +167,9 @@ pub struct StoreOptions {
     pub row_tables: Vec<RowTable>,
     /// Injected write failures (tests only).
     pub faults: Option<Arc<Faults>>,
+    /// Length of the write-ahead log file (`wal`).
+    pub wal_file_bytes: u64,
 }
-
-/// Every this many non-durable commits, one is made durable, so that a long run of
-/// non-durable commits cannot grow the file without bound (`spec/redb-and-crates.md` §1.7).
-const UNSAFE_NO_FSYNC_DURABLE_EVERY_COMMITS: u64 = 64;
 
 /// The open database of one data directory.
 #[derive(Debug)]
@@ -140,16 +179,19 @@ pub struct Store {
     row_tables: Vec<RowTable>,
     cache_size_bytes: usize,
     dir: PathBuf,
-    sync: CommitSync,
     state: Mutex<WriteState>,
+    log: LogWriter,
     // Held for the lifetime of the store; dropping it releases the directory (STORE-3).
     _lock: File,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct WriteState {
     poisoned: Option<String>,
-    commits: u64,
+    /// Where the next batch's record goes (`wal`).
+    position: LogPosition,
+    /// The epoch of this open (WAL-2).
+    epoch: u64,
 }
 
 impl Store {
@@ -199,17 +241,75 @@ impl Store {
             }
         }
         .map_err(|e| open_error(&path, e.into()))?;
+        let file_bytes = options.wal_file_bytes.max(wal::WAL_FILE_BYTES_MIN);
+        let sync = options.sync == CommitSync::Durable;
+        let (log, contents) = wal::open(dir, file_bytes, sync, options.faults.clone())?;
         let store = Store {
             db: RwLock::new(Arc::new(db)),
             row_tables: options.row_tables.clone(),
             cache_size_bytes: options.cache_size_bytes,
             dir: dir.to_path_buf(),
-            sync: options.sync,
-            state: Mutex::new(WriteState::default()),
+            state: Mutex::new(WriteState {
+                poisoned: None,
+                position: LogPosition {
+                    next_seq: 1,
+                    next_offset: 0,
+                    file_bytes,
+                },
+                epoch: 0,
+            }),
+            log,
             _lock: lock_file,
         };
         store.initialize(&options.row_tables)?;
+        store.replay(&contents, file_bytes)?;
         Ok(store)
+    }
+
+    /// Applies the log records redb's durable state does not hold, then starts a new epoch
+    /// with the log at offset 0, in one durable commit (WAL-2, WAL-3).
+    fn replay(&self, log: &[u8], file_bytes: u64) -> Result<(), StorageError> {
+        let txn = self.database().begin_write().map_err(storage_error)?;
+        let (epoch, last_seq) = {
+            let mut meta = txn.open_table(META).map_err(storage_error)?;
+            let read =
+                |meta: &redb::Table<&str, &[u8]>, key: MetaKey| -> Result<u64, StorageError> {
+                    match meta.get(key.name()).map_err(storage_error)? {
+                        Some(bytes) => decode_u64(bytes.value()),
+                        None => Ok(0),
+                    }
+                };
+            let epoch = read(&meta, MetaKey::WalEpoch)?;
+            let seq = read(&meta, MetaKey::WalSeq)?;
+            let offset = read(&meta, MetaKey::WalOffset)?;
+            let records = wal::records_after(log, offset, seq, epoch);
+            let last_seq = records.last().map_or(seq, |r| r.0);
+            let mut history = txn.open_table(HISTORY).map_err(storage_error)?;
+            for (_, payload) in &records {
+                for op in wal::decode_ops(payload)? {
+                    replay_op(&txn, &mut history, &mut meta, op)?;
+                }
+            }
+            let next_epoch = epoch.wrapping_add(1);
+            for (key, value) in [
+                (MetaKey::WalEpoch, next_epoch),
+                (MetaKey::WalSeq, last_seq),
+                (MetaKey::WalOffset, 0),
+            ] {
+                meta.insert(key.name(), &value.to_be_bytes()[..])
+                    .map_err(storage_error)?;
+            }
+            (next_epoch, last_seq)
+        };
+        txn.commit().map_err(storage_error)?;
+        let mut state = lock(&self.state);
+        state.epoch = epoch;
+        state.position = LogPosition {
+            next_seq: last_seq.wrapping_add(1),
+            next_offset: 0,
+            file_bytes,
+        };
+        Ok(())
     }
 
     /// Creates the tables, writes the schema version on a new file and checks it on an
@@ -249,54 +349,87 @@ impl Store {
         &self.dir
     }
 
-    /// Runs `f` in one write transaction and commits it (STORE-1). Returns what `f` returned.
-    /// An error from `f` or from the commit aborts the batch and poisons the store (STORE-2).
+    /// Runs `f` in one write transaction and commits it durably (STORE-1). Returns what `f`
+    /// returned. An error from `f` or from the commit aborts the batch and poisons the store
+    /// (STORE-2).
     pub fn write<R>(
         &self,
         f: impl FnOnce(&mut WriteBatch<'_>) -> Result<R, StorageError>,
+    ) -> Result<R, StorageError> {
+        // A durable commit holds every batch before it, but the log position stays: the
+        // meta table still names the record after the last logged batch.
+        self.guarded(|_| {
+            let txn = self.database().begin_write().map_err(storage_error)?;
+            let result = run_batch(&txn, None, f)?.0;
+            txn.commit().map_err(storage_error)?;
+            Ok(result)
+        })
+    }
+
+    /// Runs `f` as one batch commit of the write path (`wal`): committed without I/O and
+    /// returned with its log record, which the caller must write with [`Store::log`] before
+    /// the batch counts as durable; or, when the log asks for a checkpoint, committed
+    /// durably and returned with no record.
+    pub fn write_logged<R>(
+        &self,
+        f: impl FnOnce(&mut WriteBatch<'_>) -> Result<R, StorageError>,
+    ) -> Result<(R, Option<LogRecord>), StorageError> {
+        self.guarded(|state| {
+            let mut txn = self.database().begin_write().map_err(storage_error)?;
+            let (result, ops) = run_batch(&txn, Some(OpLog::default()), f)?;
+            let ops = ops.unwrap_or_default();
+            let seq = state.position.next_seq;
+            let len = ops.framed_len() as u64;
+            let checkpoint = state.position.needs_checkpoint(len);
+            let next_offset = if checkpoint {
+                0
+            } else {
+                state.position.next_offset + len
+            };
+            {
+                let mut meta = txn.open_table(META).map_err(storage_error)?;
+                for (key, value) in [(MetaKey::WalSeq, seq), (MetaKey::WalOffset, next_offset)] {
+                    meta.insert(key.name(), &value.to_be_bytes()[..])
+                        .map_err(storage_error)?;
+                }
+            }
+            if !checkpoint {
+                txn.set_durability(Durability::None)
+                    .map_err(|e| StorageError::Io(e.to_string()))?;
+            }
+            txn.commit().map_err(storage_error)?;
+            let record =
+                (!checkpoint).then(|| ops.frame(state.epoch, seq, state.position.next_offset));
+            state.position = LogPosition {
+                next_seq: seq + 1,
+                next_offset,
+                file_bytes: state.position.file_bytes,
+            };
+            Ok((result, record))
+        })
+    }
+
+    /// Returns the log writer the commit thread makes records durable with.
+    pub fn log(&self) -> &LogWriter {
+        &self.log
+    }
+
+    /// Runs a write under the write state, refusing it if poisoned and poisoning on error.
+    fn guarded<R>(
+        &self,
+        f: impl FnOnce(&mut WriteState) -> Result<R, StorageError>,
     ) -> Result<R, StorageError> {
         let mut state = lock(&self.state);
         if let Some(cause) = &state.poisoned {
             return Err(StorageError::Poisoned(cause.clone()));
         }
-        match self.write_unchecked(&mut state, f) {
+        match f(&mut state) {
             Ok(result) => Ok(result),
             Err(e) => {
                 state.poisoned = Some(e.to_string());
                 Err(e)
             }
         }
-    }
-
-    fn write_unchecked<R>(
-        &self,
-        state: &mut WriteState,
-        f: impl FnOnce(&mut WriteBatch<'_>) -> Result<R, StorageError>,
-    ) -> Result<R, StorageError> {
-        let mut txn = self.database().begin_write().map_err(storage_error)?;
-        state.commits += 1;
-        let durable = match self.sync {
-            CommitSync::Durable => true,
-            CommitSync::UnsafeNoFsync => state
-                .commits
-                .is_multiple_of(UNSAFE_NO_FSYNC_DURABLE_EVERY_COMMITS),
-        };
-        if !durable {
-            txn.set_durability(Durability::None)
-                .map_err(|e| StorageError::Io(e.to_string()))?;
-        }
-        let result = {
-            let history = txn.open_table(HISTORY).map_err(storage_error)?;
-            let meta = txn.open_table(META).map_err(storage_error)?;
-            let mut batch = WriteBatch {
-                txn: &txn,
-                history,
-                meta,
-            };
-            f(&mut batch)?
-        };
-        txn.commit().map_err(storage_error)?;
-        Ok(result)
     }
 
     /// Refuses every later write until reopen, as after an I/O error (STORE-2).
@@ -359,12 +492,67 @@ pub struct WriteBatch<'t> {
     txn: &'t WriteTransaction,
     history: redb::Table<'t, RevisionKey, &'static [u8]>,
     meta: redb::Table<'t, &'static str, &'static [u8]>,
+    /// The batch's changes for its log record, when it is logged (`wal`).
+    log: Option<OpLog>,
+}
+
+/// Runs `f` over the tables of `txn`; returns its result and the operations it logged.
+fn run_batch<R>(
+    txn: &WriteTransaction,
+    log: Option<OpLog>,
+    f: impl FnOnce(&mut WriteBatch<'_>) -> Result<R, StorageError>,
+) -> Result<(R, Option<OpLog>), StorageError> {
+    let history = txn.open_table(HISTORY).map_err(storage_error)?;
+    let meta = txn.open_table(META).map_err(storage_error)?;
+    let mut batch = WriteBatch {
+        txn,
+        history,
+        meta,
+        log,
+    };
+    let result = f(&mut batch)?;
+    Ok((result, batch.log.take()))
+}
+
+/// Applies one replayed log operation.
+fn replay_op(
+    txn: &WriteTransaction,
+    history: &mut redb::Table<'_, RevisionKey, &'static [u8]>,
+    meta: &mut redb::Table<'_, &'static str, &'static [u8]>,
+    op: Op<'_>,
+) -> Result<(), StorageError> {
+    match op {
+        Op::PutHistory(key, value) => {
+            history.insert(&key, value).map_err(storage_error)?;
+        }
+        Op::DeleteHistory(key) => {
+            history.remove(&key).map_err(storage_error)?;
+        }
+        Op::PutMeta(key, value) => {
+            meta.insert(key.name(), &value.to_be_bytes()[..])
+                .map_err(storage_error)?;
+        }
+        Op::PutRow(table, key, value) => {
+            let definition: TableDefinition<&[u8], &[u8]> = TableDefinition::new(table);
+            let mut t = txn.open_table(definition).map_err(storage_error)?;
+            t.insert(key, value).map_err(storage_error)?;
+        }
+        Op::DeleteRow(table, key) => {
+            let definition: TableDefinition<&[u8], &[u8]> = TableDefinition::new(table);
+            let mut t = txn.open_table(definition).map_err(storage_error)?;
+            t.remove(key).map_err(storage_error)?;
+        }
+    }
+    Ok(())
 }
 
 impl WriteBatch<'_> {
     /// Appends or overwrites the history record at `key`.
     pub fn put_history(&mut self, key: &RevisionKey, record: &[u8]) -> Result<(), StorageError> {
         self.history.insert(key, record).map_err(storage_error)?;
+        if let Some(log) = &mut self.log {
+            log.put_history(key, record);
+        }
         Ok(())
     }
 
@@ -406,6 +594,9 @@ impl WriteBatch<'_> {
         }
         for key in &doomed {
             self.history.remove(key).map_err(storage_error)?;
+            if let Some(log) = &mut self.log {
+                log.delete_history(key);
+            }
         }
         Ok((doomed.len(), last))
     }
@@ -415,6 +606,9 @@ impl WriteBatch<'_> {
         self.meta
             .insert(key.name(), &value.to_be_bytes()[..])
             .map_err(storage_error)?;
+        if let Some(log) = &mut self.log {
+            log.put_meta(key, value);
+        }
         Ok(())
     }
 
@@ -440,9 +634,15 @@ impl WriteBatch<'_> {
                 Some(value) => {
                     t.insert(key.as_slice(), value.as_slice())
                         .map_err(storage_error)?;
+                    if let Some(log) = &mut self.log {
+                        log.put_row(table.name, &key, &value);
+                    }
                 }
                 None => {
                     t.remove(key.as_slice()).map_err(storage_error)?;
+                    if let Some(log) = &mut self.log {
+                        log.delete_row(table.name, &key);
+                    }
                 }
             }
         }
@@ -461,6 +661,9 @@ impl WriteBatch<'_> {
             .open_table(table.definition())
             .map_err(storage_error)?;
         t.insert(key, value).map_err(storage_error)?;
+        if let Some(log) = &mut self.log {
+            log.put_row(table.name, key, value);
+        }
         Ok(())
     }
 
@@ -471,6 +674,9 @@ impl WriteBatch<'_> {
             .open_table(table.definition())
             .map_err(storage_error)?;
         let removed = t.remove(key).map_err(storage_error)?.is_some();
+        if let Some(log) = &mut self.log {
+            log.delete_row(table.name, key);
+        }
         Ok(removed)
     }
 }
@@ -589,6 +795,7 @@ mod tests {
             sync: CommitSync::Durable,
             row_tables: vec![LEASES],
             faults: None,
+            wal_file_bytes: wal::WAL_FILE_BYTES_MIN,
         }
     }
 

@@ -1,0 +1,110 @@
+//! The commit thread: makes applied batches durable in order, then publishes and answers
+//! them, while the apply thread goes on with the next batch.
+//!
+//! Each loop takes every batch the apply thread handed over since the last loop (sleeping
+//! while there is none), writes their log records in order and makes them durable with one
+//! `fdatasync` (`storage::wal`), then, batch by batch, publishes the batch's revision with
+//! its events (the watch switch) and delivers its answers.
+//!
+//! Invariants:
+//! - COMMIT-1: a batch is published and answered only after the `fdatasync` that covers
+//!   its record returned, or, for a checkpoint batch, after its own durable commit (which
+//!   the apply thread made before handing it over); batches are published in the order
+//!   they were applied (ENG-1, APPLY-1).
+//! - COMMIT-2: after a failed log write the store is poisoned and no batch is published
+//!   again: every batch handed over from then on is answered with the storage error.
+//! - COMMIT-3: a barrier is answered only after every batch handed over before it was
+//!   published or failed; the apply thread waits on one before a compaction or a defrag
+//!   step, so those see a published revision equal to the applied one (APPLY-2).
+//!
+//! Contact points: `engine::apply` hands over [`Handover`]s through a [`Mailbox`];
+//! `Store::log` writes the records.
+
+use crossbeam_channel::Sender;
+
+use super::Shared;
+use super::mailbox::Mailbox;
+use super::proposal::Answer;
+use crate::error::{Error, StorageError};
+use crate::mvcc::write::Change;
+use crate::storage::wal::LogRecord;
+use crate::sync::Ordering;
+
+/// Batches taken per loop, at most: bounds the work between two looks at the mailbox.
+pub const COMMIT_BATCHES_PER_SYNC_MAX: usize = 4_096;
+
+/// What the apply thread hands to the commit thread.
+#[derive(Debug)]
+pub enum Handover {
+    /// An applied batch.
+    Batch(AppliedBatch),
+    /// Answered once everything before it is published or failed (COMMIT-3).
+    Barrier(Sender<()>),
+}
+
+/// A batch the apply thread committed to redb, waiting to be durable.
+#[derive(Debug)]
+pub struct AppliedBatch {
+    /// Its log record; `None` if the batch was a checkpoint, durable already.
+    pub record: Option<LogRecord>,
+    /// The revision to publish: the last one the batch wrote, or the current one.
+    pub revision: i64,
+    /// The requests applied up to and including this batch.
+    pub applied_index: u64,
+    /// The batch's changes by revision, for watchers.
+    pub events: Vec<(i64, Vec<Change>)>,
+    /// The answers, in request order.
+    pub answers: Vec<Answer>,
+}
+
+/// Runs the commit thread until the mailbox closes and is drained.
+pub fn run(shared: &Shared, mailbox: &Mailbox<Handover>) {
+    let mut failed: Option<StorageError> = None;
+    loop {
+        let taken = mailbox.take(COMMIT_BATCHES_PER_SYNC_MAX, None);
+        if failed.is_none() {
+            let records: Vec<&LogRecord> = taken
+                .items
+                .iter()
+                .filter_map(|h| match h {
+                    Handover::Batch(b) => b.record.as_ref(),
+                    Handover::Barrier(_) => None,
+                })
+                .collect();
+            if let Err(e) = shared.store.log().write(&records) {
+                // COMMIT-2: refuse every later write until reopen.
+                shared.store.poison(&e.to_string());
+                failed = Some(e);
+            }
+        }
+        for handover in taken.items {
+            match handover {
+                Handover::Batch(batch) => finish(shared, batch, failed.as_ref()),
+                Handover::Barrier(reply) => {
+                    let _ = reply.send(());
+                }
+            }
+        }
+        if taken.closed {
+            return;
+        }
+    }
+}
+
+/// Publishes and answers one batch, or fails its answers (COMMIT-1, COMMIT-2).
+fn finish(shared: &Shared, batch: AppliedBatch, failed: Option<&StorageError>) {
+    if let Some(e) = failed {
+        for answer in batch.answers {
+            answer.fail(Error::Storage(e.clone()));
+        }
+        return;
+    }
+    shared
+        .stats
+        .applied_index
+        .store(batch.applied_index, Ordering::Release);
+    shared.publish(batch.revision, batch.events);
+    for answer in batch.answers {
+        answer.deliver();
+    }
+}

@@ -1,0 +1,156 @@
+//! A many-to-one hand-off between threads: producers push, one consumer takes everything
+//! queued at once and sleeps on a condition variable when there is nothing. It carries
+//! proposals to the apply thread and committed batches to the commit thread.
+//!
+//! Invariants:
+//! - MAIL-1: a consumer takes items in the order they were pushed, each exactly once.
+//! - MAIL-2: no lost wake-up: a push that happens while the consumer waits wakes it, and a
+//!   push that happens before it waits is seen before it sleeps (both under one mutex).
+//! - MAIL-3: nobody spins: an empty consumer sleeps until a push, `close` or its timeout.
+//!   One lock and at most one notification per push; taking a whole burst costs one lock.
+//!
+//! Contact points: `engine::Engine` pushes proposals; `engine::apply` takes them and pushes
+//! committed batches; `engine::commit` takes those. `loom-tests/` models this file.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::sync::{Condvar, Mutex, lock};
+
+/// A queue with one consumer that sleeps while it is empty.
+#[derive(Debug)]
+pub struct Mailbox<T> {
+    state: Mutex<State<T>>,
+    ready: Condvar,
+}
+
+#[derive(Debug)]
+struct State<T> {
+    items: VecDeque<T>,
+    closed: bool,
+    /// True while the consumer sleeps: a push notifies only then (MAIL-3).
+    waiting: bool,
+}
+
+/// What [`Mailbox::take`] found.
+#[derive(Debug)]
+pub struct Taken<T> {
+    /// The items, oldest first (MAIL-1).
+    pub items: Vec<T>,
+    /// True once the mailbox is closed; no item will follow the ones returned.
+    pub closed: bool,
+}
+
+impl<T> Mailbox<T> {
+    /// Returns an empty, open mailbox.
+    pub fn new() -> Mailbox<T> {
+        Mailbox {
+            state: Mutex::new(State {
+                items: VecDeque::new(),
+                closed: false,
+                waiting: false,
+            }),
+            ready: Condvar::new(),
+        }
+    }
+
+    /// Queues `item`; gives it back if the mailbox is closed.
+    pub fn push(&self, item: T) -> Result<(), T> {
+        let mut state = lock(&self.state);
+        if state.closed {
+            return Err(item);
+        }
+        state.items.push_back(item);
+        let wake = state.waiting;
+        drop(state);
+        if wake {
+            self.ready.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Closes the mailbox: later pushes fail, and the consumer sees `closed` once it has
+    /// taken what is queued.
+    pub fn close(&self) {
+        lock(&self.state).closed = true;
+        self.ready.notify_one();
+    }
+
+    /// Takes up to `max` queued items, oldest first; if there are none, sleeps until one is
+    /// pushed, the mailbox closes, or `timeout` passes (`None` waits without limit,
+    /// `Some(ZERO)` does not wait).
+    pub fn take(&self, max: usize, timeout: Option<Duration>) -> Taken<T> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut state = lock(&self.state);
+        while state.items.is_empty() && !state.closed {
+            let wait = match deadline {
+                None => None,
+                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => break,
+                },
+            };
+            state.waiting = true;
+            state = match wait {
+                None => self
+                    .ready
+                    .wait(state)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()),
+                Some(left) => {
+                    self.ready
+                        .wait_timeout(state, left)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .0
+                }
+            };
+            state.waiting = false;
+        }
+        let n = state.items.len().min(max);
+        let items: Vec<T> = state.items.drain(..n).collect();
+        let closed = state.closed && state.items.is_empty();
+        Taken { items, closed }
+    }
+}
+
+impl<T> Default for Mailbox<T> {
+    fn default() -> Mailbox<T> {
+        Mailbox::new()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_a_burst_in_order_and_at_most_max() {
+        let mailbox = Mailbox::new();
+        for i in 0..5 {
+            mailbox.push(i).unwrap();
+        }
+        let first = mailbox.take(3, None);
+        assert_eq!((first.items, first.closed), (vec![0, 1, 2], false));
+        mailbox.close();
+        assert_eq!(mailbox.push(9), Err(9), "closed refuses");
+        let rest = mailbox.take(10, None);
+        assert_eq!((rest.items, rest.closed), (vec![3, 4], true));
+    }
+
+    #[test]
+    fn empty_take_with_zero_timeout_returns_at_once() {
+        let mailbox: Mailbox<u8> = Mailbox::new();
+        let taken = mailbox.take(1, Some(Duration::ZERO));
+        assert!(taken.items.is_empty() && !taken.closed);
+    }
+
+    #[test]
+    fn sleeping_consumer_wakes_on_push() {
+        let mailbox = crate::sync::Arc::new(Mailbox::new());
+        let consumer = {
+            let mailbox = mailbox.clone();
+            std::thread::spawn(move || mailbox.take(8, None).items)
+        };
+        mailbox.push(7).unwrap();
+        assert_eq!(consumer.join().unwrap(), vec![7]);
+    }
+}

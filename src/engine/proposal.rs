@@ -1,0 +1,275 @@
+//! Typed proposals: what a caller hands the apply thread, and how its answer gets back.
+//!
+//! A [`Proposal`] pairs one request with the [`Completion`] of that request's own response
+//! type, so a caller receives exactly what it asked for. The apply thread turns a proposal
+//! and its result into an [`Answer`], which the commit thread delivers once the batch that
+//! holds it is durable (APPLY-1).
+//!
+//! Invariants:
+//! - PROP-1: every proposal's completion is called at most once: with the result after the
+//!   commit that holds it, or with the storage error if that commit failed. It is dropped
+//!   uncalled only if the engine stops before applying it; the callers' own channels then
+//!   report `Closed`.
+//! - PROP-2: a proposal counts against the queue bound (`Config::proposal_queue_len`) from
+//!   admission until its completion ran.
+//!
+//! Contact points: `Engine` builds proposals; `engine::apply` consumes them;
+//! `engine::commit` delivers the answers.
+
+use crate::accounting::AccountingRequest;
+use crate::api::{
+    AlarmRequest, AlarmResponse, CompactionRequest, CompactionResponse, DeleteRangeRequest,
+    DeleteRangeResponse, LeaseGrantRequest, LeaseGrantResponse, LeaseRevokeRequest,
+    LeaseRevokeResponse, PutRequest, PutResponse, TxnRequest, TxnResponse, raft_entry_len,
+};
+use crate::engine::defrag::DefragStep;
+use crate::error::{Error, Result};
+use crate::space;
+use crate::sync::{Arc, AtomicUsize, Ordering};
+
+/// Receives the result of one write. Called exactly once (PROP-1), on the engine's commit
+/// thread or in the caller's thread for a refusal at admission: it must not block.
+pub type Completion<T> = Box<dyn FnOnce(Result<T>) + Send + 'static>;
+
+/// Any write the apply thread executes, as plain data: the unit of the request-size limit
+/// and of the space cost.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WriteRequest {
+    /// A Put.
+    Put(PutRequest),
+    /// A DeleteRange.
+    DeleteRange(DeleteRangeRequest),
+    /// A Txn that may write.
+    Txn(TxnRequest),
+    /// A compaction.
+    Compaction(CompactionRequest),
+    /// A lease grant.
+    LeaseGrant(LeaseGrantRequest),
+    /// A lease revoke (from a client or from expiry).
+    LeaseRevoke(LeaseRevokeRequest),
+    /// An alarm activation or deactivation.
+    Alarm(AlarmRequest),
+    /// A quota registry or consumption record request.
+    Accounting(AccountingRequest),
+}
+
+impl WriteRequest {
+    /// Returns the size etcd would check against `--max-request-bytes`: the request as
+    /// marshalled inside etcd's raft entry (API-2).
+    ///
+    /// ```
+    /// let put = kvd::WriteRequest::Put(kvd::PutRequest::new("big", vec![0u8; 1_572_836]));
+    /// assert!(put.encoded_len() <= 1_572_864);
+    /// let put = kvd::WriteRequest::Put(kvd::PutRequest::new("big", vec![0u8; 1_572_838]));
+    /// assert!(put.encoded_len() > 1_572_864);
+    /// ```
+    pub fn encoded_len(&self) -> usize {
+        raft_entry_len(match self {
+            WriteRequest::Put(r) => r.encoded_len(),
+            WriteRequest::DeleteRange(r) => r.encoded_len(),
+            WriteRequest::Txn(r) => r.encoded_len(),
+            WriteRequest::Compaction(r) => r.encoded_len(),
+            WriteRequest::LeaseGrant(r) => r.encoded_len(),
+            WriteRequest::LeaseRevoke(r) => r.encoded_len(),
+            WriteRequest::Accounting(r) => r.encoded_len(),
+            WriteRequest::Alarm(r) => r.encoded_len(),
+        })
+    }
+
+    /// Returns etcd's space cost of the request (SPACE-1).
+    pub fn cost(&self) -> u64 {
+        write_cost(self)
+    }
+}
+
+/// Returns etcd's space cost of a write (SPACE-1).
+///
+/// ```
+/// use kvd::{PutRequest, WriteRequest};
+/// assert_eq!(kvd::write_cost(&WriteRequest::Put(PutRequest::new("ab", "xyz"))), 256 + 2 + 3);
+/// ```
+pub fn write_cost(request: &WriteRequest) -> u64 {
+    match request {
+        WriteRequest::Put(p) => space::put_cost(p.key.len(), p.value.len()),
+        WriteRequest::Txn(t) => space::txn_cost(t),
+        WriteRequest::LeaseGrant(_) => space::LEASE_GRANT_COST_BYTES,
+        WriteRequest::DeleteRange(_)
+        | WriteRequest::Compaction(_)
+        | WriteRequest::LeaseRevoke(_)
+        | WriteRequest::Alarm(_)
+        | WriteRequest::Accounting(_) => 0,
+    }
+}
+
+/// A write with the completion of its own response type, or a defrag step.
+pub enum Proposal {
+    /// A Put.
+    Put(PutRequest, Completion<PutResponse>),
+    /// A DeleteRange.
+    DeleteRange(DeleteRangeRequest, Completion<DeleteRangeResponse>),
+    /// A Txn that may write.
+    Txn(TxnRequest, Completion<TxnResponse>),
+    /// A compaction.
+    Compaction(CompactionRequest, Completion<CompactionResponse>),
+    /// A lease grant.
+    LeaseGrant(LeaseGrantRequest, Completion<LeaseGrantResponse>),
+    /// A lease revoke, from a client or from expiry.
+    LeaseRevoke(LeaseRevokeRequest, Completion<LeaseRevokeResponse>),
+    /// An alarm activation or deactivation.
+    Alarm(AlarmRequest, Completion<AlarmResponse>),
+    /// A quota registry or consumption record request; answers the rows a repair changed.
+    Accounting(AccountingRequest, Completion<usize>),
+    /// A step of a defrag, run between two batches.
+    Defrag(DefragStep),
+}
+
+impl std::fmt::Debug for Proposal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Proposal::Put(r, _) => f.debug_tuple("Put").field(r).finish(),
+            Proposal::DeleteRange(r, _) => f.debug_tuple("DeleteRange").field(r).finish(),
+            Proposal::Txn(r, _) => f.debug_tuple("Txn").field(r).finish(),
+            Proposal::Compaction(r, _) => f.debug_tuple("Compaction").field(r).finish(),
+            Proposal::LeaseGrant(r, _) => f.debug_tuple("LeaseGrant").field(r).finish(),
+            Proposal::LeaseRevoke(r, _) => f.debug_tuple("LeaseRevoke").field(r).finish(),
+            Proposal::Alarm(r, _) => f.debug_tuple("Alarm").field(r).finish(),
+            Proposal::Accounting(r, _) => f.debug_tuple("Accounting").field(r).finish(),
+            Proposal::Defrag(step) => f.debug_tuple("Defrag").field(step).finish(),
+        }
+    }
+}
+
+impl Proposal {
+    /// Answers the proposal with `error` without applying it (PROP-1).
+    pub fn refuse(self, error: Error) {
+        match self {
+            Proposal::Put(_, done) => done(Err(error)),
+            Proposal::DeleteRange(_, done) => done(Err(error)),
+            Proposal::Txn(_, done) => done(Err(error)),
+            Proposal::Compaction(_, done) => done(Err(error)),
+            Proposal::LeaseGrant(_, done) => done(Err(error)),
+            Proposal::LeaseRevoke(_, done) => done(Err(error)),
+            Proposal::Alarm(_, done) => done(Err(error)),
+            Proposal::Accounting(_, done) => done(Err(error)),
+            // The defrag caller waits on its own reply channel, which sees the drop.
+            Proposal::Defrag(_) => {}
+        }
+    }
+
+    /// Returns etcd's space cost of the write (SPACE-1); 0 for a defrag step.
+    pub fn cost(&self) -> u64 {
+        match self {
+            Proposal::Put(p, _) => space::put_cost(p.key.len(), p.value.len()),
+            Proposal::Txn(t, _) => space::txn_cost(t),
+            Proposal::LeaseGrant(..) => space::LEASE_GRANT_COST_BYTES,
+            Proposal::DeleteRange(..)
+            | Proposal::Compaction(..)
+            | Proposal::LeaseRevoke(..)
+            | Proposal::Alarm(..)
+            | Proposal::Accounting(..)
+            | Proposal::Defrag(_) => 0,
+        }
+    }
+
+    /// Returns true for a compaction, which starts a batch of its own (APPLY-2).
+    pub fn is_compaction(&self) -> bool {
+        matches!(self, Proposal::Compaction(..))
+    }
+}
+
+/// A result waiting for the commit that holds it, with the completion it goes to.
+pub struct Answer(Box<dyn Deliver>);
+
+trait Deliver: Send {
+    fn deliver(self: Box<Self>);
+    fn fail(self: Box<Self>, error: Error);
+}
+
+struct Ready<T> {
+    done: Completion<T>,
+    result: Result<T>,
+}
+
+impl<T: Send + 'static> Deliver for Ready<T> {
+    fn deliver(self: Box<Self>) {
+        (self.done)(self.result);
+    }
+
+    fn fail(self: Box<Self>, error: Error) {
+        (self.done)(Err(error));
+    }
+}
+
+impl Answer {
+    /// Returns the answer `result` for `done`, to deliver after the commit.
+    pub fn new<T: Send + 'static>(done: Completion<T>, result: Result<T>) -> Answer {
+        Answer(Box::new(Ready { done, result }))
+    }
+
+    /// Hands the result to its completion: the commit that holds it returned.
+    pub fn deliver(self) {
+        self.0.deliver();
+    }
+
+    /// Hands `error` to the completion instead: the commit failed (APPLY-1).
+    pub fn fail(self, error: Error) {
+        self.0.fail(error);
+    }
+}
+
+impl std::fmt::Debug for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Answer")
+    }
+}
+
+/// The count of admitted writes whose completion has not run yet (PROP-2).
+#[derive(Debug, Default)]
+pub struct InFlight {
+    count: AtomicUsize,
+}
+
+impl InFlight {
+    /// Returns the writes in flight now.
+    pub fn load(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Counts one more write if fewer than `capacity` are in flight; returns the slot that
+    /// uncounts it when dropped, or `None` if the queue is full.
+    pub fn admit(self: &Arc<Self>, capacity: usize) -> Option<Slot> {
+        let mut current = self.count.load(Ordering::Relaxed);
+        loop {
+            if current >= capacity {
+                return None;
+            }
+            match self.count.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(Slot(self.clone())),
+                Err(seen) => current = seen,
+            }
+        }
+    }
+}
+
+/// One write's place in the in-flight count; released when dropped.
+#[derive(Debug)]
+pub struct Slot(Arc<InFlight>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Wraps `done` so that the write holds `slot` until its completion ran (PROP-2).
+pub fn holding<T: 'static>(slot: Slot, done: Completion<T>) -> Completion<T> {
+    Box::new(move |result| {
+        drop(slot);
+        done(result);
+    })
+}

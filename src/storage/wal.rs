@@ -1,0 +1,500 @@
+//! The write-ahead log: what makes a write batch durable without a redb `Immediate` commit,
+//! so that the apply thread can apply the next batch while this one's fdatasync runs.
+//!
+//! A logged batch is committed to redb with `Durability::None` (visible in this process, no
+//! I/O) and its changes, as physical operations, are framed into one [`LogRecord`]. The
+//! commit thread writes records in order into `kvd.wal`, a file of fixed length filled with
+//! zeros when it is created (so an overwrite plus `fdatasync` touches no file-system
+//! metadata), and answers a batch only after the `fdatasync` that covers its record. Every
+//! so often a batch is committed `Immediate` instead (a **checkpoint**): redb then holds
+//! every batch so far durably, and the log starts again at offset 0.
+//!
+//! Record layout (all integers big-endian): magic `KVDL` (u32), payload length (u32),
+//! CRC-32 of the sequence number and the payload (u32), sequence number (u64), payload. The
+//! payload is a run of operations, each a tag byte then its fields:
+//! - `1` put history: 16-byte revision key, value length (u32), value;
+//! - `2` delete history: 16-byte revision key;
+//! - `3` put meta: meta code (u8), value (u64);
+//! - `4` put row: table name length (u8), name, key length (u32), key, value length (u32),
+//!   value;
+//! - `5` delete row: table name length (u8), name, key length (u32), key.
+//!
+//! Every batch commit (logged or checkpoint) also writes, in the same redb transaction,
+//! `wal_seq` (its sequence number) and `wal_offset` (where the next record goes). Recovery
+//! on open reads both, and `wal_epoch`, from redb's last durable commit and replays the
+//! records found from `wal_offset` that were written in that epoch and whose sequence numbers
+//! follow on from `wal_seq` one by one; the first record that is torn, fails its CRC (which
+//! folds in the epoch) or carries another sequence number ends the log. Open then commits
+//! the replayed operations with the next epoch and the log restarting at offset 0, so records
+//! of a crashed run that were never acknowledged can never join a later run's chain.
+//!
+//! Invariants:
+//! - WAL-1: a record is written only after the redb commit of its batch returned, and the
+//!   commit thread writes records in sequence order, each after every earlier one.
+//! - WAL-2: within an epoch sequence numbers grow by one per batch commit and are never
+//!   reused, and every open starts a new epoch, so a stale record (an earlier lap of the
+//!   file, or an unacknowledged tail of a crashed run) can never follow on from `wal_seq`.
+//! - WAL-3: redb's durable state plus the records that follow on from its `wal_seq` is every
+//!   batch whose answer was sent: a batch is answered after its record's `fdatasync`
+//!   (logged) or after its own `Immediate` commit (checkpoint), which also makes every
+//!   earlier batch durable in redb.
+//! - WAL-4: the log restarts at offset 0 only in a checkpoint, whose batch needs no record;
+//!   records after it overwrite only records of batches the checkpoint made durable.
+//! - WAL-5: decoding is total: bad bytes end the log (tail) or give `Corrupted` (inside a
+//!   record whose CRC matched), never a panic.
+//!
+//! Contact points: `Store::write_logged` frames records and decides checkpoints;
+//! `engine::commit` writes them with [`LogWriter::write`]; `Store::open` replays.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use super::faults::Faults;
+use super::{MetaKey, REVISION_KEY_BYTES, RevisionKey, io_error};
+use crate::error::StorageError;
+use crate::sync::Arc;
+
+/// The name of the log file inside the data directory.
+pub const WAL_FILE_NAME: &str = "kvd.wal";
+/// Default length of the log file. A full log makes the next batch a checkpoint, so this
+/// also bounds the replay at open and redb's buffer of non-durable pages.
+pub const WAL_FILE_BYTES_DEFAULT: u64 = 16 << 20;
+/// The smallest log file accepted.
+pub const WAL_FILE_BYTES_MIN: u64 = 1 << 20;
+/// Bytes of a record before its payload.
+pub const RECORD_HEADER_BYTES: usize = 20;
+/// Zeros written per call while the file is created.
+const FILL_CHUNK_BYTES: usize = 1 << 20;
+const RECORD_MAGIC: u32 = 0x4b56_444c;
+
+const OP_PUT_HISTORY: u8 = 1;
+const OP_DELETE_HISTORY: u8 = 2;
+const OP_PUT_META: u8 = 3;
+const OP_PUT_ROW: u8 = 4;
+const OP_DELETE_ROW: u8 = 5;
+
+const _: () = assert!(WAL_FILE_BYTES_DEFAULT >= WAL_FILE_BYTES_MIN);
+const _: () = assert!(RECORD_HEADER_BYTES == 4 + 4 + 4 + 8);
+
+/// One batch's record, placed in the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogRecord {
+    /// The batch's sequence number.
+    pub seq: u64,
+    /// Where the record starts in the file.
+    pub offset: u64,
+    /// The framed record.
+    pub bytes: Vec<u8>,
+}
+
+/// The operations of one batch, encoded as they are made.
+#[derive(Debug, Default)]
+pub struct OpLog {
+    payload: Vec<u8>,
+}
+
+impl OpLog {
+    pub(super) fn put_history(&mut self, key: &RevisionKey, value: &[u8]) {
+        self.payload.push(OP_PUT_HISTORY);
+        self.payload.extend_from_slice(key);
+        put_bytes(&mut self.payload, value);
+    }
+
+    pub(super) fn delete_history(&mut self, key: &RevisionKey) {
+        self.payload.push(OP_DELETE_HISTORY);
+        self.payload.extend_from_slice(key);
+    }
+
+    pub(super) fn put_meta(&mut self, key: MetaKey, value: u64) {
+        self.payload.push(OP_PUT_META);
+        self.payload.push(key.code());
+        self.payload.extend_from_slice(&value.to_be_bytes());
+    }
+
+    pub(super) fn put_row(&mut self, table: &str, key: &[u8], value: &[u8]) {
+        self.payload.push(OP_PUT_ROW);
+        put_name(&mut self.payload, table);
+        put_bytes(&mut self.payload, key);
+        put_bytes(&mut self.payload, value);
+    }
+
+    pub(super) fn delete_row(&mut self, table: &str, key: &[u8]) {
+        self.payload.push(OP_DELETE_ROW);
+        put_name(&mut self.payload, table);
+        put_bytes(&mut self.payload, key);
+    }
+
+    /// Returns the length the framed record will have.
+    pub fn framed_len(&self) -> usize {
+        RECORD_HEADER_BYTES + self.payload.len()
+    }
+
+    /// Frames the operations as the record of batch `seq` written in `epoch`.
+    pub fn frame(self, epoch: u64, seq: u64, offset: u64) -> LogRecord {
+        let mut bytes = Vec::with_capacity(self.framed_len());
+        let len = u32::try_from(self.payload.len()).unwrap_or(u32::MAX);
+        bytes.extend_from_slice(&RECORD_MAGIC.to_be_bytes());
+        bytes.extend_from_slice(&len.to_be_bytes());
+        bytes.extend_from_slice(&checksum(epoch, seq, &self.payload).to_be_bytes());
+        bytes.extend_from_slice(&seq.to_be_bytes());
+        bytes.extend_from_slice(&self.payload);
+        LogRecord { seq, offset, bytes }
+    }
+}
+
+/// One decoded operation of a record, borrowing the record's bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Op<'a> {
+    /// Put a history record.
+    PutHistory(RevisionKey, &'a [u8]),
+    /// Delete a history record.
+    DeleteHistory(RevisionKey),
+    /// Set a meta integer.
+    PutMeta(MetaKey, u64),
+    /// Put a row of a named table.
+    PutRow(&'a str, &'a [u8], &'a [u8]),
+    /// Delete a row of a named table.
+    DeleteRow(&'a str, &'a [u8]),
+}
+
+/// Decodes the operations of a payload whose CRC matched (WAL-5).
+pub fn decode_ops(mut payload: &[u8]) -> Result<Vec<Op<'_>>, StorageError> {
+    let mut ops = Vec::new();
+    while let Some((&tag, rest)) = payload.split_first() {
+        payload = rest;
+        let op = match tag {
+            OP_PUT_HISTORY => {
+                let key = take_key(&mut payload)?;
+                Op::PutHistory(key, take_bytes(&mut payload)?)
+            }
+            OP_DELETE_HISTORY => Op::DeleteHistory(take_key(&mut payload)?),
+            OP_PUT_META => {
+                let code = take(&mut payload, 1)?[0];
+                let key = MetaKey::from_code(code)
+                    .ok_or_else(|| corrupted(&format!("unknown meta code {code}")))?;
+                Op::PutMeta(key, take_u64(&mut payload)?)
+            }
+            OP_PUT_ROW => {
+                let table = take_name(&mut payload)?;
+                let key = take_bytes(&mut payload)?;
+                Op::PutRow(table, key, take_bytes(&mut payload)?)
+            }
+            OP_DELETE_ROW => {
+                let table = take_name(&mut payload)?;
+                Op::DeleteRow(table, take_bytes(&mut payload)?)
+            }
+            other => return Err(corrupted(&format!("unknown operation {other}"))),
+        };
+        ops.push(op);
+    }
+    Ok(ops)
+}
+
+/// Where the next record goes, as the apply thread tracks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogPosition {
+    /// The sequence number of the next batch commit.
+    pub next_seq: u64,
+    /// Where its record would start: also the record bytes placed since the last
+    /// checkpoint (WAL-4).
+    pub next_offset: u64,
+    /// The file's length.
+    pub file_bytes: u64,
+}
+
+impl LogPosition {
+    /// Returns true if a record of `len` bytes must not be logged because it would not fit
+    /// before the end of the file: the batch becomes a checkpoint instead.
+    pub fn needs_checkpoint(&self, len: u64) -> bool {
+        self.next_offset.saturating_add(len) > self.file_bytes
+    }
+}
+
+/// Writes records into the log file and makes them durable.
+#[derive(Debug)]
+pub struct LogWriter {
+    file: File,
+    sync: bool,
+    faults: Option<Arc<Faults>>,
+}
+
+impl LogWriter {
+    /// Writes `records` in order (WAL-1), then makes them durable with one `fdatasync`
+    /// (skipped under `unsafe_no_fsync`).
+    pub fn write(&self, records: &[&LogRecord]) -> Result<(), StorageError> {
+        for record in records {
+            self.allow()?;
+            self.file
+                .write_all_at(&record.bytes, record.offset)
+                .map_err(|e| StorageError::Io(format!("write {WAL_FILE_NAME}: {e}")))?;
+        }
+        if self.sync && !records.is_empty() {
+            self.allow()?;
+            self.file
+                .sync_data()
+                .map_err(|e| StorageError::Io(format!("fdatasync {WAL_FILE_NAME}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    fn allow(&self) -> Result<(), StorageError> {
+        match &self.faults {
+            Some(faults) => faults.allow().map_err(|e| StorageError::Io(e.to_string())),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Opens `dir`'s log file, creating it filled with zeros (and made durable) if it is missing
+/// or shorter than `file_bytes`. Returns the writer and the file's contents for replay.
+pub fn open(
+    dir: &Path,
+    file_bytes: u64,
+    sync: bool,
+    faults: Option<Arc<Faults>>,
+) -> Result<(LogWriter, Vec<u8>), StorageError> {
+    let path = dir.join(WAL_FILE_NAME);
+    let existing = match fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(io_error("read", &path, &e)),
+    };
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| io_error("open", &path, &e))?;
+    let length = u64::try_from(existing.len()).unwrap_or(u64::MAX);
+    if length < file_bytes {
+        fill_with_zeros(&file, length, file_bytes).map_err(|e| io_error("fill", &path, &e))?;
+        super::defrag::sync_dir(dir)?;
+    }
+    let writer = LogWriter { file, sync, faults };
+    Ok((writer, existing))
+}
+
+/// Returns the records of `log` from `offset`, written in `epoch`, whose sequence numbers
+/// follow on from `last_seq` (WAL-2, WAL-5): the part of the log redb's durable state does
+/// not hold.
+pub fn records_after(log: &[u8], offset: u64, last_seq: u64, epoch: u64) -> Vec<(u64, &[u8])> {
+    let mut found = Vec::new();
+    let mut at = usize::try_from(offset).unwrap_or(usize::MAX);
+    let mut expected = last_seq.wrapping_add(1);
+    while let Some((seq, payload, next)) = record_at(log, at, epoch) {
+        if seq != expected {
+            break;
+        }
+        found.push((seq, payload));
+        expected = expected.wrapping_add(1);
+        at = next;
+    }
+    found
+}
+
+/// Decodes the record starting at `at`, if a whole one of `epoch` with a matching CRC is there
+/// (a record of another epoch fails the CRC, which folds the epoch in);
+/// returns its sequence number, payload and the offset after it.
+fn record_at(log: &[u8], at: usize, epoch: u64) -> Option<(u64, &[u8], usize)> {
+    let header = log.get(at..at.checked_add(RECORD_HEADER_BYTES)?)?;
+    let word =
+        |i: usize| u32::from_be_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+    if word(0) != RECORD_MAGIC {
+        return None;
+    }
+    let len = usize::try_from(word(4)).ok()?;
+    let crc = word(8);
+    let seq = u64::from_be_bytes(header[12..20].try_into().ok()?);
+    let start = at + RECORD_HEADER_BYTES;
+    let end = start.checked_add(len)?;
+    let payload = log.get(start..end)?;
+    (checksum(epoch, seq, payload) == crc).then_some((seq, payload, end))
+}
+
+fn checksum(epoch: u64, seq: u64, payload: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&epoch.to_be_bytes());
+    hasher.update(&seq.to_be_bytes());
+    hasher.update(payload);
+    hasher.finalize()
+}
+
+fn fill_with_zeros(file: &File, from: u64, to: u64) -> std::io::Result<()> {
+    let zeros = vec![0u8; FILL_CHUNK_BYTES];
+    let mut writer = std::io::BufWriter::new(file);
+    std::io::Seek::seek(&mut writer, std::io::SeekFrom::Start(from))?;
+    let mut left = to - from;
+    while left > 0 {
+        let n = left.min(FILL_CHUNK_BYTES as u64) as usize;
+        writer.write_all(&zeros[..n])?;
+        left -= n as u64;
+    }
+    writer.flush()?;
+    drop(writer);
+    file.sync_all()
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn put_name(out: &mut Vec<u8>, name: &str) {
+    // Table names are short constants of this crate.
+    debug_assert!(name.len() <= usize::from(u8::MAX));
+    out.push(u8::try_from(name.len()).unwrap_or(u8::MAX));
+    out.extend_from_slice(name.as_bytes());
+}
+
+fn take<'a>(input: &mut &'a [u8], n: usize) -> Result<&'a [u8], StorageError> {
+    if input.len() < n {
+        return Err(corrupted("operation cut short"));
+    }
+    let (head, rest) = input.split_at(n);
+    *input = rest;
+    Ok(head)
+}
+
+fn take_key(input: &mut &[u8]) -> Result<RevisionKey, StorageError> {
+    let bytes = take(input, REVISION_KEY_BYTES)?;
+    bytes.try_into().map_err(|_| corrupted("revision key"))
+}
+
+fn take_u64(input: &mut &[u8]) -> Result<u64, StorageError> {
+    let bytes = take(input, 8)?;
+    Ok(u64::from_be_bytes(
+        bytes.try_into().map_err(|_| corrupted("u64"))?,
+    ))
+}
+
+fn take_bytes<'a>(input: &mut &'a [u8]) -> Result<&'a [u8], StorageError> {
+    let len = take(input, 4)?;
+    let len = u32::from_be_bytes(len.try_into().map_err(|_| corrupted("length"))?);
+    take(
+        input,
+        usize::try_from(len).map_err(|_| corrupted("length"))?,
+    )
+}
+
+fn take_name<'a>(input: &mut &'a [u8]) -> Result<&'a str, StorageError> {
+    let len = take(input, 1)?[0];
+    let name = take(input, usize::from(len))?;
+    std::str::from_utf8(name).map_err(|_| corrupted("table name"))
+}
+
+fn corrupted(what: &str) -> StorageError {
+    StorageError::Corrupted(format!("{WAL_FILE_NAME}: {what}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EPOCH: u64 = 3;
+
+    fn sample(seq: u64, offset: u64) -> LogRecord {
+        let mut ops = OpLog::default();
+        ops.put_history(&[7; 16], b"value");
+        ops.delete_history(&[8; 16]);
+        ops.put_meta(MetaKey::CurrentRevision, 42);
+        ops.put_row("leases", b"k", b"v");
+        ops.delete_row("leases", b"gone");
+        ops.frame(EPOCH, seq, offset)
+    }
+
+    fn lay_out(records: &[LogRecord], len: usize) -> Vec<u8> {
+        let mut log = vec![0u8; len];
+        for r in records {
+            let at = r.offset as usize;
+            log[at..at + r.bytes.len()].copy_from_slice(&r.bytes);
+        }
+        log
+    }
+
+    #[test]
+    fn record_round_trips_every_operation() {
+        let record = sample(5, 0);
+        let log = lay_out(std::slice::from_ref(&record), 4096);
+        let found = records_after(&log, 0, 4, EPOCH);
+        assert_eq!(found.len(), 1);
+        let ops = decode_ops(found[0].1).unwrap();
+        assert_eq!(
+            ops,
+            vec![
+                Op::PutHistory([7; 16], b"value"),
+                Op::DeleteHistory([8; 16]),
+                Op::PutMeta(MetaKey::CurrentRevision, 42),
+                Op::PutRow("leases", b"k", b"v"),
+                Op::DeleteRow("leases", b"gone"),
+            ]
+        );
+    }
+
+    #[test]
+    fn replay_stops_at_a_stale_sequence_number() {
+        // WAL-2: record 9 at the start is from an earlier lap; 3 and 4 follow on from 2.
+        let first = sample(3, 0);
+        let second = sample(4, first.bytes.len() as u64);
+        let stale = sample(9, second.offset + second.bytes.len() as u64);
+        let log = lay_out(&[first, second, stale], 4096);
+        let seqs: Vec<u64> = records_after(&log, 0, 2, EPOCH)
+            .iter()
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(seqs, vec![3, 4]);
+        assert!(
+            records_after(&log, 0, 3, EPOCH).is_empty(),
+            "3 is not after 3"
+        );
+        assert!(
+            records_after(&log, 0, 2, EPOCH + 1).is_empty(),
+            "records of another epoch never replay"
+        );
+    }
+
+    #[test]
+    fn torn_or_damaged_tail_ends_the_log() {
+        let first = sample(1, 0);
+        let second = sample(2, first.bytes.len() as u64);
+        let mut log = lay_out(&[first.clone(), second.clone()], 4096);
+        // A torn second record: its last byte never reached the disk.
+        let last = second.offset as usize + second.bytes.len() - 1;
+        log[last] ^= 0xff;
+        let seqs: Vec<u64> = records_after(&log, 0, 0, EPOCH)
+            .iter()
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(seqs, vec![1]);
+        // A record cut off by the end of the file.
+        let cut = &log[..first.bytes.len() - 1];
+        assert!(records_after(cut, 0, 0, EPOCH).is_empty());
+        // Zeros (a fresh file) hold no record.
+        assert!(records_after(&[0u8; 64], 0, 0, EPOCH).is_empty());
+    }
+
+    #[test]
+    fn damaged_operation_inside_a_valid_record_is_corrupted_not_a_panic() {
+        for payload in [&[OP_PUT_HISTORY, 1, 2][..], &[99], &[OP_PUT_META, 200, 0]] {
+            assert!(matches!(
+                decode_ops(payload),
+                Err(StorageError::Corrupted(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn checkpoint_when_the_record_would_not_fit() {
+        let at = |next_offset| LogPosition {
+            next_seq: 1,
+            next_offset,
+            file_bytes: 4096,
+        };
+        assert!(!at(0).needs_checkpoint(100));
+        assert!(!at(3996).needs_checkpoint(100), "fits exactly");
+        assert!(at(4000).needs_checkpoint(200), "past the end");
+        assert!(at(0).needs_checkpoint(5000), "larger than the file");
+    }
+}
