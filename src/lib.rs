@@ -36,8 +36,8 @@ pub use accounting::{AccountingRequest, AgentState, Counters, KV_BYTES, KV_KEYS,
 pub use api::*;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{
-    ApplyStats, AutoCompaction, Completion, Config, DefragFailpoint, Engine, WriteRequest,
-    write_cost,
+    ApplyStats, AutoCompaction, CommitFailpoint, CommitStep, Completion, Config, DefragFailpoint,
+    Engine, WriteRequest, write_cost,
 };
 pub use error::{Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};

@@ -16,7 +16,10 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvd::{CompactionRequest, Config, Engine, PutRequest, RangeRequest, RequestOp, TxnRequest};
+use kvd::{
+    CommitFailpoint, CommitStep, CompactionRequest, Config, Engine, PutRequest, RangeRequest,
+    RequestOp, TxnRequest,
+};
 
 /// Writer threads in the child, so that commits carry several requests.
 const CHILD_WRITERS: usize = 4;
@@ -42,6 +45,10 @@ fn main() -> ExitCode {
             println!(
                 "test acknowledged_writes_survive_sigkill ... ok ({rounds} kills, {acked} acknowledged writes checked)"
             );
+            let (crashes, acked) = acknowledged_writes_survive_a_crash_at_every_commit_step(rounds);
+            println!(
+                "test acknowledged_writes_survive_a_crash_at_every_commit_step ... ok ({crashes} crashes, {acked} acknowledged writes checked)"
+            );
             interrupted_compaction_resumes_and_equals_uninterrupted(rounds.min(4));
             println!("test interrupted_compaction_resumes_and_equals_uninterrupted ... ok");
             ExitCode::SUCCESS
@@ -49,11 +56,33 @@ fn main() -> ExitCode {
     }
 }
 
+/// The smallest write-ahead log, so that the child's load fills it and makes checkpoints.
+const CHILD_WAL_FILE_BYTES: u64 = 1 << 20;
+
 fn config() -> Config {
     Config {
         cache_size_bytes: 8 << 20,
+        wal_file_bytes: CHILD_WAL_FILE_BYTES,
         ..Config::default()
     }
+}
+
+/// The commit step and passage the child aborts at, from `KVD_CRASH_FAILPOINT`
+/// (`<step>:<nth>`).
+fn failpoint_from_env() -> Option<CommitFailpoint> {
+    let spec = std::env::var("KVD_CRASH_FAILPOINT").ok()?;
+    let (step, nth) = spec.split_once(':').unwrap();
+    let step = match step {
+        "after-apply" => CommitStep::AfterApply,
+        "after-checkpoint" => CommitStep::AfterCheckpoint,
+        "after-log-write" => CommitStep::AfterLogWrite,
+        "after-log-sync" => CommitStep::AfterLogSync,
+        other => panic!("unknown commit step {other}"),
+    };
+    Some(CommitFailpoint {
+        step,
+        nth: nth.parse().unwrap(),
+    })
 }
 
 /// A small deterministic generator (splitmix64), so kill points replay from the seed.
@@ -76,7 +105,11 @@ impl Rng {
 /// The child: `CHILD_WRITERS` threads write puts and two-key txns and print an `ack` line
 /// for each acknowledged one: `put <key> <revision>` or `txn <id> <revision>`.
 fn child_writer(dir: &str) -> ExitCode {
-    let engine = Arc::new(Engine::open(dir, config()).unwrap());
+    let config = Config {
+        commit_failpoint: failpoint_from_env(),
+        ..config()
+    };
+    let engine = Arc::new(Engine::open(dir, config).unwrap());
     let stdout = Arc::new(Mutex::new(std::io::stdout()));
     let epoch = std::process::id();
     let threads: Vec<_> = (0..CHILD_WRITERS)
@@ -119,7 +152,18 @@ fn child_writer(dir: &str) -> ExitCode {
 /// Runs the child in `mode` on `dir`, kills it with SIGKILL once `kill_after` has passed
 /// since its first output line, and returns every line it printed.
 fn run_and_kill(mode: &str, dir: &Path, kill_after: Duration) -> Vec<String> {
-    let mut child = Command::new(std::env::current_exe().unwrap())
+    run_child(mode, dir, None, kill_after)
+}
+
+/// Runs the child in `mode` on `dir`; with a `failpoint` (`<step>:<nth>`) waits for it to
+/// abort there, else kills it `kill_after` after its first output line. Returns every line
+/// it printed.
+fn run_child(mode: &str, dir: &Path, failpoint: Option<&str>, kill_after: Duration) -> Vec<String> {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    if let Some(failpoint) = failpoint {
+        command.env("KVD_CRASH_FAILPOINT", failpoint);
+    }
+    let mut child = command
         .env("KVD_CRASH_CHILD", mode)
         .env("KVD_CRASH_DIR", dir)
         .stdout(Stdio::piped())
@@ -145,10 +189,25 @@ fn run_and_kill(mode: &str, dir: &Path, kill_after: Duration) -> Vec<String> {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    std::thread::sleep(kill_after);
-    // Child::kill sends SIGKILL on Unix: no destructor, no clean close.
-    let _ = child.kill();
-    child.wait().unwrap();
+    if failpoint.is_some() {
+        while child.try_wait().unwrap().is_none() {
+            assert!(
+                started.elapsed() < CHILD_DEADLINE,
+                "child never reached its failpoint"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let status = child.wait().unwrap();
+        assert!(
+            !status.success(),
+            "the child must die at its failpoint: {status}"
+        );
+    } else {
+        std::thread::sleep(kill_after);
+        // Child::kill sends SIGKILL on Unix: no destructor, no clean close.
+        let _ = child.kill();
+        child.wait().unwrap();
+    }
     reader.join().unwrap();
     Arc::try_unwrap(lines).unwrap().into_inner().unwrap()
 }
@@ -156,24 +215,75 @@ fn run_and_kill(mode: &str, dir: &Path, kill_after: Duration) -> Vec<String> {
 fn acknowledged_writes_survive_sigkill(rounds: usize) -> usize {
     let dir = tempfile::tempdir().unwrap();
     let mut rng = Rng(0x6b76_6400_c7a5);
-    let mut acked: BTreeMap<String, (String, i64)> = BTreeMap::new();
-    let mut last_acked = 1;
+    let mut acked = Acked::default();
     for round in 0..rounds {
         let kill_after = Duration::from_millis(20 + rng.below(400));
         let lines = run_and_kill("writer", dir.path(), kill_after);
-        for line in &lines {
+        acked.check_after_crash(dir.path(), &lines, &format!("round {round}"));
+    }
+    assert!(!acked.writes.is_empty(), "no write was ever acknowledged");
+    acked.writes.len()
+}
+
+/// A crash (the child aborts itself) at each step of the commit protocol, at a passage
+/// drawn from a fixed seed, on one data directory: after each, every acknowledged write is
+/// there (APPLY-1, WAL-3). Returns the crashes and the acknowledged writes checked.
+fn acknowledged_writes_survive_a_crash_at_every_commit_step(rounds: usize) -> (usize, usize) {
+    const STEPS: [&str; 4] = [
+        "after-apply",
+        "after-log-write",
+        "after-log-sync",
+        "after-checkpoint",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(0x0c0a_3317_57e9);
+    let mut acked = Acked::default();
+    let mut crashes = 0;
+    for round in 0..rounds.max(1) {
+        for step in STEPS {
+            // A checkpoint comes once the 1 MiB log is full, a few thousand writes apart.
+            let nth = if step == "after-checkpoint" {
+                1 + rng.below(2)
+            } else {
+                20 + rng.below(500)
+            };
+            let failpoint = format!("{step}:{nth}");
+            let lines = run_child("writer", dir.path(), Some(&failpoint), Duration::ZERO);
+            acked.check_after_crash(dir.path(), &lines, &format!("round {round} at {failpoint}"));
+            crashes += 1;
+        }
+    }
+    assert!(!acked.writes.is_empty(), "no write was ever acknowledged");
+    (crashes, acked.writes.len())
+}
+
+/// Every write the children acknowledged so far, and the highest revision acknowledged.
+#[derive(Default)]
+struct Acked {
+    writes: BTreeMap<String, (String, i64)>,
+    last: i64,
+}
+
+impl Acked {
+    /// Adds the acknowledgements in `lines`, reopens `dir` and checks that every write
+    /// acknowledged so far is there, txns whole, and the revision did not go back.
+    fn check_after_crash(&mut self, dir: &Path, lines: &[String], round: &str) {
+        let (acked, last_acked) = (&mut self.writes, &mut self.last);
+        *last_acked = (*last_acked).max(1);
+        for line in lines {
             let parts: Vec<&str> = line.split(' ').collect();
             let (kind, id, rev) = (parts[0], parts[1], parts[2].parse::<i64>().unwrap());
             acked.insert(format!("{kind} {id}"), (id.to_owned(), rev));
-            last_acked = last_acked.max(rev);
+            *last_acked = (*last_acked).max(rev);
         }
-        let engine = Engine::open(dir.path(), config()).unwrap();
+        let last_acked = *last_acked;
+        let engine = Engine::open(dir, config()).unwrap();
         let current = engine.status().unwrap().header.revision;
         assert!(
             current >= last_acked,
             "round {round}: revision {current} went below acknowledged {last_acked}"
         );
-        for (what, (id, rev)) in &acked {
+        for (what, (id, rev)) in acked.iter() {
             let keys: Vec<String> = if what.starts_with("txn") {
                 vec![format!("txn/{id}/a"), format!("txn/{id}/b")]
             } else {
@@ -208,8 +318,6 @@ fn acknowledged_writes_survive_sigkill(rounds: usize) -> usize {
         }
         engine.close().unwrap();
     }
-    assert!(!acked.is_empty(), "no write was ever acknowledged");
-    acked.len()
 }
 
 /// The child of the compaction scenario: loads a deterministic history, prints `loaded`,

@@ -582,3 +582,69 @@ fn current_reads_never_fail_as_compacted_while_compactions_land() {
         r.join().unwrap();
     }
 }
+
+/// Waits, boundedly, until `ready` holds; fails the test otherwise.
+fn wait_until(what: &str, ready: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !ready() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn write_is_answered_only_after_its_commit_even_when_the_next_batch_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::new());
+    let engine = Arc::new(
+        Engine::open(
+            dir.path(),
+            Config {
+                faults: Some(faults.clone()),
+                ..config()
+            },
+        )
+        .unwrap(),
+    );
+    faults.hold_log_syncs();
+    let (first_tx, first) = std::sync::mpsc::channel();
+    engine.submit_put(
+        PutRequest::new("first", "v"),
+        Box::new(move |r| first_tx.send(r).unwrap()),
+    );
+    // The first batch is applied and its record written; its fdatasync is held.
+    wait_until("the first batch's log sync", || {
+        faults.log_syncs_waiting() == 1
+    });
+    assert!(
+        first.try_recv().is_err(),
+        "APPLY-1: answered before its commit"
+    );
+    // The next batch fails in apply, while the first is still in flight.
+    faults.fail_next_batch();
+    let second = engine.put(PutRequest::new("second", "v")).unwrap_err();
+    assert!(matches!(second, Error::Storage(_)), "{second}");
+    assert!(
+        first.try_recv().is_err(),
+        "APPLY-1: the next batch's failure answered the first early"
+    );
+    assert_eq!(
+        engine.status().unwrap().header.revision,
+        1,
+        "ENG-1: nothing is visible before its commit"
+    );
+    faults.release_log_syncs();
+    let answered = first
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .unwrap()
+        .unwrap();
+    assert_eq!(answered.header.revision, 2);
+    assert_eq!(get(&engine, "first", 0).unwrap().unwrap().0, "v");
+    assert!(get(&engine, "second", 0).unwrap().is_none());
+    drop(engine);
+    let engine = open(&dir);
+    assert_eq!(get(&engine, "first", 0).unwrap().unwrap().0, "v", "durable");
+}

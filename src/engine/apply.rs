@@ -39,7 +39,7 @@ use bytes::Bytes;
 
 use super::Shared;
 use super::auto_compact::AutoCompactor;
-use super::commit::{AppliedBatch, Handover};
+use super::commit::{AppliedBatch, CommitStep, FailpointCounter, Handover};
 use super::defrag::{self, DefragStep};
 use super::mailbox::Mailbox;
 use super::proposal::{Answer, Completion, Proposal};
@@ -189,6 +189,7 @@ pub struct Applier {
     /// True while batches handed to the commit thread may not be published yet.
     undrained: bool,
     auto_compactor: Option<AutoCompactor>,
+    failpoint: FailpointCounter,
 }
 
 /// What applying one request produced.
@@ -264,6 +265,7 @@ impl Applier {
             batch_fs_free: None,
             undrained: false,
             auto_compactor,
+            failpoint: FailpointCounter::default(),
         }
     }
 
@@ -439,6 +441,11 @@ impl Applier {
                 }
                 self.shared.space.committed(self.batch_cost);
                 self.commits_since_stats += 1;
+                let step = match record {
+                    Some(_) => CommitStep::AfterApply,
+                    None => CommitStep::AfterCheckpoint,
+                };
+                self.failpoint.reach(shared.config.commit_failpoint, step);
                 let answers = self.settle_outcomes(outcomes);
                 let batch = AppliedBatch {
                     record,
@@ -638,7 +645,7 @@ impl Applier {
         let (answer, changed, changes) = {
             let exists = |id: i64| lessor.contains(id);
             let mut writer = TxnWriter::new(&mut index, batch, &exists, self.current);
-            let answer = write(&mut writer, &*lessor, &*accounts)?;
+            let answer = write(&mut writer, &lessor, &accounts)?;
             let changed = writer.changed();
             (answer, changed, writer.into_changes())
         };

@@ -33,6 +33,49 @@ use crate::sync::Ordering;
 /// Batches taken per loop, at most: bounds the work between two looks at the mailbox.
 pub const COMMIT_BATCHES_PER_SYNC_MAX: usize = 4_096;
 
+/// A step of the commit protocol where a crash test makes the process abort, as a power
+/// cut there would stop it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitStep {
+    /// A logged batch is committed to redb (no I/O), not yet handed over.
+    AfterApply,
+    /// A checkpoint batch's durable commit returned, not yet handed over.
+    AfterCheckpoint,
+    /// Records are written to the log, before their `fdatasync`.
+    AfterLogWrite,
+    /// The `fdatasync` returned, before publishing and answering.
+    AfterLogSync,
+}
+
+/// Makes the process abort the `nth` time (from 1) it reaches `step` (crash tests only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitFailpoint {
+    /// Where.
+    pub step: CommitStep,
+    /// On which passage.
+    pub nth: u64,
+}
+
+/// Counts passages of the failpoint's step in one thread and aborts at the chosen one.
+#[derive(Debug, Default)]
+pub struct FailpointCounter {
+    passed: u64,
+}
+
+impl FailpointCounter {
+    /// Aborts the process if `failpoint` is at `step` and this is its passage.
+    pub fn reach(&mut self, failpoint: Option<CommitFailpoint>, step: CommitStep) {
+        let Some(failpoint) = failpoint.filter(|f| f.step == step) else {
+            return;
+        };
+        self.passed += 1;
+        if self.passed == failpoint.nth {
+            // No destructor, no flush: what a crash at this step leaves on disk.
+            std::process::abort();
+        }
+    }
+}
+
 /// What the apply thread hands to the commit thread.
 #[derive(Debug)]
 pub enum Handover {
@@ -60,6 +103,8 @@ pub struct AppliedBatch {
 /// Runs the commit thread until the mailbox closes and is drained.
 pub fn run(shared: &Shared, mailbox: &Mailbox<Handover>) {
     let mut failed: Option<StorageError> = None;
+    let failpoint = shared.config.commit_failpoint;
+    let mut counter = FailpointCounter::default();
     loop {
         let taken = mailbox.take(COMMIT_BATCHES_PER_SYNC_MAX, None);
         if failed.is_none() {
@@ -71,7 +116,17 @@ pub fn run(shared: &Shared, mailbox: &Mailbox<Handover>) {
                     Handover::Barrier(_) => None,
                 })
                 .collect();
-            if let Err(e) = shared.store.log().write(&records) {
+            let log = shared.store.log();
+            let durable = log.write(&records).and_then(|()| {
+                if !records.is_empty() {
+                    counter.reach(failpoint, CommitStep::AfterLogWrite);
+                }
+                log.sync(&records)
+            });
+            if !records.is_empty() {
+                counter.reach(failpoint, CommitStep::AfterLogSync);
+            }
+            if let Err(e) = durable {
                 // COMMIT-2: refuse every later write until reopen.
                 shared.store.poison(&e.to_string());
                 failed = Some(e);

@@ -65,6 +65,7 @@ use crate::watch::{Hub, WATCH_STALLED_RETRY, WATCH_SYNC_INTERVAL, WatchSource, W
 use apply::Applier;
 pub use auto_compact::AutoCompaction;
 use commit::Handover;
+pub use commit::{CommitFailpoint, CommitStep};
 pub use defrag::DefragFailpoint;
 use defrag::DefragState;
 use mailbox::Mailbox;
@@ -138,6 +139,8 @@ pub struct Config {
     pub wal_file_bytes: u64,
     /// Makes a defrag stop at a step as if the process died there (tests only).
     pub defrag_failpoint: Option<DefragFailpoint>,
+    /// Makes the process abort at a step of the commit protocol (crash tests only).
+    pub commit_failpoint: Option<CommitFailpoint>,
     /// etcd's `--auto-compaction-mode` and `--auto-compaction-retention`; `None` is off.
     pub auto_compaction: Option<AutoCompaction>,
 }
@@ -162,6 +165,7 @@ impl Default for Config {
             free_space: Arc::new(StatvfsFreeSpace),
             wal_file_bytes: WAL_FILE_BYTES_DEFAULT,
             defrag_failpoint: None,
+            commit_failpoint: None,
             auto_compaction: None,
         }
     }

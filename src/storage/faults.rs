@@ -2,6 +2,9 @@
 //! of them, to test what the engine does after an I/O error (poisoning, then recovery on
 //! reopen).
 //!
+//! It can also hold the write-ahead log's `fdatasync` until released, and fail the next
+//! batch's apply, so a test can see what is answered while a commit is in flight.
+//!
 //! Invariants:
 //! - FAULT-1: once a fault fired, every later write and sync fails too until `heal`, as a
 //!   dead disk would; reads keep working.
@@ -15,13 +18,20 @@ use std::io;
 use redb::StorageBackend;
 use redb::backends::FileBackend;
 
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering, lock};
 
 /// A switch that makes storage writes fail, shared between a test and the engine.
 #[derive(Debug)]
 pub struct Faults {
     /// Writes and syncs still allowed before failing; `u64::MAX` means never fail.
     remaining: AtomicU64,
+    /// True while log syncs wait for `release_log_syncs`.
+    held: Mutex<bool>,
+    released: Condvar,
+    /// Log syncs waiting now.
+    waiting: AtomicUsize,
+    /// Makes the next batch fail before its commit.
+    fail_batch: AtomicBool,
 }
 
 impl Faults {
@@ -35,7 +45,50 @@ impl Faults {
     pub fn new() -> Faults {
         Faults {
             remaining: AtomicU64::new(u64::MAX),
+            held: Mutex::new(false),
+            released: Condvar::new(),
+            waiting: AtomicUsize::new(0),
+            fail_batch: AtomicBool::new(false),
         }
+    }
+
+    /// Makes every write-ahead log `fdatasync` wait until [`Faults::release_log_syncs`].
+    pub fn hold_log_syncs(&self) {
+        *lock(&self.held) = true;
+    }
+
+    /// Lets held and later log syncs go on.
+    pub fn release_log_syncs(&self) {
+        *lock(&self.held) = false;
+        self.released.notify_all();
+    }
+
+    /// Returns how many log syncs are waiting to be released.
+    pub fn log_syncs_waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Makes the next write batch fail with an I/O error before its commit.
+    pub fn fail_next_batch(&self) {
+        self.fail_batch.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits while log syncs are held.
+    pub(crate) fn before_log_sync(&self) {
+        let mut held = lock(&self.held);
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        while *held {
+            held = self
+                .released
+                .wait(held)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Returns true once after `fail_next_batch`.
+    pub(crate) fn take_batch_failure(&self) -> bool {
+        self.fail_batch.swap(false, Ordering::SeqCst)
     }
 
     /// Lets `operations` more writes or syncs succeed, then fails all (FAULT-1).

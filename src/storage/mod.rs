@@ -181,6 +181,7 @@ pub struct Store {
     dir: PathBuf,
     state: Mutex<WriteState>,
     log: LogWriter,
+    faults: Option<Arc<Faults>>,
     // Held for the lifetime of the store; dropping it releases the directory (STORE-3).
     _lock: File,
 }
@@ -259,6 +260,7 @@ impl Store {
                 epoch: 0,
             }),
             log,
+            faults: options.faults.clone(),
             _lock: lock_file,
         };
         store.initialize(&options.row_tables)?;
@@ -377,6 +379,9 @@ impl Store {
         self.guarded(|state| {
             let mut txn = self.database().begin_write().map_err(storage_error)?;
             let (result, ops) = run_batch(&txn, Some(OpLog::default()), f)?;
+            if self.faults.as_ref().is_some_and(|f| f.take_batch_failure()) {
+                return Err(StorageError::Io("kvd: injected batch failure".into()));
+            }
             let ops = ops.unwrap_or_default();
             let seq = state.position.next_seq;
             let len = ops.framed_len() as u64;

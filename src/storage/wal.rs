@@ -221,14 +221,22 @@ pub struct LogWriter {
 }
 
 impl LogWriter {
-    /// Writes `records` in order (WAL-1), then makes them durable with one `fdatasync`
-    /// (skipped under `unsafe_no_fsync`).
+    /// Writes `records` in order (WAL-1); [`LogWriter::sync`] then makes them durable.
     pub fn write(&self, records: &[&LogRecord]) -> Result<(), StorageError> {
         for record in records {
             self.allow()?;
             self.file
                 .write_all_at(&record.bytes, record.offset)
                 .map_err(|e| StorageError::Io(format!("write {WAL_FILE_NAME}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Makes the records just written durable with one `fdatasync` (skipped when there are
+    /// none, and under `unsafe_no_fsync`).
+    pub fn sync(&self, records: &[&LogRecord]) -> Result<(), StorageError> {
+        if let Some(faults) = &self.faults {
+            faults.before_log_sync();
         }
         if self.sync && !records.is_empty() {
             self.allow()?;
