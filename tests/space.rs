@@ -538,3 +538,60 @@ fn quota_estimate_counts_page_growth_and_deletes() {
         "in use {in_use} past the quota {quota}"
     );
 }
+
+#[test]
+fn size_in_use_tracks_continuous_writes_within_the_refresh_spacing() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(kvd::ManualClock::new());
+    let engine = Arc::new(
+        Engine::open(
+            dir.path(),
+            Config {
+                clock: clock.clone(),
+                ..config(-1)
+            },
+        )
+        .unwrap(),
+    );
+    engine.put(PutRequest::new("first", "v")).unwrap();
+    let before = engine.measure_space().unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (engine, stop) = (engine.clone(), stop.clone());
+        std::thread::spawn(move || {
+            // Bounded: at most this many writes, about 40 MiB.
+            for i in 0..10_000 {
+                if stop.load(std::sync::atomic::Ordering::Acquire) {
+                    return i;
+                }
+                engine
+                    .put(PutRequest::new(format!("k{i}"), vec![7u8; 4096]))
+                    .unwrap();
+            }
+            10_000
+        })
+    };
+    // Let the writes pass 4 MiB, then let the engine clock pass the refresh spacing: the
+    // figure must move while the writer goes on (SPACE-4), not only when it is idle.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while engine.status().unwrap().header.revision < 1_100 {
+        assert!(std::time::Instant::now() < deadline, "writer too slow");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    clock.advance(std::time::Duration::from_secs(11));
+    let refreshed = loop {
+        let status = engine.status().unwrap();
+        if status.db_size_in_use >= before + (4 << 20) {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "in-use figure stayed at {} while writes went on",
+            status.db_size_in_use
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let written = writer.join().unwrap();
+    assert!(written > 1_000 && refreshed.db_size_in_use <= refreshed.db_size);
+}

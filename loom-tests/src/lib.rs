@@ -9,3 +9,6 @@ pub mod sync;
 
 #[path = "../../src/engine/publish.rs"]
 pub mod publish;
+
+#[path = "../../src/engine/mailbox.rs"]
+pub mod mailbox;

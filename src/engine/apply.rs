@@ -39,7 +39,7 @@ use bytes::Bytes;
 
 use super::Shared;
 use super::auto_compact::AutoCompactor;
-use super::commit::{AppliedBatch, CommitStep, FailpointCounter, Handover};
+use super::commit::{self, AppliedBatch, CommitStep, FailpointCounter, Handover};
 use super::defrag::{self, DefragStep};
 use super::mailbox::Mailbox;
 use super::proposal::{Answer, Completion, Proposal};
@@ -177,9 +177,12 @@ pub struct Applier {
     events: Vec<(i64, Vec<Change>)>,
     /// Commits since the size-in-use figure was last refreshed.
     commits_since_stats: u64,
-    /// When (engine clock) the figure was last refreshed, and the spacing to the next.
-    last_stats_at: Option<Duration>,
+    /// When (engine clock) the figure was last refreshed (or the engine opened), and the
+    /// spacing to the next.
+    last_stats_at: Duration,
     stats_spacing: Duration,
+    /// False until the first refresh after open.
+    measured_once: bool,
     /// The estimated page growth of the records written so far in the current batch.
     batch_cost: u64,
     /// An exact in-use measurement taken during the current batch.
@@ -244,10 +247,11 @@ impl Applier {
                 waiters: Vec::new(),
             })
             .collect();
+        let opened_at = shared.config.clock.now();
         let auto_compactor = shared
             .config
             .auto_compaction
-            .map(|mode| AutoCompactor::new(mode, shared.config.clock.now()));
+            .map(|mode| AutoCompactor::new(mode, opened_at));
         Applier {
             shared,
             proposals,
@@ -258,8 +262,9 @@ impl Applier {
             events: Vec::new(),
             // Measure at the first chance: open starts from the file length.
             commits_since_stats: 1,
-            last_stats_at: None,
+            last_stats_at: opened_at,
             stats_spacing: STATS_REFRESH_INTERVAL,
+            measured_once: false,
             batch_cost: 0,
             batch_measured: None,
             batch_fs_free: None,
@@ -391,12 +396,11 @@ impl Applier {
     /// apply measures exactly when the estimate says a write might not fit (SPACE-2).
     fn refresh_stats(&mut self, idle: bool) {
         let now = self.shared.config.clock.now();
-        let due = self
-            .last_stats_at
-            .is_none_or(|at| now.saturating_sub(at) >= self.stats_spacing);
-        // A fresh engine measures at its first idle moment, not in its first busy loop.
-        let first_busy = self.last_stats_at.is_none() && !idle;
-        if self.commits_since_stats == 0 || !due || first_busy {
+        let spaced = now.saturating_sub(self.last_stats_at) >= self.stats_spacing;
+        // The first measurement after open comes at the first idle moment, or one spacing
+        // after open under continuous writes.
+        let due = spaced || (idle && !self.measured_once);
+        if self.commits_since_stats == 0 || !due {
             return;
         }
         // Wall-clock time of the walk, to space the next one; not an input to apply.
@@ -404,8 +408,9 @@ impl Applier {
         if let Ok(in_use) = self.shared.store.size_in_use() {
             self.shared.space.measured(in_use);
             self.commits_since_stats = 0;
+            self.measured_once = true;
         }
-        self.last_stats_at = Some(now);
+        self.last_stats_at = now;
         self.stats_spacing =
             STATS_REFRESH_INTERVAL.max(started.elapsed() * STATS_REFRESH_SPACING_FACTOR);
     }
@@ -454,14 +459,24 @@ impl Applier {
                     events: std::mem::take(&mut self.events),
                     answers,
                 };
-                if let Err(Handover::Batch(batch)) = self.commits.push(Handover::Batch(batch)) {
+                let inline = self.commits.consumer_idle()
+                    && self.proposals.is_empty()
+                    && !shared.store.log_syncs_held();
+                if inline {
+                    // Nothing in flight and nothing queued to overlap with: finish here, and
+                    // spare a lone writer a thread wake-up.
+                    commit::finish_inline(&shared, batch, &mut self.failpoint);
+                } else if let Err(Handover::Batch(batch)) =
+                    self.commits.push(Handover::Batch(batch))
+                {
                     // The commit thread is gone (the engine is stopping): nothing can be
                     // made durable any more.
                     for answer in batch.answers {
                         answer.fail(Error::Closed);
                     }
+                } else {
+                    self.undrained = true;
                 }
-                self.undrained = true;
             }
             Err(e) => {
                 // APPLY-1: nothing of the batch is published; the store is now poisoned.

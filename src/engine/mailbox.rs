@@ -76,6 +76,18 @@ impl<T> Mailbox<T> {
         self.ready.notify_one();
     }
 
+    /// Returns true if nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        lock(&self.state).items.is_empty()
+    }
+
+    /// Returns true if the consumer sleeps with nothing queued: it has finished everything
+    /// pushed so far. Only the sole producer may act on it (nothing else can push meanwhile).
+    pub fn consumer_idle(&self) -> bool {
+        let state = lock(&self.state);
+        state.waiting && state.items.is_empty()
+    }
+
     /// Takes up to `max` queued items, oldest first; if there are none, sleeps until one is
     /// pushed, the mailbox closes, or `timeout` passes (`None` waits without limit,
     /// `Some(ZERO)` does not wait).

@@ -18,6 +18,10 @@
 //! - SPACE-3: the estimate does not undercount between measurements: every record written,
 //!   tombstones included, adds twice its bytes plus an allowance, and every commit a page
 //!   allowance; only a measurement lowers it.
+//! - SPACE-4: the measured figure Status and `/metrics` report (`dbSizeInUse`) is refreshed
+//!   by the apply thread busy or idle, at most every 10 s of engine time and at least 20
+//!   times the walk's own duration apart: under continuous writes it lags the truth by at
+//!   most that spacing (about 10 s up to a few GiB, 20 s per GiB beyond).
 //!
 //! Contact points: `Engine` (admission) and `engine::apply` (the exact check); `alarm` is
 //! raised on the first refusal.

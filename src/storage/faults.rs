@@ -63,6 +63,11 @@ impl Faults {
         self.released.notify_all();
     }
 
+    /// Returns true while log syncs are held.
+    pub(crate) fn log_syncs_held(&self) -> bool {
+        *lock(&self.held)
+    }
+
     /// Returns how many log syncs are waiting to be released.
     pub fn log_syncs_waiting(&self) -> usize {
         self.waiting.load(Ordering::SeqCst)

@@ -414,6 +414,12 @@ impl Store {
         })
     }
 
+    /// Returns true if log syncs are held by injected faults (tests): the engine then always
+    /// hands a batch to its commit thread, so the apply thread stays free meanwhile.
+    pub fn log_syncs_held(&self) -> bool {
+        self.faults.as_ref().is_some_and(|f| f.log_syncs_held())
+    }
+
     /// Returns the log writer the commit thread makes records durable with.
     pub fn log(&self) -> &LogWriter {
         &self.log
