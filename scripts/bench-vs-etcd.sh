@@ -41,6 +41,8 @@
 #   STOP_TIMEOUT    seconds between SIGTERM and SIGKILL (default 15)
 #   RUN_TIMEOUT     seconds one benchmark run may take before it is killed (default 1800)
 #   FAIL_FAST=1     stop at the first failed run (default: record it, go on, exit 1 at end)
+#   SETTLE_LOAD     before each run, wait until the 1-minute load average is at most this
+#                   (default 0.5), for at most SETTLE_MAX_SECONDS (default 120; 0 = no wait)
 #
 # Workloads (etcd benchmark arguments; N/S means the total divided by TOTAL_SCALE):
 #   put64   --clients=64 --conns=8 put --total=100000/S --val-size=256 --key-size=16
@@ -79,6 +81,8 @@ START_TIMEOUT=${START_TIMEOUT:-30}
 STOP_TIMEOUT=${STOP_TIMEOUT:-15}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
 FAIL_FAST=${FAIL_FAST:-0}
+SETTLE_LOAD=${SETTLE_LOAD:-0.5}
+SETTLE_MAX_SECONDS=${SETTLE_MAX_SECONDS:-120}
 DATA_TMPDIR=${DATA_TMPDIR:-${TMPDIR:-/tmp}}
 read -r -a KVD_EXTRA <<<"${KVD_ARGS:-}"
 read -r -a ETCD_EXTRA <<<"${ETCD_ARGS:-}"
@@ -431,6 +435,26 @@ printf 'time\tserver\tworkload\tround\torder\tops\tthroughput\tp99_ms\tcpu_ticks
 # --- main loop --------------------------------------------------------------------------
 FAILED=()
 
+# settle_load: waits (at most SETTLE_MAX_SECONDS) until the 1-minute load average is at
+# or below SETTLE_LOAD, so that a run does not start on the tail of the previous one. A run
+# that starts above 1.0 on 2 cores is a draft figure; the load is recorded either way.
+settle_load() {
+  local waited=0 load1
+  ((SETTLE_MAX_SECONDS > 0)) || return 0
+  while :; do
+    read -r load1 _ </proc/loadavg
+    if awk -v l="$load1" -v t="$SETTLE_LOAD" 'BEGIN { exit !(l <= t) }'; then
+      return 0
+    fi
+    if ((waited >= SETTLE_MAX_SECONDS)); then
+      log "  load average still $load1 after ${waited}s (SETTLE_LOAD=$SETTLE_LOAD); going on"
+      return 0
+    fi
+    sleep 5
+    waited=$((waited + 5))
+  done
+}
+
 # run_one SERVER WORKLOAD ROUND ORDER
 run_one() {
   local server=$1 w=$2 round=$3 order=$4
@@ -438,6 +462,7 @@ run_one() {
   local status=ok tput=NA p99=NA ticks=NA cpu=NA
   slog=$OUT_DIR/logs/$tag.server.log
   blog=$OUT_DIR/logs/$tag.bench.log
+  settle_load
   up=$(uptime 2>/dev/null || true)
   if [[ $up =~ load\ averages?:\ *([0-9.]+),\ *([0-9.]+),\ *([0-9.]+) ]]; then
     load1=${BASH_REMATCH[1]} load5=${BASH_REMATCH[2]} load15=${BASH_REMATCH[3]}

@@ -8,6 +8,11 @@
 //! - READ-2: when neither a sort order nor a filter is asked for and `limit > 0`, only the
 //!   first `limit + 1` keys are fetched (etcd's quirk: a sort target without an order sorts
 //!   only those).
+//! - READ-3: a Range returns the same records whether it looks each one up or scans the
+//!   history between the lowest and highest revision it needs (it scans when it needs at
+//!   least `RANGE_SCAN_RECORDS_MIN` records spread over at most `RANGE_SCAN_SPREAD_MAX` times
+//!   as many main revisions); a record the index names but storage lacks is `Corrupted`
+//!   either way.
 //!
 //! Contact points: the engine's read path (index read lock, then a storage snapshot) and
 //! `mvcc::write` (a Range inside a Txn reads the batch being written).
@@ -24,20 +29,27 @@ use crate::api::{
 use crate::error::{Error, StorageError};
 use crate::storage::{Snapshot, WriteBatch};
 
+/// A Range fetching at least this many records may scan the history instead of looking each
+/// record up (READ-3).
+pub const RANGE_SCAN_RECORDS_MIN: usize = 64;
+/// ... if the records it needs are at least one in this many of the main revisions between
+/// the lowest and the highest of them.
+pub const RANGE_SCAN_SPREAD_MAX: usize = 4;
+
 /// A source of history records by revision.
 pub trait Records {
     /// Returns the decoded record at `rev`, or `None` if absent.
     fn get(&self, rev: Revision) -> Result<Option<Record>, StorageError>;
 
+    /// Returns the decoded records at `revs`, in that order; a missing one is corruption.
+    fn records(&self, revs: &[Revision]) -> Result<Vec<Record>, StorageError> {
+        revs.iter().map(|rev| self.record(*rev)).collect()
+    }
+
     /// Returns the decoded record at `rev`; a record the index names but storage lacks is
     /// corruption.
     fn record(&self, rev: Revision) -> Result<Record, StorageError> {
-        self.get(rev)?.ok_or_else(|| {
-            StorageError::Corrupted(format!(
-                "history record ({}, {}) named by the index is missing",
-                rev.main, rev.sub
-            ))
-        })
+        self.get(rev)?.ok_or_else(|| missing(rev))
     }
 }
 
@@ -45,6 +57,49 @@ impl Records for Snapshot {
     fn get(&self, rev: Revision) -> Result<Option<Record>, StorageError> {
         self.decode_history(&rev.to_key(), Record::decode)
     }
+
+    /// READ-3: many records close together in revision order are read in one ordered scan
+    /// of the history (one B-tree descent, then leaf to leaf) rather than one lookup each.
+    fn records(&self, revs: &[Revision]) -> Result<Vec<Record>, StorageError> {
+        let mut order: Vec<usize> = (0..revs.len()).collect();
+        order.sort_unstable_by_key(|&i| revs[i]);
+        let (Some(&first), Some(&last)) = (order.first(), order.last()) else {
+            return Ok(Vec::new());
+        };
+        let (low, high) = (revs[first], revs[last]);
+        let spread = usize::try_from(high.main - low.main + 1).unwrap_or(usize::MAX);
+        if revs.len() < RANGE_SCAN_RECORDS_MIN
+            || spread > revs.len().saturating_mul(RANGE_SCAN_SPREAD_MAX)
+        {
+            return revs.iter().map(|rev| self.record(*rev)).collect();
+        }
+        let mut found: Vec<Option<Record>> = vec![None; revs.len()];
+        let mut next = 0;
+        self.scan_history(low.to_key()..=high.to_key(), usize::MAX, |key, value| {
+            let rev = Revision::from_key(key);
+            while next < order.len() && revs[order[next]] < rev {
+                // Named by the index but not stored: reported below as corruption.
+                next += 1;
+            }
+            if next < order.len() && revs[order[next]] == rev {
+                found[order[next]] = Some(Record::decode(value)?);
+                next += 1;
+            }
+            Ok(next < order.len())
+        })?;
+        found
+            .into_iter()
+            .zip(revs)
+            .map(|(record, rev)| record.ok_or_else(|| missing(*rev)))
+            .collect()
+    }
+}
+
+fn missing(rev: Revision) -> StorageError {
+    StorageError::Corrupted(format!(
+        "history record ({}, {}) named by the index is missing",
+        rev.main, rev.sub
+    ))
 }
 
 impl Records for WriteBatch<'_> {
@@ -119,14 +174,13 @@ pub fn finish_range(
     req: &RangeRequest,
     header_revision: i64,
 ) -> Result<RangeResponse, StorageError> {
-    let mut kvs = Vec::with_capacity(plan.hits.len());
-    for hit in &plan.hits {
-        kvs.push(
-            records
-                .record(hit.revision)?
-                .into_key_value(hit.revision.main),
-        );
-    }
+    let revs: Vec<Revision> = plan.hits.iter().map(|hit| hit.revision).collect();
+    let mut kvs: Vec<KeyValue> = records
+        .records(&revs)?
+        .into_iter()
+        .zip(&revs)
+        .map(|(record, rev)| record.into_key_value(rev.main))
+        .collect();
     kvs.retain(|kv| passes_filters(kv, req));
     sort(&mut kvs, req.sort_order, req.sort_target);
     let mut more = false;
