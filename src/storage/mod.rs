@@ -378,7 +378,7 @@ impl Store {
     ) -> Result<(R, Option<LogRecord>), StorageError> {
         self.guarded(|state| {
             let mut txn = self.database().begin_write().map_err(storage_error)?;
-            let (result, ops) = run_batch(&txn, Some(OpLog::default()), f)?;
+            let (result, ops) = run_batch(&txn, Some(OpLog::new()), f)?;
             if self.faults.as_ref().is_some_and(|f| f.take_batch_failure()) {
                 return Err(StorageError::Io("kvd: injected batch failure".into()));
             }

@@ -89,6 +89,9 @@ pub struct LogRecord {
     pub bytes: Vec<u8>,
 }
 
+/// Bytes an operation log reserves up front: a few dozen small Puts without a reallocation.
+const OP_LOG_INITIAL_BYTES: usize = 16 << 10;
+
 /// The operations of one batch, encoded as they are made.
 #[derive(Debug, Default)]
 pub struct OpLog {
@@ -96,6 +99,13 @@ pub struct OpLog {
 }
 
 impl OpLog {
+    /// Returns an empty log with room for a typical batch.
+    pub fn new() -> OpLog {
+        OpLog {
+            payload: Vec::with_capacity(OP_LOG_INITIAL_BYTES),
+        }
+    }
+
     pub(super) fn put_history(&mut self, key: &RevisionKey, value: &[u8]) {
         self.payload.push(OP_PUT_HISTORY);
         self.payload.extend_from_slice(key);
