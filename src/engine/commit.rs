@@ -103,7 +103,6 @@ pub struct AppliedBatch {
 /// Runs the commit thread until the mailbox closes and is drained.
 pub fn run(shared: &Shared, mailbox: &Mailbox<Handover>) {
     let mut failed: Option<StorageError> = None;
-    let failpoint = shared.config.commit_failpoint;
     let mut counter = FailpointCounter::default();
     loop {
         let taken = mailbox.take(COMMIT_BATCHES_PER_SYNC_MAX, None);
@@ -116,17 +115,7 @@ pub fn run(shared: &Shared, mailbox: &Mailbox<Handover>) {
                     Handover::Barrier(_) => None,
                 })
                 .collect();
-            let log = shared.store.log();
-            let durable = log.write(&records).and_then(|()| {
-                if !records.is_empty() {
-                    counter.reach(failpoint, CommitStep::AfterLogWrite);
-                }
-                log.sync(&records)
-            });
-            if !records.is_empty() {
-                counter.reach(failpoint, CommitStep::AfterLogSync);
-            }
-            if let Err(e) = durable {
+            if let Err(e) = make_durable(shared, &records, &mut counter) {
                 // COMMIT-2: refuse every later write until reopen.
                 shared.store.poison(&e.to_string());
                 failed = Some(e);
@@ -150,19 +139,8 @@ pub fn run(shared: &Shared, mailbox: &Mailbox<Handover>) {
 /// thread does instead of a hand-over when the commit thread is idle (nothing in flight), so
 /// a lone writer pays no extra thread wake-up. Same steps and order as [`run`] (COMMIT-1).
 pub fn finish_inline(shared: &Shared, batch: AppliedBatch, counter: &mut FailpointCounter) {
-    let failpoint = shared.config.commit_failpoint;
     let records: Vec<&LogRecord> = batch.record.iter().collect();
-    let log = shared.store.log();
-    let durable = log.write(&records).and_then(|()| {
-        if !records.is_empty() {
-            counter.reach(failpoint, CommitStep::AfterLogWrite);
-        }
-        log.sync(&records)
-    });
-    if !records.is_empty() {
-        counter.reach(failpoint, CommitStep::AfterLogSync);
-    }
-    match durable {
+    match make_durable(shared, &records, counter) {
         Ok(()) => finish(shared, batch, None),
         Err(e) => {
             // COMMIT-2: nothing is in flight beside this batch; the poisoned store refuses
@@ -171,6 +149,26 @@ pub fn finish_inline(shared: &Shared, batch: AppliedBatch, counter: &mut Failpoi
             finish(shared, batch, Some(&e));
         }
     }
+}
+
+/// Writes `records` in order and syncs them (WAL-1), passing the failpoints between.
+fn make_durable(
+    shared: &Shared,
+    records: &[&LogRecord],
+    counter: &mut FailpointCounter,
+) -> Result<(), StorageError> {
+    let failpoint = shared.config.commit_failpoint;
+    let log = shared.store.log();
+    let durable = log.write(records).and_then(|()| {
+        if !records.is_empty() {
+            counter.reach(failpoint, CommitStep::AfterLogWrite);
+        }
+        log.sync(records)
+    });
+    if !records.is_empty() {
+        counter.reach(failpoint, CommitStep::AfterLogSync);
+    }
+    durable
 }
 
 /// Publishes and answers one batch, or fails its answers (COMMIT-1, COMMIT-2).

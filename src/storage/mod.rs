@@ -229,13 +229,7 @@ impl Store {
         let db = match &options.faults {
             None => builder.create(&path),
             Some(faults) => {
-                let file = File::options()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&path)
-                    .map_err(|e| io_error("open", &path, &e))?;
+                let file = open_read_write(&path)?;
                 let backend = redb::backends::FileBackend::new(file)
                     .map_err(|e| open_error(&path, e.into()))?;
                 builder.create_with_backend(FaultyBackend::new(backend, faults.clone()))
@@ -769,6 +763,17 @@ fn decode_u64(bytes: &[u8]) -> Result<u64, StorageError> {
         .try_into()
         .map_err(|_| StorageError::Corrupted(format!("meta value of {} bytes", bytes.len())))?;
     Ok(u64::from_be_bytes(array))
+}
+
+/// Opens `path` for reading and writing, creating it if missing, never truncating it.
+fn open_read_write(path: &Path) -> Result<File, StorageError> {
+    File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| io_error("open", path, &e))
 }
 
 fn io_error(action: &str, path: &Path, e: &std::io::Error) -> StorageError {

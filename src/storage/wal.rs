@@ -52,7 +52,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::faults::Faults;
-use super::{MetaKey, REVISION_KEY_BYTES, RevisionKey, io_error};
+use super::{MetaKey, REVISION_KEY_BYTES, RevisionKey, io_error, open_read_write};
 use crate::error::StorageError;
 use crate::sync::Arc;
 
@@ -279,13 +279,7 @@ pub fn open(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(io_error("read", &path, &e)),
     };
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| io_error("open", &path, &e))?;
+    let file = open_read_write(&path)?;
     let length = u64::try_from(existing.len()).unwrap_or(u64::MAX);
     if length < file_bytes {
         fill_with_zeros(&file, length, file_bytes).map_err(|e| io_error("fill", &path, &e))?;

@@ -289,7 +289,7 @@ pub fn etcdctl(endpoint: &str, args: &[&str], stdin: Option<&[u8]>) -> Run {
 }
 
 /// How long a watch waits for the output it expects before it is stopped anyway.
-pub const WATCH_WAIT_MAX: Duration = Duration::from_secs(10);
+pub const WATCH_WAIT_MAX: Duration = Duration::from_secs(30);
 /// How long a watch keeps running after the expected output arrived, so that anything
 /// extra the server sends shows in the transcript.
 pub const WATCH_SETTLE: Duration = Duration::from_millis(300);
