@@ -1,10 +1,13 @@
 //! The composition root: [`Engine`] opens a data directory, rebuilds the index, starts the
-//! apply thread, and serves reads in the caller's thread.
+//! apply and commit threads, and serves reads in the caller's thread.
 //!
-//! Write path: a caller validates its request (`mvcc::validate`, the size limit), puts it on
-//! the bounded proposal channel (full → `TooManyRequests`), and waits. The apply thread
-//! (`engine::apply`) applies a batch of requests in one storage write transaction, commits it
-//! durably, publishes the new revision, and only then answers each request.
+//! Write path: a caller's request passes admission once (the alarm gate, `mvcc::validate`,
+//! the in-flight bound → `TooManyRequests`, the size limit) and goes, with the completion of
+//! its own response type, onto the proposal mailbox (`Engine::submit_*`; the blocking
+//! methods wait on a one-slot channel). The apply thread (`engine::apply`) applies a batch of
+//! requests in one storage write transaction and hands it to the commit thread
+//! (`engine::commit`), which makes its log record durable, publishes the new revision, and
+//! only then answers each request (`docs/design/write-path.md`).
 //!
 //! Read path: take the index read lock, load the published revision, check the revision
 //! against the compaction revision, look up the revisions to read, open a storage snapshot,
@@ -1105,7 +1108,8 @@ fn wait<T: Send + 'static>(submit: impl FnOnce(Completion<T>)) -> Result<T> {
 }
 
 impl Running {
-    /// Closes the proposal channel and waits for the apply thread to drain it.
+    /// Closes the proposal mailbox and waits for the apply thread to drain it and the commit
+    /// thread to finish what it was handed.
     fn stop(self) -> Arc<Shared> {
         self.shared.stopping.store(true, Ordering::Release);
         // The watch thread wakes at least every WATCH_SYNC_INTERVAL and then sees the flag.

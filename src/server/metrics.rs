@@ -199,12 +199,12 @@ fn render_engine(out: &mut String, engine: Option<&EngineGauges>) {
     render_apply(out, &engine.apply);
 }
 
-/// The write queue (admitted, not yet applied) and the commits by batch size.
+/// The writes in flight (admitted, not yet answered) and the commits by batch size.
 fn render_apply(out: &mut String, apply: &crate::ApplyStats) {
     for (name, help, value) in [
         (
             "kvd_apply_queue_depth",
-            "Writes admitted and waiting for the apply thread.",
+            "Writes admitted and not yet answered (queued, being applied, or waiting for their log sync).",
             apply.queue_depth,
         ),
         (
