@@ -155,6 +155,11 @@ const STATS_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 /// from the next, so the page walk takes at most 1/20 of the apply thread under load.
 const STATS_REFRESH_SPACING_FACTOR: u32 = 20;
 
+/// A walk that took longer than this (a large database) runs under load at most every
+/// `STATS_BUSY_LONG_WALK_INTERVAL`, since it stalls writes for its duration.
+const STATS_BUSY_WALK_MAX: Duration = Duration::from_millis(20);
+const STATS_BUSY_LONG_WALK_INTERVAL: Duration = Duration::from_secs(300);
+
 /// How long the idle apply thread sleeps before looking at lease deadlines again.
 const IDLE_WAKE_INTERVAL: Duration = Duration::from_millis(50);
 
@@ -183,6 +188,8 @@ pub struct Applier {
     stats_spacing: Duration,
     /// False until the first refresh after open.
     measured_once: bool,
+    /// How long the last walk took (wall clock; spacing only, not an input to apply).
+    last_walk: Duration,
     /// The estimated page growth of the records written so far in the current batch.
     batch_cost: u64,
     /// An exact in-use measurement taken during the current batch.
@@ -265,6 +272,7 @@ impl Applier {
             last_stats_at: opened_at,
             stats_spacing: STATS_REFRESH_INTERVAL,
             measured_once: false,
+            last_walk: Duration::ZERO,
             batch_cost: 0,
             batch_measured: None,
             batch_fs_free: None,
@@ -389,14 +397,20 @@ impl Applier {
     }
 
     /// Refreshes the size-in-use figure readers see. The figure costs a walk of every page
-    /// (about a second per GiB here), so refreshes are spaced at least
-    /// `STATS_REFRESH_INTERVAL` and `STATS_REFRESH_SPACING_FACTOR` times their own duration
-    /// apart, on the engine clock, busy or idle: under continuous writes the figure lags by
-    /// at most that spacing (SPACE-4). Between refreshes admission uses the estimate, and
+    /// (about 0.4 s per GiB here), which stalls writes while it runs, so refreshes are
+    /// spaced at least `STATS_REFRESH_INTERVAL` and `STATS_REFRESH_SPACING_FACTOR` times
+    /// their own duration apart, on the engine clock; under load a walk longer than
+    /// `STATS_BUSY_WALK_MAX` waits at least `STATS_BUSY_LONG_WALK_INTERVAL` (SPACE-4). Between refreshes admission uses the estimate, and
     /// apply measures exactly when the estimate says a write might not fit (SPACE-2).
     fn refresh_stats(&mut self, idle: bool) {
         let now = self.shared.config.clock.now();
-        let spaced = now.saturating_sub(self.last_stats_at) >= self.stats_spacing;
+        // A walk stalls writes for its own duration: under load, a long one waits longer.
+        let spacing = if idle || self.last_walk <= STATS_BUSY_WALK_MAX {
+            self.stats_spacing
+        } else {
+            self.stats_spacing.max(STATS_BUSY_LONG_WALK_INTERVAL)
+        };
+        let spaced = now.saturating_sub(self.last_stats_at) >= spacing;
         // The first measurement after open comes at the first idle moment, or one spacing
         // after open under continuous writes.
         let due = spaced || (idle && !self.measured_once);
@@ -411,8 +425,9 @@ impl Applier {
             self.measured_once = true;
         }
         self.last_stats_at = now;
+        self.last_walk = started.elapsed();
         self.stats_spacing =
-            STATS_REFRESH_INTERVAL.max(started.elapsed() * STATS_REFRESH_SPACING_FACTOR);
+            STATS_REFRESH_INTERVAL.max(self.last_walk * STATS_REFRESH_SPACING_FACTOR);
     }
 
     /// Applies `proposals` (writes only) as one batch and hands it to the commit thread.

@@ -20,8 +20,11 @@
 //!   allowance; only a measurement lowers it.
 //! - SPACE-4: the measured figure Status and `/metrics` report (`dbSizeInUse`) is refreshed
 //!   by the apply thread busy or idle, at most every 10 s of engine time and at least 20
-//!   times the walk's own duration apart: under continuous writes it lags the truth by at
-//!   most that spacing (about 10 s up to a few GiB, 20 s per GiB beyond).
+//!   times the walk's own duration apart. A walk stalls writes while it runs (about 0.4 s
+//!   per GiB in use here), so under continuous writes a walk longer than 20 ms (a database
+//!   past some 50 MiB) runs at most every 5 minutes: the figure lags the truth by at most
+//!   max(10 s, 20 walks) for a small database and 5 minutes for a large one, and by at most
+//!   the spacing when writes pause.
 //!
 //! Contact points: `Engine` (admission) and `engine::apply` (the exact check); `alarm` is
 //! raised on the first refusal.

@@ -695,6 +695,16 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Ends the snapshot on a thread of its own: when it holds the last reference to a
+    /// database a defrag replaced, dropping it flushes and closes that file, which takes time
+    /// in proportion to it (DEFRAG-3: readers still on it finish first either way).
+    pub fn drop_in_background(self) {
+        // If no thread can be started the snapshot is dropped here, which is only slower.
+        let _ = std::thread::Builder::new()
+            .name("kvd-defrag-drop".into())
+            .spawn(move || drop(self));
+    }
+
     /// Reads the history record at `key`.
     pub fn get_history(&self, key: &RevisionKey) -> Result<Option<Vec<u8>>, StorageError> {
         self.decode_history(key, |bytes| Ok(bytes.to_vec()))
