@@ -359,8 +359,8 @@ impl Engine {
         };
         let store = Store::open(dir.as_ref(), &options)?;
         let recovered = apply::recover(&store, config.clock.now(), config.lease_ttl_min_seconds)?;
-        // Conservative until the apply thread measures when idle (SPACE-3): the pages in
-        // use never exceed the file.
+        // Conservative until the apply thread's first measurement (SPACE-3, SPACE-4): the
+        // pages in use never exceed the file.
         let in_use = store.file_size()?;
         let accounts = Accounts::load(&store.snapshot()?, &recovered.index)?;
         let shared = Arc::new(Shared {
@@ -1006,7 +1006,8 @@ impl Engine {
     /// ```
     ///
     /// Reads published figures only, so it never waits behind writes; `db_size_in_use` is
-    /// refreshed by the apply thread when it is idle or every few hundred commits.
+    /// the apply thread's last measurement, refreshed busy or idle within the bounds of
+    /// SPACE-4.
     pub fn status(&self) -> Result<Status> {
         let shared = self.shared()?;
         let (revision, compact_revision) = {
