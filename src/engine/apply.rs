@@ -602,22 +602,16 @@ impl Applier {
                 settle(done, result)
             }
             Proposal::Compaction(req, done) => {
-                match self.gated(batch, cost, |a, b| Ok(Ok(a.apply_compaction(b, req)?))) {
-                    Ok(Ok(Ok(scheduled))) => Ok(Outcome::Compaction {
+                match self.gated(batch, cost, |a, b| a.apply_compaction(b, req)) {
+                    Ok(Ok(scheduled)) => Ok(Outcome::Compaction {
                         revision: req.revision,
                         physical: req.physical,
                         answer: Answer::new(done, Ok(scheduled)),
                     }),
-                    Ok(Ok(Err(Error::Compacted))) if req.physical => Ok(
+                    Ok(Err(Error::Compacted)) if req.physical => Ok(
                         Outcome::AfterPendingCompactions(Answer::new(done, Err(Error::Compacted))),
                     ),
-                    Ok(Ok(Err(refused)) | Err(refused)) => {
-                        Ok(Outcome::Answer(Answer::new(done, Err(refused))))
-                    }
-                    Err(e) => {
-                        done(Err(Error::Storage(e.clone())));
-                        Err(e)
-                    }
+                    other => settle(done, other),
                 }
             }
             Proposal::Defrag(step) => {

@@ -469,8 +469,7 @@ impl Engine {
         if let Err(e) = admitted {
             return done(Err(e));
         }
-        let len = crate::api::raft_entry_len(req.encoded_len());
-        self.enqueue(len, done, |done| Proposal::Put(req, done));
+        self.enqueue(done, |done| Proposal::Put(req, done));
     }
 
     /// Deletes a key or a range (etcd's DeleteRange).
@@ -495,8 +494,7 @@ impl Engine {
         if let Err(e) = validate::check_delete(&req) {
             return done(Err(e));
         }
-        let len = crate::api::raft_entry_len(req.encoded_len());
-        self.enqueue(len, done, |done| Proposal::DeleteRange(req, done));
+        self.enqueue(done, |done| Proposal::DeleteRange(req, done));
     }
 
     /// Runs a transaction (etcd's Txn). A read-only one is served in the caller's thread.
@@ -536,8 +534,7 @@ impl Engine {
         if let Err(e) = admitted {
             return done(Err(e));
         }
-        let len = crate::api::raft_entry_len(req.encoded_len());
-        self.enqueue(len, done, |done| Proposal::Txn(req, done));
+        self.enqueue(done, |done| Proposal::Txn(req, done));
     }
 
     /// Compacts the history at `req.revision` (etcd's Compact); with `physical` the call
@@ -559,8 +556,7 @@ impl Engine {
     /// Submits a Compact; `done` receives the answer as with [`Engine::submit_put`] (with
     /// `physical`, after the superseded records are deleted).
     pub fn submit_compact(&self, req: CompactionRequest, done: Completion<CompactionResponse>) {
-        let len = crate::api::raft_entry_len(req.encoded_len());
-        self.enqueue(len, done, |done| Proposal::Compaction(req, done));
+        self.enqueue(done, |done| Proposal::Compaction(req, done));
     }
 
     /// Hashes the history visible at `revision` (0 = current), as etcd's HashKV.
@@ -684,8 +680,7 @@ impl Engine {
         if req.ttl > LEASE_TTL_MAX_SECONDS {
             return done(Err(Error::LeaseTtlTooLarge));
         }
-        let len = crate::api::raft_entry_len(req.encoded_len());
-        self.enqueue(len, done, |done| Proposal::LeaseGrant(req, done));
+        self.enqueue(done, |done| Proposal::LeaseGrant(req, done));
     }
 
     /// Revokes a lease and deletes its keys in one revision (etcd's LeaseRevoke).
@@ -708,8 +703,7 @@ impl Engine {
     /// Submits a LeaseRevoke; `done` receives the answer as with [`Engine::submit_put`].
     pub fn submit_lease_revoke(&self, id: i64, done: Completion<LeaseRevokeResponse>) {
         let req = LeaseRevokeRequest { id };
-        let len = crate::api::raft_entry_len(req.encoded_len());
-        self.enqueue(len, done, |done| Proposal::LeaseRevoke(req, done));
+        self.enqueue(done, |done| Proposal::LeaseRevoke(req, done));
     }
 
     /// Renews a lease to its full TTL (etcd's LeaseKeepAlive); TTL 0 if it does not exist.
@@ -792,8 +786,7 @@ impl Engine {
             let alarms = crate::sync::lock(&shared.alarms).list(req.alarm);
             return Ok(AlarmResponse { header, alarms });
         }
-        let len = crate::api::raft_entry_len(req.encoded_len());
-        wait(|done| self.enqueue(len, done, |done| Proposal::Alarm(req, done)))
+        wait(|done| self.enqueue(done, |done| Proposal::Alarm(req, done)))
     }
 
     /// Rewrites the database into a fresh, densely packed file while writes go on, pausing
@@ -991,8 +984,7 @@ impl Engine {
     /// assert_eq!(engine.apply_accounting(kvd::AccountingRequest::Repair).unwrap(), 0);
     /// ```
     pub fn apply_accounting(&self, request: AccountingRequest) -> Result<usize> {
-        let len = crate::api::raft_entry_len(request.encoded_len());
-        wait(|done| self.enqueue(len, done, |done| Proposal::Accounting(request, done)))
+        wait(|done| self.enqueue(done, |done| Proposal::Accounting(request, done)))
     }
 
     /// Returns the revisions, sizes and applied index.
@@ -1076,7 +1068,6 @@ impl Engine {
     /// proposal `wrap` makes of `done`. A refusal goes to `done` at once.
     fn enqueue<T: Send + 'static>(
         &self,
-        encoded_len: usize,
         done: Completion<T>,
         wrap: impl FnOnce(Completion<T>) -> Proposal,
     ) {
@@ -1087,11 +1078,12 @@ impl Engine {
         let Some(slot) = running.shared.in_flight.admit(config.proposal_queue_len) else {
             return done(Err(Error::TooManyRequests));
         };
-        if encoded_len > config.max_request_bytes {
-            drop(slot);
-            return done(Err(Error::RequestTooLarge));
+        // The completion releases the slot before it answers, refusal or not.
+        let proposal = wrap(holding(slot, done));
+        if proposal.encoded_len() > config.max_request_bytes {
+            return proposal.refuse(Error::RequestTooLarge);
         }
-        if let Err(proposal) = running.proposals.push(wrap(holding(slot, done))) {
+        if let Err(proposal) = running.proposals.push(proposal) {
             proposal.refuse(Error::Closed);
         }
     }

@@ -156,6 +156,23 @@ impl Proposal {
         }
     }
 
+    /// Returns the size etcd would check against `--max-request-bytes` (API-2), as
+    /// [`WriteRequest::encoded_len`] does; 0 for a defrag step.
+    pub fn encoded_len(&self) -> usize {
+        let inner = match self {
+            Proposal::Put(r, _) => r.encoded_len(),
+            Proposal::DeleteRange(r, _) => r.encoded_len(),
+            Proposal::Txn(r, _) => r.encoded_len(),
+            Proposal::Compaction(r, _) => r.encoded_len(),
+            Proposal::LeaseGrant(r, _) => r.encoded_len(),
+            Proposal::LeaseRevoke(r, _) => r.encoded_len(),
+            Proposal::Alarm(r, _) => r.encoded_len(),
+            Proposal::Accounting(r, _) => r.encoded_len(),
+            Proposal::Defrag(_) => return 0,
+        };
+        raft_entry_len(inner)
+    }
+
     /// Returns etcd's space cost of the write (SPACE-1); 0 for a defrag step.
     pub fn cost(&self) -> u64 {
         match self {
