@@ -15,18 +15,29 @@ fi
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets -- -D warnings
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
 
-step "cargo test (unit, integration, doc)"
-cargo test --all-targets
-cargo test --doc
+step "the engine alone: its build has none of the server's crates (cargo tree -p kvd)"
+server_crates='^(tokio|tonic|tonic-prost|prost|axum|hyper|clap|tracing|tracing-subscriber|serde_json|etcd-client|criterion) '
+if cargo tree -p kvd -e normal,build,dev --prefix none | grep -E "$server_crates"; then
+  echo "the engine's build pulls in the server crates above" >&2
+  exit 1
+fi
+
+step "engine tests (cargo test -p kvd: unit, integration, doc)"
+cargo test -p kvd --all-targets
+cargo test -p kvd --doc
+
+step "server tests (cargo test -p kvd-server: unit, integration against kvd, etcd and etcdctl, doc)"
+cargo test -p kvd-server --all-targets
+cargo test -p kvd-server --doc
 
 step "loom models (loom-tests/, built with --cfg loom)"
 (cd loom-tests && RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=../target/loom cargo test --release)
 
 step "benchmark smoke run (each bench once, reduced sizes; figures come from cargo bench)"
-KVD_BENCH_QUICK=1 cargo bench --bench engine -- --test
-KVD_BENCH_QUICK=1 cargo bench --bench features -- --test
+KVD_BENCH_QUICK=1 cargo bench -p kvd-benches --bench engine -- --test
+KVD_BENCH_QUICK=1 cargo bench -p kvd-benches --bench features -- --test
 
 step "all tests passed"

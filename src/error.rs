@@ -21,7 +21,8 @@ use std::path::PathBuf;
 /// let e = kvd::Error::from(kvd::StorageError::Poisoned("disk gone".into()));
 /// assert!(e.is_poisoned() && e.to_string().contains("reopen"));
 /// ```
-#[non_exhaustive]
+// Exhaustive on purpose: the server maps every variant to a gRPC code, and a new variant
+// must fail its build until it is mapped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StorageError {
     /// Another process (or another engine in this process) holds the data directory.
@@ -77,7 +78,7 @@ impl fmt::Display for StorageError {
 /// assert!(err.is_future_revision());
 /// assert_eq!(err.to_string(), "etcdserver: mvcc: required revision is a future revision");
 /// ```
-#[non_exhaustive]
+// Exhaustive on purpose, as `StorageError`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
     /// The request's key (or a compare or op key) is empty.

@@ -23,10 +23,11 @@ mod api;
 mod clock;
 mod engine;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod lease;
 mod mvcc;
 pub mod quota;
-pub mod server;
 mod space;
 mod storage;
 pub mod sync;

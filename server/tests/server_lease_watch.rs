@@ -9,18 +9,18 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kvd::server::pb::etcdserverpb::kv_client::KvClient;
-use kvd::server::pb::etcdserverpb::lease_client::LeaseClient;
-use kvd::server::pb::etcdserverpb::watch_client::WatchClient;
-use kvd::server::pb::etcdserverpb::watch_create_request::FilterType;
-use kvd::server::pb::etcdserverpb::watch_request::RequestUnion;
-use kvd::server::pb::etcdserverpb::{
+use kvd_server::pb::etcdserverpb::kv_client::KvClient;
+use kvd_server::pb::etcdserverpb::lease_client::LeaseClient;
+use kvd_server::pb::etcdserverpb::watch_client::WatchClient;
+use kvd_server::pb::etcdserverpb::watch_create_request::FilterType;
+use kvd_server::pb::etcdserverpb::watch_request::RequestUnion;
+use kvd_server::pb::etcdserverpb::{
     CompactionRequest, DeleteRangeRequest, LeaseGrantRequest, LeaseKeepAliveRequest,
     LeaseLeasesRequest, LeaseRevokeRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest,
     ResponseHeader, WatchCancelRequest, WatchCreateRequest, WatchProgressRequest, WatchRequest,
     WatchResponse,
 };
-use kvd::server::pb::mvccpb::event::EventType;
+use kvd_server::pb::mvccpb::event::EventType;
 use tokio::sync::mpsc;
 use tonic::Code;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;

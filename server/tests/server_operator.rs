@@ -13,9 +13,9 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kvd::server::pb::etcdserverpb::kv_client::KvClient;
-use kvd::server::pb::etcdserverpb::request_op::Request;
-use kvd::server::pb::etcdserverpb::{DeleteRangeRequest, PutRequest, RequestOp, TxnRequest};
+use kvd_server::pb::etcdserverpb::kv_client::KvClient;
+use kvd_server::pb::etcdserverpb::request_op::Request;
+use kvd_server::pb::etcdserverpb::{DeleteRangeRequest, PutRequest, RequestOp, TxnRequest};
 use serde_json::{Value, json};
 use tonic::Code;
 use tonic::transport::Channel;

@@ -13,15 +13,15 @@
 
 use tonic::{Request, Response, Status};
 
-use crate::server::node::Node;
-use crate::server::pb::etcdserverpb::cluster_server::Cluster;
-use crate::server::pb::etcdserverpb::{
+use crate::node::Node;
+use crate::pb::etcdserverpb::cluster_server::Cluster;
+use crate::pb::etcdserverpb::{
     Member, MemberAddRequest, MemberAddResponse, MemberListRequest, MemberListResponse,
     MemberPromoteRequest, MemberPromoteResponse, MemberRemoveRequest, MemberRemoveResponse,
     MemberUpdateRequest, MemberUpdateResponse,
 };
-use crate::server::status;
-use crate::sync::Arc;
+use crate::status;
+use kvd::sync::Arc;
 
 /// The Cluster service.
 #[derive(Debug, Clone)]

@@ -173,10 +173,10 @@ fn http_routes_share_the_client_port() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_and_keep_alive_streams_end_at_shutdown_without_the_grace_period() {
-    use kvd::server::pb::etcdserverpb::lease_client::LeaseClient;
-    use kvd::server::pb::etcdserverpb::watch_client::WatchClient;
-    use kvd::server::pb::etcdserverpb::watch_request::RequestUnion;
-    use kvd::server::pb::etcdserverpb::{
+    use kvd_server::pb::etcdserverpb::lease_client::LeaseClient;
+    use kvd_server::pb::etcdserverpb::watch_client::WatchClient;
+    use kvd_server::pb::etcdserverpb::watch_request::RequestUnion;
+    use kvd_server::pb::etcdserverpb::{
         LeaseGrantRequest, LeaseKeepAliveRequest, WatchCreateRequest, WatchRequest,
     };
     use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
@@ -233,7 +233,7 @@ async fn watch_and_keep_alive_streams_end_at_shutdown_without_the_grace_period()
     let took = started.elapsed();
     assert_eq!(code, Some(0), "log:\n{}", server.log());
     assert!(
-        took < kvd::server::SHUTDOWN_GRACE / 2,
+        took < kvd_server::SHUTDOWN_GRACE / 2,
         "shutdown took {took:?}: open streams held it up; log:\n{}",
         server.log()
     );

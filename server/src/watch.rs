@@ -33,14 +33,14 @@ use tonic::codegen::BoxStream;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::server::convert;
-use crate::server::node::{self, Node, SERVER_STOPPED, STREAM_POLL, StreamGuard};
-use crate::server::pb::etcdserverpb as pb;
-use crate::server::pb::etcdserverpb::watch_request::RequestUnion;
-use crate::server::pb::etcdserverpb::watch_server::Watch;
-use crate::server::status;
-use crate::sync::{Arc, Ordering};
-use crate::watch::WatchStream;
+use crate::convert;
+use crate::node::{self, Node, SERVER_STOPPED, STREAM_POLL, StreamGuard};
+use crate::pb::etcdserverpb as pb;
+use crate::pb::etcdserverpb::watch_request::RequestUnion;
+use crate::pb::etcdserverpb::watch_server::Watch;
+use crate::status;
+use kvd::WatchStream;
+use kvd::sync::{Arc, Ordering};
 
 /// Most Watch streams open at once (WATCH-SRV-3).
 pub const WATCH_STREAMS_MAX: usize = 1_024;
@@ -161,7 +161,7 @@ async fn read_requests(
 }
 
 /// Applies one request to the engine's stream; its answer (if any) arrives on the stream.
-fn apply(stream: &WatchStream, request: RequestUnion) -> crate::Result<()> {
+fn apply(stream: &WatchStream, request: RequestUnion) -> kvd::Result<()> {
     match request {
         RequestUnion::CreateRequest(create) => {
             let id = stream.create(convert::watch_create_request(create))?;

@@ -1,6 +1,6 @@
 //! The one place where an engine error becomes a gRPC status.
 //!
-//! Owns: the gRPC code of every [`crate::Error`] and [`crate::StorageError`] variant, and the
+//! Owns: the gRPC code of every [`kvd::Error`] and [`kvd::StorageError`] variant, and the
 //! statuses kvd answers for RPCs it does not serve.
 //!
 //! Invariants:
@@ -16,7 +16,7 @@
 
 use tonic::{Code, Status};
 
-use crate::error::{Error, StorageError};
+use kvd::{Error, StorageError};
 
 /// Returns the gRPC status etcd answers for `err`.
 pub fn from_error(err: &Error) -> Status {

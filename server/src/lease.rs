@@ -20,11 +20,11 @@ use tonic::codegen::BoxStream;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::api;
-use crate::server::node::{Node, SERVER_STOPPED, StreamGuard};
-use crate::server::pb::etcdserverpb as pb;
-use crate::server::pb::etcdserverpb::lease_server::Lease;
-use crate::sync::Arc;
+use crate::node::{Node, SERVER_STOPPED, StreamGuard};
+use crate::pb::etcdserverpb as pb;
+use crate::pb::etcdserverpb::lease_server::Lease;
+use kvd as api;
+use kvd::sync::Arc;
 
 /// Keep-alive responses buffered for one stream (LEASE-SRV-3).
 pub const KEEP_ALIVE_RESPONSES_MAX: usize = 16;

@@ -30,22 +30,22 @@ use axum::routing::get;
 use tonic::service::Routes;
 use tonic::{Code, Status};
 
-use crate::server::auth::AuthService;
-use crate::server::cluster::ClusterService;
-use crate::server::kv::KvService;
-use crate::server::lease::LeaseService;
-use crate::server::maintenance::MaintenanceService;
-use crate::server::metrics::{EngineGauges, Metrics, StreamGauges};
-use crate::server::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, Node};
-use crate::server::operator;
-use crate::server::pb::etcdserverpb::auth_server::AuthServer;
-use crate::server::pb::etcdserverpb::cluster_server::ClusterServer;
-use crate::server::pb::etcdserverpb::kv_server::KvServer;
-use crate::server::pb::etcdserverpb::lease_server::LeaseServer;
-use crate::server::pb::etcdserverpb::maintenance_server::MaintenanceServer;
-use crate::server::pb::etcdserverpb::watch_server::WatchServer;
-use crate::server::watch::WatchService;
-use crate::sync::{Arc, Ordering};
+use crate::auth::AuthService;
+use crate::cluster::ClusterService;
+use crate::kv::KvService;
+use crate::lease::LeaseService;
+use crate::maintenance::MaintenanceService;
+use crate::metrics::{EngineGauges, Metrics, StreamGauges};
+use crate::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, Node};
+use crate::operator;
+use crate::pb::etcdserverpb::auth_server::AuthServer;
+use crate::pb::etcdserverpb::cluster_server::ClusterServer;
+use crate::pb::etcdserverpb::kv_server::KvServer;
+use crate::pb::etcdserverpb::lease_server::LeaseServer;
+use crate::pb::etcdserverpb::maintenance_server::MaintenanceServer;
+use crate::pb::etcdserverpb::watch_server::WatchServer;
+use crate::watch::WatchService;
+use kvd::sync::{Arc, Ordering};
 
 /// The text tonic gives a message over the receive limit, before the numbers.
 const TONIC_OVERSIZE_PREFIX: &str = "Error, decoded message length too large: found ";

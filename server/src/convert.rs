@@ -31,15 +31,15 @@
 
 use bytes::Bytes;
 
-use crate::api;
-use crate::error::Error;
-use crate::server::pb::etcdserverpb as pb;
-use crate::server::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
-use crate::server::pb::etcdserverpb::range_request::{SortOrder, SortTarget};
-use crate::server::pb::etcdserverpb::request_op::Request;
-use crate::server::pb::etcdserverpb::response_op::Response;
-use crate::server::pb::etcdserverpb::watch_create_request::FilterType;
-use crate::server::pb::mvccpb;
+use crate::pb::etcdserverpb as pb;
+use crate::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use crate::pb::etcdserverpb::range_request::{SortOrder, SortTarget};
+use crate::pb::etcdserverpb::request_op::Request;
+use crate::pb::etcdserverpb::response_op::Response;
+use crate::pb::etcdserverpb::watch_create_request::FilterType;
+use crate::pb::mvccpb;
+use kvd as api;
+use kvd::Error;
 
 /// etcd's raft term, constant for a single member that never holds an election.
 pub const RAFT_TERM: u64 = 1;

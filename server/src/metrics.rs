@@ -25,10 +25,10 @@ use std::time::Duration;
 
 use tonic::Code;
 
-use crate::accounting::RoleUsage;
-use crate::api;
-use crate::quota::{QuotaConfig, Scalar};
-use crate::sync::{Mutex, lock};
+use kvd as api;
+use kvd::RoleUsage;
+use kvd::quota::{QuotaConfig, Scalar};
+use kvd::sync::{Mutex, lock};
 
 /// Upper bounds of the latency buckets in microseconds (etcd's gRPC handling buckets,
 /// 5 ms to 10 s).
@@ -114,7 +114,7 @@ pub struct EngineGauges {
     /// Every role with a quota, consumption or a reservation (MET-4 picks the quota roles).
     pub roles: Vec<RoleUsage>,
     /// The write queue and the group-commit batch sizes.
-    pub apply: crate::ApplyStats,
+    pub apply: kvd::ApplyStats,
 }
 
 /// The long-lived gRPC streams open at scrape time.
@@ -147,12 +147,12 @@ fn render_engine(out: &mut String, engine: Option<&EngineGauges>) {
         (
             "kvd_alarm_nospace",
             "1 while the NOSPACE alarm is active.",
-            alarm(crate::api::AlarmType::NoSpace),
+            alarm(kvd::AlarmType::NoSpace),
         ),
         (
             "kvd_alarm_corrupt",
             "1 while the CORRUPT alarm is active.",
-            alarm(crate::api::AlarmType::Corrupt),
+            alarm(kvd::AlarmType::Corrupt),
         ),
         (
             "kvd_db_size_bytes",
@@ -200,7 +200,7 @@ fn render_engine(out: &mut String, engine: Option<&EngineGauges>) {
 }
 
 /// The writes in flight (admitted, not yet answered) and the commits by batch size.
-fn render_apply(out: &mut String, apply: &crate::ApplyStats) {
+fn render_apply(out: &mut String, apply: &kvd::ApplyStats) {
     for (name, help, value) in [
         (
             "kvd_apply_queue_depth",
@@ -509,7 +509,7 @@ mod tests {
             watchers: 3,
             leases: 2,
             roles: Vec::new(),
-            apply: crate::ApplyStats {
+            apply: kvd::ApplyStats {
                 queue_depth: 7,
                 queue_capacity: 5000,
                 batch_sizes: vec![(1, 3), (2, 1)],
@@ -540,8 +540,8 @@ mod tests {
 
     #[test]
     fn quota_gauges_exist_only_for_roles_with_a_quota() {
-        use crate::accounting::Counters;
-        use crate::quota::{ResourceLimits, ResourceQuantities};
+        use kvd::Counters;
+        use kvd::quota::{ResourceLimits, ResourceQuantities};
         let mut guarantees = ResourceQuantities::default();
         guarantees.add_resource("cpus", Scalar::from_units(1));
         let mut limits = ResourceLimits::default();

@@ -8,13 +8,13 @@
 mod common;
 
 use bytes::Bytes;
-use kvd::server::pb::etcdserverpb::auth_client::AuthClient;
-use kvd::server::pb::etcdserverpb::cluster_client::ClusterClient;
-use kvd::server::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
-use kvd::server::pb::etcdserverpb::kv_client::KvClient;
-use kvd::server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
-use kvd::server::pb::etcdserverpb::request_op::Request;
-use kvd::server::pb::etcdserverpb::{
+use kvd_server::pb::etcdserverpb::auth_client::AuthClient;
+use kvd_server::pb::etcdserverpb::cluster_client::ClusterClient;
+use kvd_server::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use kvd_server::pb::etcdserverpb::kv_client::KvClient;
+use kvd_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
+use kvd_server::pb::etcdserverpb::request_op::Request;
+use kvd_server::pb::etcdserverpb::{
     AlarmRequest, AuthStatusRequest, AuthenticateRequest, CompactionRequest, Compare,
     DeleteRangeRequest, HashKvRequest, HashRequest, MemberAddRequest, MemberListRequest,
     PutRequest, RangeRequest, RequestOp, StatusRequest, TxnRequest,

@@ -40,12 +40,12 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
-use crate::accounting::{AccountingRequest, AgentState, Counters, RoleUsage};
-use crate::engine::Engine;
-use crate::error::{Error, StorageError};
-use crate::quota::{QuotaConfig, RawQuotaConfig, SCALAR_MILLI_PER_UNIT, Scalar};
-use crate::server::node::Node;
-use crate::sync::Arc;
+use crate::node::Node;
+use kvd::Engine;
+use kvd::quota::{QuotaConfig, RawQuotaConfig, SCALAR_MILLI_PER_UNIT, Scalar};
+use kvd::sync::Arc;
+use kvd::{AccountingRequest, AgentState, Counters, RoleUsage};
+use kvd::{Error, StorageError};
 
 /// Mesos's prefix for a body that is not JSON.
 const PARSE_PREFIX: &str = "Failed to parse body into JSON: ";
@@ -460,7 +460,7 @@ fn wrong_type(expected: &str, found: &Value, path: &str) -> String {
 /// Runs `f` on the engine's blocking pool (OPS-2) and maps its error (OPS-3).
 async fn run<T, F>(node: &Node, f: F) -> Result<T, Refusal>
 where
-    F: FnOnce(&Engine) -> crate::Result<T> + Send + 'static,
+    F: FnOnce(&Engine) -> kvd::Result<T> + Send + 'static,
     T: Send + 'static,
 {
     // The engine's own error is kept (not turned into a gRPC status) so that it maps to

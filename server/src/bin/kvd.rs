@@ -16,9 +16,8 @@
 //!   `--json`) and exits 0 if every request succeeded, 2 if some failed, 1 if the run could
 //!   not be made. Serving flags and `bench` do not mix.
 //!
-//! Contact points: `kvd::server::run`; `docs/operations.md` documents the flags.
+//! Contact points: `kvd_server::run`; `docs/operations.md` documents the flags.
 
-#[cfg(not(loom))]
 mod cli {
     use std::io::Write;
     use std::path::PathBuf;
@@ -26,7 +25,7 @@ mod cli {
     use std::time::Duration;
 
     use clap::{Args, Parser, Subcommand, ValueEnum};
-    use kvd::server::bench::{self, BenchConfig, Workload};
+    use kvd_server::loadgen::{self, BenchConfig, Workload};
 
     /// Default of `--max-request-bytes` (etcd's 1.5 MiB).
     const MAX_REQUEST_BYTES_DEFAULT: usize = 1_572_864;
@@ -267,7 +266,7 @@ mod cli {
             max_errors: flags.max_errors.max(1),
             progress: !flags.quiet,
         };
-        let report = match bench::run(config) {
+        let report = match loadgen::run(config) {
             Ok(report) => report,
             Err(err) => {
                 eprintln!("{err}");
@@ -312,7 +311,7 @@ mod cli {
                 return ExitCode::FAILURE;
             }
         };
-        let config = kvd::server::ServerConfig {
+        let config = kvd_server::ServerConfig {
             auto_compaction,
             data_dir: flags.data_dir,
             name: flags.name,
@@ -322,7 +321,7 @@ mod cli {
             max_request_bytes: flags.max_request_bytes,
             max_txn_ops: flags.max_txn_ops,
         };
-        match kvd::server::run(config, print_urls) {
+        match kvd_server::run(config, print_urls) {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) => {
                 tracing::error!(error = %err, "kvd stopped");
@@ -388,11 +387,6 @@ mod cli {
     }
 }
 
-#[cfg(not(loom))]
 fn main() -> std::process::ExitCode {
     cli::main()
 }
-
-/// Under `--cfg loom` only the engine's synchronisation is built; the server is not.
-#[cfg(loom)]
-fn main() {}

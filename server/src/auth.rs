@@ -13,11 +13,11 @@
 
 use tonic::{Request, Response, Status};
 
-use crate::server::node::Node;
-use crate::server::pb::etcdserverpb as pb;
-use crate::server::pb::etcdserverpb::auth_server::Auth;
-use crate::server::status;
-use crate::sync::Arc;
+use crate::node::Node;
+use crate::pb::etcdserverpb as pb;
+use crate::pb::etcdserverpb::auth_server::Auth;
+use crate::status;
+use kvd::sync::Arc;
 
 /// The auth revision AuthStatus reports. A fresh etcd 3.5 answers 1 as far as we know; no
 /// etcd 3.4 client calls AuthStatus, so this was not checked against the oracle.

@@ -18,7 +18,7 @@
 //!   number order and a range of `range_keys` consecutive numbers holds exactly that many
 //!   keys once the key space is loaded.
 //!
-//! Contact points: `src/bin/kvd.rs` parses `kvd bench` flags into [`BenchConfig`] and prints
+//! Contact points: `server/src/bin/kvd.rs` parses `kvd bench` flags into [`BenchConfig`] and prints
 //! the [`report::Report`]; `tests/server_bench.rs` checks the JSON report.
 
 mod histogram;
@@ -31,13 +31,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::server::bench::histogram::Histogram;
-use crate::server::bench::report::{Preload, Report};
-use crate::server::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
-use crate::server::pb::etcdserverpb::kv_client::KvClient;
-use crate::server::pb::etcdserverpb::request_op::Request as Op;
-use crate::server::pb::etcdserverpb::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
-use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, lock};
+use crate::loadgen::histogram::Histogram;
+use crate::loadgen::report::{Preload, Report};
+use crate::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use crate::pb::etcdserverpb::kv_client::KvClient;
+use crate::pb::etcdserverpb::request_op::Request as Op;
+use crate::pb::etcdserverpb::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
+use kvd::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, lock};
 
 /// Deadline of one request (BENCH-1).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);

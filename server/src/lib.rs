@@ -1,4 +1,3 @@
-#![cfg(not(loom))]
 //! The standalone `kvd` server: etcd's v3 gRPC API over the engine, plus `/health`,
 //! `/version` and `/metrics`, on one client port.
 //!
@@ -17,7 +16,7 @@
 //! - SRV-4: the member and cluster ids come from the data directory (ID-1) and are read only
 //!   after the engine holds its lock (ID-4).
 //!
-//! Contact points: `src/bin/kvd.rs` parses flags into [`ServerConfig`] and calls [`run`];
+//! Contact points: `server/src/bin/kvd.rs` parses flags into [`ServerConfig`] and calls [`run`];
 //! tests drive the server through the `kvd` binary and the generated clients in [`pb`].
 //! Module map: `authority` (repairs the HTTP/2 authority of etcd 3.4 clients), `http`
 //! (router, metrics layer, HTTP routes), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
@@ -28,9 +27,10 @@
 
 mod auth;
 mod authority;
-pub mod bench;
 mod cluster;
 mod convert;
+#[doc(hidden)]
+pub mod fuzzing;
 mod http;
 mod identity;
 mod kv;
@@ -43,6 +43,8 @@ pub mod pb;
 mod status;
 mod watch;
 
+pub mod loadgen;
+
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
@@ -51,16 +53,14 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
-use crate::engine::{Config, Engine};
-use crate::server::authority::FixingListener;
-use crate::server::convert::HeaderIds;
-use crate::server::metrics::Metrics;
-use crate::server::node::{Node, NodeSettings};
-use crate::sync::Arc;
+use crate::authority::FixingListener;
+use crate::convert::HeaderIds;
+use crate::metrics::Metrics;
+use crate::node::{Node, NodeSettings};
+use kvd::sync::Arc;
+use kvd::{Config, Engine};
 
-pub use crate::server::node::{
-    ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, QUOTA_BACKEND_BYTES_DEFAULT,
-};
+pub use crate::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, QUOTA_BACKEND_BYTES_DEFAULT};
 
 /// Bytes etcd adds to `--max-request-bytes` for the gRPC receive limit (SRV-2).
 pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
@@ -90,7 +90,7 @@ pub struct ServerConfig {
     /// (`--quota-backend-bytes`).
     pub quota_backend_bytes: i64,
     /// Automatic compaction (`--auto-compaction-mode`, `--auto-compaction-retention`).
-    pub auto_compaction: Option<crate::AutoCompaction>,
+    pub auto_compaction: Option<kvd::AutoCompaction>,
     /// Largest request accepted (`--max-request-bytes`).
     pub max_request_bytes: usize,
     /// Largest number of operations in one Txn level (`--max-txn-ops`).
@@ -103,7 +103,7 @@ pub enum ServerError {
     /// A flag value is not usable.
     Config(String),
     /// The engine refused to open (for example, another kvd holds the data directory).
-    Engine(crate::Error),
+    Engine(kvd::Error),
     /// The member or cluster id file could not be read or written.
     Identity(io::Error),
     /// A listener or the runtime could not be set up.
@@ -142,7 +142,7 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
         auto_compaction: config.auto_compaction,
         ..Config::default()
     };
-    if crate::space_quota_bytes(config.quota_backend_bytes).is_some_and(|q| q > QUOTA_BYTES_WARN) {
+    if kvd::space_quota_bytes(config.quota_backend_bytes).is_some_and(|q| q > QUOTA_BYTES_WARN) {
         // etcd warns the same way: above 8 GiB the database is slow to start and defrag.
         tracing::warn!(
             quota_backend_bytes = config.quota_backend_bytes,

@@ -22,25 +22,25 @@
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
-use crate::api;
-use crate::server::convert::ReportedStatus;
-use crate::server::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, Node};
-use crate::server::pb::etcdserverpb::AlarmMember;
-use crate::server::pb::etcdserverpb::maintenance_server::Maintenance;
-use crate::server::pb::etcdserverpb::{
+use crate::convert::ReportedStatus;
+use crate::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, Node};
+use crate::pb::etcdserverpb::AlarmMember;
+use crate::pb::etcdserverpb::maintenance_server::Maintenance;
+use crate::pb::etcdserverpb::{
     AlarmRequest, AlarmResponse, DefragmentRequest, DefragmentResponse, DowngradeRequest,
     DowngradeResponse, HashKvRequest, HashKvResponse, HashRequest, HashResponse, MoveLeaderRequest,
     MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest, StatusResponse,
 };
-use crate::server::status;
-use crate::sync::Arc;
+use crate::status;
+use kvd as api;
+use kvd::sync::Arc;
 
 /// etcd's snapshot chunk size.
 const SNAPSHOT_CHUNK_BYTES: usize = 32 * 1024;
 /// Chunks buffered between the reader thread and the gRPC stream.
 const SNAPSHOT_CHANNEL_CHUNKS: usize = 16;
 /// Numbers the snapshot copies of this process.
-static SNAPSHOTS: crate::sync::AtomicU64 = crate::sync::AtomicU64::new(0);
+static SNAPSHOTS: kvd::sync::AtomicU64 = kvd::sync::AtomicU64::new(0);
 
 fn alarm_type(wire: i32) -> api::AlarmType {
     match wire {
@@ -220,7 +220,7 @@ impl Maintenance for MaintenanceService {
         _request: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
         // MAINT-4: one copy per request, named so that concurrent requests never collide.
-        let sequence = SNAPSHOTS.fetch_add(1, crate::sync::Ordering::Relaxed);
+        let sequence = SNAPSHOTS.fetch_add(1, kvd::sync::Ordering::Relaxed);
         let path = self
             .node
             .settings

@@ -22,12 +22,12 @@ use std::time::Duration;
 
 use tonic::Status;
 
-use crate::api;
-use crate::engine::{Completion, Engine};
-use crate::error::{Error, Result};
-use crate::server::convert::HeaderIds;
-use crate::server::status;
-use crate::sync::{Arc, AtomicUsize, Ordering};
+use crate::convert::HeaderIds;
+use crate::status;
+use kvd as api;
+use kvd::sync::{Arc, AtomicUsize, Ordering};
+use kvd::{Completion, Engine};
+use kvd::{Error, Result};
 
 /// The version kvd reports as its etcd server version (Status `version`, `/version`).
 ///
@@ -175,7 +175,7 @@ impl Node {
     /// Returns a full response header at the current revision.
     pub async fn current_header(
         &self,
-    ) -> std::result::Result<crate::server::pb::etcdserverpb::ResponseHeader, Status> {
+    ) -> std::result::Result<crate::pb::etcdserverpb::ResponseHeader, Status> {
         let status = self.status().await?;
         Ok(self.ids.header(status.header.revision))
     }

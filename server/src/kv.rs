@@ -1,6 +1,6 @@
 //! etcd's KV service: Range, Put, DeleteRange, Txn and Compact, served by the engine.
 //!
-//! Owns: nothing but the glue from gRPC to [`crate::Engine`].
+//! Owns: nothing but the glue from gRPC to [`kvd::Engine`].
 //!
 //! Invariants:
 //! - KV-1: each RPC translates its request (`convert`), makes one engine call (a read on the
@@ -11,15 +11,15 @@
 
 use tonic::{Request, Response, Status};
 
-use crate::server::convert;
-use crate::server::node::Node;
-use crate::server::pb::etcdserverpb::kv_server::Kv;
-use crate::server::pb::etcdserverpb::{
+use crate::convert;
+use crate::node::Node;
+use crate::pb::etcdserverpb::kv_server::Kv;
+use crate::pb::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
     PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
-use crate::server::status;
-use crate::sync::Arc;
+use crate::status;
+use kvd::sync::Arc;
 
 /// The KV service.
 #[derive(Debug, Clone)]

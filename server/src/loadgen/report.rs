@@ -17,8 +17,8 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::server::bench::Workload;
-use crate::server::bench::histogram::Histogram;
+use crate::loadgen::Workload;
+use crate::loadgen::histogram::Histogram;
 
 /// The preload of the key space before the measured run.
 #[derive(Debug, Clone, Copy)]
