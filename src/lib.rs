@@ -33,7 +33,9 @@ mod storage;
 pub mod sync;
 mod watch;
 
-pub use accounting::{AccountingRequest, AgentState, Counters, KV_BYTES, KV_KEYS, RoleUsage};
+pub use accounting::{
+    AccountingRequest, AgentState, Counters, KV_BYTES, KV_KEYS, RecordKind, RoleUsage,
+};
 pub use api::*;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{

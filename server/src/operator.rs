@@ -44,7 +44,7 @@ use crate::node::Node;
 use kvd::Engine;
 use kvd::quota::{QuotaConfig, RawQuotaConfig, SCALAR_MILLI_PER_UNIT, Scalar};
 use kvd::sync::Arc;
-use kvd::{AccountingRequest, AgentState, Counters, RoleUsage};
+use kvd::{AccountingRequest, AgentState, Counters, RecordKind, RoleUsage};
 use kvd::{Error, StorageError};
 
 /// Mesos's prefix for a body that is not JSON.
@@ -75,7 +75,7 @@ const ROLE_WEIGHT_DEFAULT: f64 = 1.0;
 
 /// One decoded `POST /api/v1` call (OPS-1: nothing in it is checked by the engine yet).
 #[derive(Debug, Clone, PartialEq)]
-enum Call {
+pub(crate) enum Call {
     GetQuota,
     /// A registry or record change, applied as the engine's own request.
     Write(AccountingRequest),
@@ -86,9 +86,9 @@ enum Call {
 
 /// A request the API does not carry out: an HTTP code and a plain-text message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Refusal {
-    code: StatusCode,
-    message: String,
+pub(crate) struct Refusal {
+    pub(crate) code: StatusCode,
+    pub(crate) message: String,
 }
 
 impl Refusal {
@@ -218,7 +218,7 @@ fn media_type(value: &HeaderValue) -> Option<String> {
 }
 
 /// Decodes a call from its JSON body (OPS-1).
-fn decode_call(body: &[u8]) -> Result<Call, Refusal> {
+pub(crate) fn decode_call(body: &[u8]) -> Result<Call, Refusal> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| Refusal::bad_request(format!("{PARSE_PREFIX}{e}")))?;
     decode_value(&value)
@@ -239,30 +239,10 @@ fn decode_value(value: &Value) -> Result<Call, Refusal> {
         "GET_QUOTA" => Ok(Call::GetQuota),
         "UPDATE_QUOTA" => decode_update_quota(&required(&call, &field)?),
         "REGISTER_AGENT" => decode_agent(&required(&call, &field)?),
-        "RESERVE_RESOURCES" => {
-            decode_record(&required(&call, &field)?).map(|(id, role, agent, resources)| {
-                Call::Write(AccountingRequest::Reserve {
-                    id,
-                    role,
-                    agent,
-                    resources,
-                })
-            })
-        }
-        "UNRESERVE_RESOURCES" => decode_id(&required(&call, &field)?)
-            .map(|id| Call::Write(AccountingRequest::Unreserve { id })),
-        "ALLOCATE" => {
-            decode_record(&required(&call, &field)?).map(|(id, role, agent, resources)| {
-                Call::Write(AccountingRequest::Allocate {
-                    id,
-                    role,
-                    agent,
-                    resources,
-                })
-            })
-        }
-        "RELEASE" => decode_id(&required(&call, &field)?)
-            .map(|id| Call::Write(AccountingRequest::Release { id })),
+        "RESERVE_RESOURCES" => decode_record(RecordKind::Reservation, &required(&call, &field)?),
+        "ALLOCATE" => decode_record(RecordKind::Allocation, &required(&call, &field)?),
+        "UNRESERVE_RESOURCES" => decode_removal(RecordKind::Reservation, &required(&call, &field)?),
+        "RELEASE" => decode_removal(RecordKind::Allocation, &required(&call, &field)?),
         "RECONCILE_CONSUMPTION" => match call.object(&field).map_err(convert)? {
             Some(f) => f.bool("repair").map(|repair| Call::ReconcileConsumption {
                 repair: repair.unwrap_or(false),
@@ -287,10 +267,6 @@ fn required<'v>(call: &Fields<'v>, field: &str) -> Result<Fields<'v>, Refusal> {
         ))),
         Err(message) => Err(Refusal::bad_request(format!("{CONVERT_PREFIX}{message}"))),
     }
-}
-
-fn decode_id(fields: &Fields<'_>) -> Result<String, String> {
-    Ok(fields.required_string("id")?.to_owned())
 }
 
 fn decode_update_quota(fields: &Fields<'_>) -> Result<Call, String> {
@@ -330,16 +306,21 @@ fn decode_agent(fields: &Fields<'_>) -> Result<Call, String> {
     }))
 }
 
-/// Returns the id, role, agent and resources of a reservation or an allocation.
-fn decode_record(
-    fields: &Fields<'_>,
-) -> Result<(String, String, String, BTreeMap<String, f64>), String> {
-    Ok((
-        fields.required_string("id")?.to_owned(),
-        fields.required_string("role")?.to_owned(),
-        fields.required_string("agent_id")?.to_owned(),
-        fields.scalars("resources")?,
-    ))
+/// Decodes RESERVE_RESOURCES or ALLOCATE: the id, role, agent and resources of a record.
+fn decode_record(kind: RecordKind, fields: &Fields<'_>) -> Result<Call, String> {
+    Ok(Call::Write(AccountingRequest::Record {
+        kind,
+        id: fields.required_string("id")?.to_owned(),
+        role: fields.required_string("role")?.to_owned(),
+        agent: fields.required_string("agent_id")?.to_owned(),
+        resources: fields.scalars("resources")?,
+    }))
+}
+
+/// Decodes UNRESERVE_RESOURCES or RELEASE: the id of the record to remove.
+fn decode_removal(kind: RecordKind, fields: &Fields<'_>) -> Result<Call, String> {
+    let id = fields.required_string("id")?.to_owned();
+    Ok(Call::Write(AccountingRequest::Remove { kind, id }))
 }
 
 /// A JSON object being decoded, with its path for messages (`update_quota.quota_configs[0]`).
@@ -560,7 +541,7 @@ fn scalar_map_json<'a>(entries: impl IntoIterator<Item = (&'a str, Scalar)>) -> 
 
 /// The GET_QUOTA answer (spec §5.1): legacy `infos` (guarantees only) and `configs`, empty
 /// maps and lists left out.
-fn get_quota_json(configs: &[QuotaConfig]) -> Value {
+pub(crate) fn get_quota_json(configs: &[QuotaConfig]) -> Value {
     let mut status = Map::new();
     if !configs.is_empty() {
         let infos: Vec<Value> = configs.iter().map(info_json).collect();

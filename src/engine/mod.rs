@@ -43,7 +43,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use std::thread::JoinHandle;
 
-use crate::accounting::{self, AccountingRequest, Accounts, AgentState, RoleUsage};
+use crate::accounting::{self, AccountingRequest, Accounts, AgentState, RecordKind, RoleUsage};
 use crate::alarm::{ALARMS_TABLE, Alarms};
 use crate::api::{
     AlarmAction, AlarmRequest, AlarmResponse, AlarmType, CompactionRequest, CompactionResponse,
@@ -911,7 +911,7 @@ impl Engine {
     }
 
     /// Reserves resources on an agent for a role, within the limits of the role and its
-    /// ancestors.
+    /// ancestors (Mesos's RESERVE_RESOURCES).
     pub fn reserve(
         &self,
         id: &str,
@@ -919,23 +919,16 @@ impl Engine {
         agent: &str,
         resources: BTreeMap<String, f64>,
     ) -> Result<()> {
-        let request = AccountingRequest::Reserve {
-            id: id.to_owned(),
-            role: role.to_owned(),
-            agent: agent.to_owned(),
-            resources,
-        };
-        self.apply_accounting(request).map(drop)
+        self.record(RecordKind::Reservation, id, role, agent, resources)
     }
 
-    /// Removes a reservation that no allocation draws on.
+    /// Removes a reservation that no allocation draws on (UNRESERVE_RESOURCES).
     pub fn unreserve(&self, id: &str) -> Result<()> {
-        self.apply_accounting(AccountingRequest::Unreserve { id: id.to_owned() })
-            .map(drop)
+        self.remove_record(RecordKind::Reservation, id)
     }
 
     /// Allocates resources on an agent to a role, drawing first on the role's unallocated
-    /// reservations on that agent; the rest must fit the limits.
+    /// reservations on that agent; the rest must fit the limits (ALLOCATE).
     pub fn allocate(
         &self,
         id: &str,
@@ -943,7 +936,26 @@ impl Engine {
         agent: &str,
         resources: BTreeMap<String, f64>,
     ) -> Result<()> {
-        let request = AccountingRequest::Allocate {
+        self.record(RecordKind::Allocation, id, role, agent, resources)
+    }
+
+    /// Removes an allocation (RELEASE).
+    pub fn release(&self, id: &str) -> Result<()> {
+        self.remove_record(RecordKind::Allocation, id)
+    }
+
+    /// Places a record of `kind`: the one path behind [`Engine::reserve`] and
+    /// [`Engine::allocate`].
+    pub fn record(
+        &self,
+        kind: RecordKind,
+        id: &str,
+        role: &str,
+        agent: &str,
+        resources: BTreeMap<String, f64>,
+    ) -> Result<()> {
+        let request = AccountingRequest::Record {
+            kind,
             id: id.to_owned(),
             role: role.to_owned(),
             agent: agent.to_owned(),
@@ -952,10 +964,14 @@ impl Engine {
         self.apply_accounting(request).map(drop)
     }
 
-    /// Removes an allocation.
-    pub fn release(&self, id: &str) -> Result<()> {
-        self.apply_accounting(AccountingRequest::Release { id: id.to_owned() })
-            .map(drop)
+    /// Removes a record of `kind`: the one path behind [`Engine::unreserve`] and
+    /// [`Engine::release`].
+    pub fn remove_record(&self, kind: RecordKind, id: &str) -> Result<()> {
+        let request = AccountingRequest::Remove {
+            kind,
+            id: id.to_owned(),
+        };
+        self.apply_accounting(request).map(drop)
     }
 
     /// Returns the differences between the consumption counters and a full recount from the

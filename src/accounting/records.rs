@@ -1,0 +1,271 @@
+//! Agents, reservations and allocations: the records Mesos's reconciliation and the
+//! consumption tables are built on. A reservation and an allocation take the same path:
+//! check the record, work out what it adds to the role's consumption, check the limits,
+//! charge, write the row (ACCT-2, ACCT-4). They differ in one step: an allocation draws
+//! first on its role's unallocated reservations on the same agent, and only the rest counts
+//! as new consumption (ACCT-3).
+
+use std::collections::BTreeMap;
+
+use super::{
+    AGENTS_TABLE, ALLOCATIONS_TABLE, Accounts, Agent, AgentState, Allocation, Counters,
+    RESERVATIONS_TABLE, Reservation, codec,
+};
+use crate::error::Error;
+use crate::quota::{self, ResourceQuantities, STAR_ROLE, Scalar};
+use crate::storage::WriteBatch;
+
+/// Which kind of record a request places or removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordKind {
+    /// Resources set aside for a role on an agent (counted as `reserved`).
+    Reservation,
+    /// Resources in use by a role on an agent (counted as `allocated`).
+    Allocation,
+}
+
+impl RecordKind {
+    /// The word Mesos's messages use for this kind of record.
+    fn noun(self) -> &'static str {
+        match self {
+            RecordKind::Reservation => "reservation",
+            RecordKind::Allocation => "allocation",
+        }
+    }
+}
+
+impl Accounts {
+    /// Registers or updates an agent and its total resources.
+    pub fn register_agent(
+        &mut self,
+        id: &str,
+        state: AgentState,
+        resources: ResourceQuantities,
+        batch: &mut WriteBatch<'_>,
+    ) -> Result<(), Error> {
+        if id.is_empty() {
+            return Err(Error::QuotaRequest("Agent id must be set".into()));
+        }
+        let agent = Agent { state, resources };
+        batch.put_row(AGENTS_TABLE, id.as_bytes(), &codec::encode_agent(&agent))?;
+        self.agents.insert(id.to_owned(), agent);
+        Ok(())
+    }
+
+    /// Places a reservation or an allocation of `resources` for `role` on `agent`, checked
+    /// against the limits of the role and its ancestors; on a refusal nothing changes.
+    pub fn record(
+        &mut self,
+        kind: RecordKind,
+        id: &str,
+        role: &str,
+        agent: &str,
+        resources: ResourceQuantities,
+        batch: &mut WriteBatch<'_>,
+    ) -> Result<(), Error> {
+        let exists = match kind {
+            RecordKind::Reservation => self.reservations.contains_key(id),
+            RecordKind::Allocation => self.allocations.contains_key(id),
+        };
+        self.check_record(id, role, agent, exists)?;
+        let drawn = match kind {
+            RecordKind::Reservation => BTreeMap::new(),
+            RecordKind::Allocation => self.draw(role, agent, &resources),
+        };
+        // What the record adds to the role's consumption: all of it, less what an allocation
+        // draws from reservations (already counted as reserved).
+        let added: BTreeMap<&str, i64> = resources
+            .iter()
+            .map(|(name, value)| {
+                let from_reservations: i64 = drawn.values().map(|q| q.get(name).milli()).sum();
+                (name, value.milli() - from_reservations)
+            })
+            .collect();
+        self.check_limits(role, &added)?;
+        match kind {
+            RecordKind::Reservation => {
+                self.charge_each(role, &resources, Counters::of_reserved, 1);
+                let reservation = Reservation {
+                    role: role.to_owned(),
+                    agent: agent.to_owned(),
+                    resources,
+                    ..Reservation::default()
+                };
+                let row = codec::encode_reservation(&reservation);
+                batch.put_row(RESERVATIONS_TABLE, id.as_bytes(), &row)?;
+                self.reservations.insert(id.to_owned(), reservation);
+            }
+            RecordKind::Allocation => {
+                self.move_in_use(role, &drawn, 1, batch)?;
+                self.charge_each(role, &resources, Counters::of_allocated, 1);
+                let allocation = Allocation {
+                    role: role.to_owned(),
+                    agent: agent.to_owned(),
+                    resources,
+                    drawn,
+                };
+                let row = codec::encode_allocation(&allocation);
+                batch.put_row(ALLOCATIONS_TABLE, id.as_bytes(), &row)?;
+                self.allocations.insert(id.to_owned(), allocation);
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a reservation no allocation draws on, or an allocation (giving back what it
+    /// drew from reservations).
+    pub fn remove(
+        &mut self,
+        kind: RecordKind,
+        id: &str,
+        batch: &mut WriteBatch<'_>,
+    ) -> Result<(), Error> {
+        let unknown = || Error::QuotaRequest(format!("Unknown {} '{id}'", kind.noun()));
+        match kind {
+            RecordKind::Reservation => {
+                let reservation = self.reservations.get(id).ok_or_else(unknown)?;
+                if !reservation.in_use.is_empty() {
+                    return Err(Error::QuotaRequest(format!(
+                        "Reservation '{id}' is in use by allocations"
+                    )));
+                }
+                let (role, resources) = (reservation.role.clone(), reservation.resources.clone());
+                self.charge_each(&role, &resources, Counters::of_reserved, -1);
+                batch.delete_row(RESERVATIONS_TABLE, id.as_bytes())?;
+                self.reservations.remove(id);
+            }
+            RecordKind::Allocation => {
+                let allocation = self.allocations.get(id).ok_or_else(unknown)?.clone();
+                self.move_in_use(&allocation.role, &allocation.drawn, -1, batch)?;
+                let resources = &allocation.resources;
+                self.charge_each(&allocation.role, resources, Counters::of_allocated, -1);
+                batch.delete_row(ALLOCATIONS_TABLE, id.as_bytes())?;
+                self.allocations.remove(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns what an allocation of `resources` for `role` on `agent` draws from the role's
+    /// unallocated reservations there, by reservation id.
+    fn draw(
+        &self,
+        role: &str,
+        agent: &str,
+        resources: &ResourceQuantities,
+    ) -> BTreeMap<String, ResourceQuantities> {
+        let mut drawn: BTreeMap<String, ResourceQuantities> = BTreeMap::new();
+        for (name, wanted) in resources.iter() {
+            let mut left = wanted.milli();
+            for (rid, r) in &self.reservations {
+                if left == 0 {
+                    break;
+                }
+                if r.role != role || r.agent != agent {
+                    continue;
+                }
+                let free = r.resources.get(name).milli() - r.in_use.get(name).milli();
+                let take = free.min(left);
+                if take > 0
+                    && let Some(value) = Scalar::from_milli(take)
+                {
+                    left -= take;
+                    drawn
+                        .entry(rid.clone())
+                        .or_default()
+                        .add_resource(name, value);
+                }
+            }
+        }
+        drawn
+    }
+
+    /// Adds (`sign` 1) or gives back (-1) what an allocation drew from reservations: their
+    /// `in_use` rows and the role's `reserved_in_use` counters.
+    fn move_in_use(
+        &mut self,
+        role: &str,
+        drawn: &BTreeMap<String, ResourceQuantities>,
+        sign: i64,
+        batch: &mut WriteBatch<'_>,
+    ) -> Result<(), Error> {
+        for (rid, amounts) in drawn {
+            if let Some(r) = self.reservations.get_mut(rid) {
+                for (name, value) in amounts.iter() {
+                    let now = if sign > 0 {
+                        r.in_use.get(name).saturating_add(value)
+                    } else {
+                        r.in_use.get(name).saturating_sub(value)
+                    };
+                    r.in_use = without(&r.in_use, name);
+                    if !now.is_zero() {
+                        r.in_use.add_resource(name, now);
+                    }
+                }
+                let row = codec::encode_reservation(r);
+                batch.put_row(RESERVATIONS_TABLE, rid.as_bytes(), &row)?;
+            }
+            self.charge_each(role, amounts, Counters::of_reserved_in_use, sign);
+        }
+        Ok(())
+    }
+
+    /// Charges (`sign` 1) or uncharges (-1) each resource of `quantities` to `role`, as the
+    /// counter `field` makes of its milli-units.
+    fn charge_each(
+        &mut self,
+        role: &str,
+        quantities: &ResourceQuantities,
+        field: fn(i64) -> Counters,
+        sign: i64,
+    ) {
+        for (name, value) in quantities.iter() {
+            self.charge(role, name, field(value.milli()), sign);
+        }
+    }
+
+    fn check_record(&self, id: &str, role: &str, agent: &str, exists: bool) -> Result<(), Error> {
+        if id.is_empty() {
+            return Err(Error::QuotaRequest("Record id must be set".into()));
+        }
+        if exists {
+            return Err(Error::QuotaRequest(format!("Record '{id}' already exists")));
+        }
+        quota::validate_role(role).map_err(Error::QuotaRequest)?;
+        if role == STAR_ROLE {
+            return Err(Error::QuotaRequest(
+                "Resources cannot be reserved or allocated to role '*'".into(),
+            ));
+        }
+        match self.agents.get(agent) {
+            Some(a) if a.state == AgentState::Registered => Ok(()),
+            Some(_) => Err(Error::QuotaRequest(format!(
+                "Agent '{agent}' is not registered"
+            ))),
+            None => Err(Error::QuotaRequest(format!("Unknown agent '{agent}'"))),
+        }
+    }
+}
+
+/// Returns `quantities` without `name`.
+fn without(quantities: &ResourceQuantities, name: &str) -> ResourceQuantities {
+    let mut out = ResourceQuantities::default();
+    for (n, v) in quantities.iter() {
+        if n != name {
+            out.add_resource(n, v);
+        }
+    }
+    out
+}
+
+/// Parses a request's resource map (Mesos's scalar rules: finite, non-negative).
+pub fn parse_resources(raw: &BTreeMap<String, f64>) -> Result<ResourceQuantities, Error> {
+    let mut out = ResourceQuantities::default();
+    for (name, value) in raw {
+        let scalar = Scalar::from_f64(*value).map_err(|e| {
+            Error::QuotaRequest(format!("Invalid value for resource '{name}': {e}"))
+        })?;
+        out.add_resource(name, scalar);
+    }
+    Ok(out)
+}

@@ -1,0 +1,118 @@
+//! The operator requests on the registry and the records ([`AccountingRequest`]), as they
+//! travel the apply path, and their dispatch to [`Accounts`] inside a batch (ACCT-2: a
+//! refused request changes nothing).
+
+use std::collections::BTreeMap;
+
+use super::records::{RecordKind, parse_resources};
+use super::{Accounts, AgentState};
+use crate::error::{Error, StorageError};
+use crate::mvcc::index::Index;
+use crate::quota::RawQuotaConfig;
+use crate::storage::WriteBatch;
+
+/// An operator request on the registry or the records, applied through the apply path.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AccountingRequest {
+    /// Mesos's UPDATE_QUOTA.
+    UpdateQuota {
+        /// The configurations, all or nothing.
+        configs: Vec<RawQuotaConfig>,
+        /// Skip the consumption and capacity checks.
+        force: bool,
+    },
+    /// Register or update an agent and its total resources.
+    RegisterAgent {
+        /// The agent id.
+        id: String,
+        /// Its state.
+        state: AgentState,
+        /// Its total resources.
+        resources: BTreeMap<String, f64>,
+    },
+    /// Reserve (RESERVE_RESOURCES) or allocate (ALLOCATE) resources on an agent for a role.
+    Record {
+        /// A reservation or an allocation.
+        kind: RecordKind,
+        /// The record id.
+        id: String,
+        /// The role.
+        role: String,
+        /// The agent.
+        agent: String,
+        /// The resources.
+        resources: BTreeMap<String, f64>,
+    },
+    /// Remove a reservation (UNRESERVE_RESOURCES) or an allocation (RELEASE).
+    Remove {
+        /// Which kind of record `id` names.
+        kind: RecordKind,
+        /// The record id.
+        id: String,
+    },
+    /// Replace the usage counters with a recount (reconciliation of consumption).
+    Repair,
+}
+
+impl AccountingRequest {
+    /// Returns an estimate of the request's encoded size, for the request-size limit.
+    pub fn encoded_len(&self) -> usize {
+        let names = |m: &mut dyn Iterator<Item = &String>| m.map(|k| k.len() + 12).sum::<usize>();
+        match self {
+            AccountingRequest::UpdateQuota { configs, .. } => configs
+                .iter()
+                .map(|c| c.role.len() + 8 + names(&mut c.guarantees.keys().chain(c.limits.keys())))
+                .sum(),
+            AccountingRequest::RegisterAgent { id, resources, .. } => {
+                id.len() + names(&mut resources.keys())
+            }
+            AccountingRequest::Record {
+                id,
+                role,
+                agent,
+                resources,
+                ..
+            } => id.len() + role.len() + agent.len() + names(&mut resources.keys()),
+            AccountingRequest::Remove { id, .. } => id.len(),
+            AccountingRequest::Repair => 0,
+        }
+    }
+
+    /// Applies the request to `accounts` in `batch`, returning the rows a repair changed
+    /// (else 0). ACCT-2: on a refusal nothing changed; a storage error is the outer error.
+    pub fn apply(
+        &self,
+        accounts: &mut Accounts,
+        quota_bytes: Option<u64>,
+        index: &Index,
+        batch: &mut WriteBatch<'_>,
+    ) -> Result<Result<usize, Error>, StorageError> {
+        let result = match self {
+            AccountingRequest::UpdateQuota { configs, force } => accounts
+                .update_quota(configs, *force, quota_bytes, index, batch)
+                .map(|()| 0),
+            AccountingRequest::RegisterAgent {
+                id,
+                state,
+                resources,
+            } => parse_resources(resources)
+                .and_then(|resources| accounts.register_agent(id, *state, resources, batch))
+                .map(|()| 0),
+            AccountingRequest::Record {
+                kind,
+                id,
+                role,
+                agent,
+                resources,
+            } => parse_resources(resources)
+                .and_then(|resources| accounts.record(*kind, id, role, agent, resources, batch))
+                .map(|()| 0),
+            AccountingRequest::Remove { kind, id } => accounts.remove(*kind, id, batch).map(|()| 0),
+            AccountingRequest::Repair => Ok(accounts.repair(index)),
+        };
+        match result {
+            Err(Error::Storage(e)) => Err(e),
+            other => Ok(other),
+        }
+    }
+}
