@@ -21,22 +21,27 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
+mod common;
+
 use std::ffi::OsString;
 use std::fs;
 use std::hint::black_box;
 use std::path::Path;
 use std::process::Command;
-use std::sync::{Barrier, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
+use common::{
+    LOADERS, Samples, VALUE_BYTES, copy_store, db_sizes, durable_config, fmt_rate, fresh_engine,
+    load_config, on_loaders, paired_ratio, paired_rounds, quick, report, report_load, run_groups,
+    run_writers, start_group, value,
+};
+use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
 use kvd::{CompactionRequest, Config, Engine, PutRequest, RangeRequest};
 use redb::{Database, ReadableDatabase, TableDefinition};
 use tempfile::TempDir;
 
-/// Environment variable that turns quick mode on.
-const QUICK_ENV: &str = "KVD_BENCH_QUICK";
 /// Environment variable that overrides the raw redb batch size of group 1 (default 64).
 const RAW_BATCH_ENV: &str = "KVD_BENCH_RAW_BATCH";
 /// Set (to a data directory) in the child process that measures the index's memory.
@@ -46,12 +51,6 @@ const RSS_CACHE_ENV: &str = "KVD_BENCH_RSS_CACHE";
 
 /// Concurrent writers of group 1.
 const WRITERS: usize = 64;
-/// Value size of every Put.
-const VALUE_BYTES: usize = 256;
-/// Threads that load data sets (with `unsafe_no_fsync`), so the apply thread batches.
-const LOADERS: usize = 16;
-/// Samples per benchmark (criterion's minimum).
-const SAMPLES: usize = 10;
 const HISTORY: TableDefinition<[u8; 16], &[u8]> = TableDefinition::new("history");
 
 /// The engine's default redb cache size, which the raw comparisons use too.
@@ -62,7 +61,6 @@ fn kvd_cache_default() -> usize {
 /// The sizes of one run.
 #[derive(Debug)]
 struct Scale {
-    quick: bool,
     /// Keys in the store that group 3 ranges over.
     range_total: usize,
     /// Keys one Range returns.
@@ -73,181 +71,42 @@ struct Scale {
     compact_rounds: usize,
     /// Keys of group 5.
     reopen_keys: usize,
-    warm_up: Duration,
-    measurement: Duration,
 }
 
 fn scale() -> &'static Scale {
     static SCALE: OnceLock<Scale> = OnceLock::new();
     SCALE.get_or_init(|| {
-        let args: Vec<String> = std::env::args().collect();
-        // criterion runs in test mode under `--test`, and when `--bench` is absent
-        // (`cargo test --benches`): keep the setup small there too.
-        let test_mode = args.iter().any(|a| a == "--test") || !args.iter().any(|a| a == "--bench");
-        let quick = test_mode || std::env::var(QUICK_ENV).is_ok_and(|v| v == "1");
-        if quick {
+        if quick() {
             Scale {
-                quick,
                 range_total: 2_000,
                 range_len: 100,
                 compact_keys: 100,
                 compact_rounds: 11,
                 reopen_keys: 16_000,
-                warm_up: Duration::from_millis(100),
-                measurement: Duration::from_millis(500),
             }
         } else {
             Scale {
-                quick,
                 range_total: 100_000,
                 range_len: 1_000,
                 compact_keys: 1_000,
                 compact_rounds: 101,
                 reopen_keys: 1_000_000,
-                warm_up: Duration::from_secs(1),
-                measurement: Duration::from_secs(4),
             }
         }
     })
-}
-
-// ---------------------------------------------------------------------------------------
-// Recording and reporting
-// ---------------------------------------------------------------------------------------
-
-/// The (iterations, time) pairs one benchmark's `iter_custom` returned, warm-up included.
-#[derive(Debug, Default)]
-struct Samples {
-    runs: Vec<(u64, Duration)>,
-}
-
-impl Samples {
-    fn record(&mut self, iters: u64, elapsed: Duration) {
-        self.runs.push((iters, elapsed));
-    }
-
-    /// The measured samples: criterion runs the warm-up first, then `SAMPLES` samples.
-    fn measured(&self) -> &[(u64, Duration)] {
-        &self.runs[self.runs.len().saturating_sub(SAMPLES)..]
-    }
-
-    /// Median of `elements × iterations / seconds` over the measured samples.
-    fn median_rate(&self, elements_per_iter: f64) -> Option<f64> {
-        let rates: Vec<f64> = self
-            .measured()
-            .iter()
-            .map(|(iters, d)| *iters as f64 * elements_per_iter / d.as_secs_f64().max(1e-12))
-            .collect();
-        median(rates)
-    }
-
-    /// Iterations run in total, warm-up included.
-    fn total_iters(&self) -> u64 {
-        self.runs.iter().map(|(iters, _)| iters).sum()
-    }
-
-    /// Median seconds per iteration over the measured samples.
-    fn median_secs(&self) -> Option<f64> {
-        let secs = self
-            .measured()
-            .iter()
-            .map(|(iters, d)| d.as_secs_f64() / (*iters).max(1) as f64)
-            .collect();
-        median(secs)
-    }
-}
-
-fn median(mut values: Vec<f64>) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    Some(if values.len() % 2 == 1 {
-        values[mid]
-    } else {
-        (values[mid - 1] + values[mid]) / 2.0
-    })
-}
-
-/// Lines printed again at the end of the run.
-fn summary() -> &'static Mutex<Vec<String>> {
-    static SUMMARY: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
-    SUMMARY.get_or_init(|| Mutex::new(Vec::new()))
-}
-
-fn report(line: String) {
-    println!("kvd-bench: {line}");
-    summary()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(line);
-}
-
-fn fmt_rate(rate: f64) -> String {
-    let whole = rate.round() as u64;
-    let digits = whole.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// The first three fields of `/proc/loadavg`: how busy the shared machine was.
-fn load_average() -> String {
-    fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
-}
-
-/// Reports the machine's load taken as a group started, so noisy figures can be recognised.
-fn report_load(group: &str, load: &str) {
-    report(format!("{group}: load average at start {load}"));
-}
-
-fn configure(group: &mut BenchmarkGroup<'_, WallTime>) {
-    // Flat: every sample runs the same number of iterations, which suits long and
-    // one-shot measurements; criterion's own settings come from `main`.
-    group.sampling_mode(SamplingMode::Flat);
 }
 
 // ---------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------
 
-fn value() -> Bytes {
-    Bytes::from(vec![b'v'; VALUE_BYTES])
-}
-
-fn durable_config() -> Config {
-    Config::default()
-}
-
-fn load_config() -> Config {
-    Config {
-        unsafe_no_fsync: true,
-        ..Config::default()
-    }
-}
-
 /// Puts `total` keys from `LOADERS` threads; thread `t` writes indexes `t, t + LOADERS, ..`.
 fn load(engine: &Engine, total: usize, key_of: impl Fn(usize) -> String + Sync) {
     let value = value();
-    std::thread::scope(|s| {
-        for t in 0..LOADERS {
-            let (value, key_of) = (value.clone(), &key_of);
-            s.spawn(move || {
-                for n in (t..total).step_by(LOADERS) {
-                    engine
-                        .put(PutRequest::new(key_of(n), value.clone()))
-                        .expect("load put");
-                }
-            });
-        }
+    on_loaders(total as u64, |n| {
+        engine
+            .put(PutRequest::new(key_of(n as usize), value.clone()))
+            .expect("load put");
     });
 }
 
@@ -282,33 +141,115 @@ fn raw_key(main: u64) -> [u8; 16] {
     key
 }
 
-fn raw_db(dir: &Path) -> Database {
-    let mut builder = redb::Builder::new();
-    builder.set_cache_size(kvd_cache_default());
-    let db = builder
-        .create(dir.join("raw.redb"))
-        .expect("create raw redb");
-    let txn = db.begin_write().expect("begin");
-    txn.open_table(HISTORY).expect("table");
-    txn.commit().expect("commit");
-    db
+/// A raw redb database of `HISTORY` records in its own directory, and the last revision
+/// appended to it.
+struct RawStore {
+    _dir: TempDir,
+    db: Database,
+    next: u64,
 }
 
-/// Appends `count` records after revision `*next` in durable transactions of `batch`.
-fn raw_append(db: &Database, next: &mut u64, count: u64, batch: u64, record: &[u8]) {
-    let mut left = count;
-    while left > 0 {
-        let n = left.min(batch);
+impl RawStore {
+    /// Creates an empty store with the engine's default cache size.
+    fn new() -> RawStore {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut builder = redb::Builder::new();
+        builder.set_cache_size(kvd_cache_default());
+        let db = builder
+            .create(dir.path().join("raw.redb"))
+            .expect("create raw redb");
         let txn = db.begin_write().expect("begin");
-        {
-            let mut table = txn.open_table(HISTORY).expect("table");
-            for _ in 0..n {
-                *next += 1;
-                table.insert(&raw_key(*next), record).expect("insert");
-            }
-        }
+        txn.open_table(HISTORY).expect("table");
         txn.commit().expect("commit");
-        left -= n;
+        RawStore {
+            _dir: dir,
+            db,
+            next: 0,
+        }
+    }
+
+    /// Appends `count` records after the last revision in durable transactions of `batch`;
+    /// returns the time it took.
+    fn append(&mut self, count: u64, batch: u64, record: &[u8]) -> Duration {
+        let start = Instant::now();
+        let mut left = count;
+        while left > 0 {
+            let n = left.min(batch);
+            let txn = self.db.begin_write().expect("begin");
+            {
+                let mut table = txn.open_table(HISTORY).expect("table");
+                for _ in 0..n {
+                    self.next += 1;
+                    table.insert(&raw_key(self.next), record).expect("insert");
+                }
+            }
+            txn.commit().expect("commit");
+            left -= n;
+        }
+        start.elapsed()
+    }
+}
+
+/// Benchmarks `name`, appending `record`s to a raw store in durable transactions of `batch`,
+/// into `samples`; returns the store for the paired blocks (`None` when filtered out).
+fn bench_raw_append(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    batch: u64,
+    record: &[u8],
+    samples: &mut Samples,
+) -> Option<RawStore> {
+    let mut state: Option<RawStore> = None;
+    group.bench_function(name, |b| {
+        let raw = state.get_or_insert_with(RawStore::new);
+        b.iter_custom(|iters| {
+            let elapsed = raw.append(iters, batch, record);
+            samples.record(iters, elapsed);
+            elapsed
+        });
+    });
+    state
+}
+
+/// The figures of a group that runs the engine next to raw redb, reported in a fixed order:
+/// the load (when the engine ran), each side's line, their ratio and the paired ratio.
+struct VersusRaw {
+    group: &'static str,
+    load: String,
+    /// The engine's median rate and its line (what follows `group: `).
+    engine: Option<(f64, String)>,
+    /// Raw redb's median rate and its line.
+    raw: Option<(f64, String)>,
+    /// What follows the ratio, e.g. ` (target >= 0.3)`.
+    ratio_note: &'static str,
+    paired: Option<f64>,
+}
+
+impl VersusRaw {
+    fn report(self) {
+        let group = self.group;
+        if self.engine.is_some() {
+            report_load(group, &self.load);
+        }
+        if let Some((_, line)) = &self.engine {
+            report(format!("{group}: {line}"));
+        }
+        if let Some((_, line)) = &self.raw {
+            report(format!("{group}: {line}"));
+        }
+        if let (Some((engine, _)), Some((raw, _))) = (&self.engine, &self.raw) {
+            report(format!(
+                "{group}: ratio engine/raw {:.3}{}",
+                engine / raw,
+                self.ratio_note
+            ));
+        }
+        if let Some(paired) = self.paired {
+            report(format!(
+                "{group}: paired ratio engine/raw {paired:.3} (median of {} alternating blocks)",
+                paired_rounds()
+            ));
+        }
     }
 }
 
@@ -316,80 +257,24 @@ fn raw_append(db: &Database, next: &mut u64, count: u64, batch: u64, record: &[u
 // 1. put_durable_64_writers
 // ---------------------------------------------------------------------------------------
 
-/// Runs `total` durable Puts spread over `writers` threads; returns the wall time from the
-/// moment all threads are ready to the last answer.
-fn run_writers(engine: &Engine, writers: usize, total: u64, call: u64) -> Duration {
-    let value = value();
-    let barrier = Barrier::new(writers + 1);
-    let per = total / writers as u64;
-    let extra = total % writers as u64;
-    std::thread::scope(|s| {
-        for t in 0..writers {
-            let count = per + u64::from((t as u64) < extra);
-            let (value, barrier) = (value.clone(), &barrier);
-            s.spawn(move || {
-                barrier.wait();
-                for i in 0..count {
-                    let key = format!("/bench/{t}/{call}/{i}");
-                    engine
-                        .put(PutRequest::new(key, value.clone()))
-                        .expect("put");
-                }
-            });
-        }
-        barrier.wait();
-        let start = Instant::now();
-        // Leaving the scope joins every writer.
-        start
-    })
-    .elapsed()
-}
-
-/// Alternates `engine` and `raw` blocks of the same number of operations, `rounds` times
-/// (switching which goes first), and returns the median of `raw time / engine time`, that is
-/// of engine throughput over raw throughput. Pairing neighbouring blocks cancels most of the
-/// drift a shared machine adds between two benchmarks run one after the other.
-fn paired_ratio(
-    rounds: usize,
-    mut engine: impl FnMut() -> Duration,
-    mut raw: impl FnMut() -> Duration,
-) -> Option<f64> {
-    let mut ratios = Vec::with_capacity(rounds);
-    for round in 0..rounds {
-        let (e, r) = if round % 2 == 0 {
-            let e = engine();
-            (e, raw())
-        } else {
-            let r = raw();
-            (engine(), r)
-        };
-        ratios.push(r.as_secs_f64() / e.as_secs_f64().max(1e-12));
-    }
-    median(ratios)
-}
-
-fn paired_rounds() -> usize {
-    if scale().quick { 2 } else { 10 }
+/// The key of writer `t`'s `i`-th Put in call `call` of group 1.
+fn bench_key(t: usize, call: u64, i: u64) -> String {
+    format!("/bench/{t}/{call}/{i}")
 }
 
 fn put_durable_64_writers(c: &mut Criterion) {
-    let load = load_average();
-    let mut group = c.benchmark_group("put_durable_64_writers");
-    configure(&mut group);
+    let (load, mut group) = start_group(c, "put_durable_64_writers");
     group.throughput(Throughput::Elements(1));
 
     let mut engine_samples = Samples::default();
     let mut engine_state: Option<(TempDir, Engine)> = None;
     let mut calls = 0u64;
     group.bench_function("engine", |b| {
-        let (_, engine) = engine_state.get_or_insert_with(|| {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let engine = Engine::open(dir.path(), durable_config()).expect("open");
-            (dir, engine)
-        });
+        let (_, engine) = engine_state.get_or_insert_with(fresh_engine);
         b.iter_custom(|iters| {
             calls += 1;
-            let elapsed = run_writers(engine, WRITERS, iters, calls);
+            let call = calls;
+            let elapsed = run_writers(engine, WRITERS, iters, |t, i| bench_key(t, call, i));
             engine_samples.record(iters, elapsed);
             elapsed
         });
@@ -401,74 +286,50 @@ fn put_durable_64_writers(c: &mut Criterion) {
         .filter(|b| *b > 0)
         .unwrap_or(64);
     let mut raw_samples = Samples::default();
-    let mut raw_state: Option<(TempDir, Database, u64)> = None;
     let record = raw_record("/bench/63/1000/100000".len());
-    group.bench_function(format!("raw_redb_batched_{batch}"), |b| {
-        let (_, db, next) = raw_state.get_or_insert_with(|| {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let db = raw_db(dir.path());
-            (dir, db, 0)
-        });
-        b.iter_custom(|iters| {
-            let start = Instant::now();
-            raw_append(db, next, iters, batch, &record);
-            let elapsed = start.elapsed();
-            raw_samples.record(iters, elapsed);
-            elapsed
-        });
-    });
+    let name = format!("raw_redb_batched_{batch}");
+    let mut raw_state = bench_raw_append(&mut group, &name, batch, &record, &mut raw_samples);
     group.finish();
 
     let mut paired = None;
-    if let (Some((_, engine)), Some((_, db, next))) = (&engine_state, &mut raw_state) {
-        let block = WRITERS as u64 * if scale().quick { 10 } else { 50 };
+    if let (Some((_, engine)), Some(raw)) = (&engine_state, &mut raw_state) {
+        let block = WRITERS as u64 * if quick() { 10 } else { 50 };
         paired = paired_ratio(
             paired_rounds(),
             || {
                 calls += 1;
-                run_writers(engine, WRITERS, block, calls)
+                let call = calls;
+                run_writers(engine, WRITERS, block, |t, i| bench_key(t, call, i))
             },
-            || {
-                let start = Instant::now();
-                raw_append(db, next, block, batch, &record);
-                start.elapsed()
-            },
+            || raw.append(block, batch, &record),
         );
     }
     if let Some((_dir, engine)) = engine_state.take() {
         engine.close().expect("close");
     }
 
-    let engine = engine_samples.median_rate(1.0);
-    let raw = raw_samples.median_rate(1.0);
-    if engine.is_some() {
-        report_load("put_durable_64_writers", &load);
+    VersusRaw {
+        group: "put_durable_64_writers",
+        load,
+        engine: engine_samples.median_rate(1.0).map(|engine| {
+            let line = format!(
+                "engine {} puts/s (target >= 50,000/s; {} puts run in all)",
+                fmt_rate(engine),
+                fmt_rate(engine_samples.total_iters() as f64)
+            );
+            (engine, line)
+        }),
+        raw: raw_samples.median_rate(1.0).map(|raw| {
+            let line = format!(
+                "raw_redb_batched ({batch} per durable txn) {} puts/s",
+                fmt_rate(raw)
+            );
+            (raw, line)
+        }),
+        ratio_note: " (target >= 0.3)",
+        paired,
     }
-    if let Some(engine) = engine {
-        report(format!(
-            "put_durable_64_writers: engine {} puts/s (target >= 50,000/s; {} puts run in all)",
-            fmt_rate(engine),
-            fmt_rate(engine_samples.total_iters() as f64)
-        ));
-    }
-    if let Some(raw) = raw {
-        report(format!(
-            "put_durable_64_writers: raw_redb_batched ({batch} per durable txn) {} puts/s",
-            fmt_rate(raw)
-        ));
-    }
-    if let (Some(engine), Some(raw)) = (engine, raw) {
-        report(format!(
-            "put_durable_64_writers: ratio engine/raw {:.3} (target >= 0.3)",
-            engine / raw
-        ));
-    }
-    if let Some(paired) = paired {
-        report(format!(
-            "put_durable_64_writers: paired ratio engine/raw {paired:.3} (median of {} alternating blocks)",
-            paired_rounds()
-        ));
-    }
+    .report();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -489,9 +350,7 @@ fn run_single(engine: &Engine, next: &mut u64, count: u64, value: &Bytes) -> Dur
 }
 
 fn put_durable_1_writer(c: &mut Criterion) {
-    let load = load_average();
-    let mut group = c.benchmark_group("put_durable_1_writer");
-    configure(&mut group);
+    let (load, mut group) = start_group(c, "put_durable_1_writer");
     group.throughput(Throughput::Elements(1));
 
     let value = value();
@@ -499,8 +358,7 @@ fn put_durable_1_writer(c: &mut Criterion) {
     let mut engine_state: Option<(TempDir, Engine, u64)> = None;
     group.bench_function("engine", |b| {
         let (_, engine, next) = engine_state.get_or_insert_with(|| {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let engine = Engine::open(dir.path(), durable_config()).expect("open");
+            let (dir, engine) = fresh_engine();
             (dir, engine, 0)
         });
         b.iter_custom(|iters| {
@@ -511,72 +369,38 @@ fn put_durable_1_writer(c: &mut Criterion) {
     });
 
     let mut raw_samples = Samples::default();
-    let mut raw_state: Option<(TempDir, Database, u64)> = None;
     let record = raw_record("/bench/single/100000".len());
-    group.bench_function("raw_redb_commit_per_put", |b| {
-        let (_, db, next) = raw_state.get_or_insert_with(|| {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let db = raw_db(dir.path());
-            (dir, db, 0)
-        });
-        b.iter_custom(|iters| {
-            let start = Instant::now();
-            raw_append(db, next, iters, 1, &record);
-            let elapsed = start.elapsed();
-            raw_samples.record(iters, elapsed);
-            elapsed
-        });
-    });
+    let name = "raw_redb_commit_per_put";
+    let mut raw_state = bench_raw_append(&mut group, name, 1, &record, &mut raw_samples);
     group.finish();
 
     let mut paired = None;
-    if let (Some((_, engine, engine_next)), Some((_, db, raw_next))) =
-        (&mut engine_state, &mut raw_state)
-    {
-        let block = if scale().quick { 20 } else { 300 };
+    if let (Some((_, engine, next)), Some(raw)) = (&mut engine_state, &mut raw_state) {
+        let block = if quick() { 20 } else { 300 };
         paired = paired_ratio(
             paired_rounds(),
-            || run_single(engine, engine_next, block, &value),
-            || {
-                let start = Instant::now();
-                raw_append(db, raw_next, block, 1, &record);
-                start.elapsed()
-            },
+            || run_single(engine, next, block, &value),
+            || raw.append(block, 1, &record),
         );
     }
     if let Some((_dir, engine, _)) = engine_state.take() {
         engine.close().expect("close");
     }
 
-    let engine = engine_samples.median_rate(1.0);
-    let raw = raw_samples.median_rate(1.0);
-    if engine.is_some() {
-        report_load("put_durable_1_writer", &load);
+    VersusRaw {
+        group: "put_durable_1_writer",
+        load,
+        engine: engine_samples
+            .median_rate(1.0)
+            .map(|engine| (engine, format!("engine {} puts/s", fmt_rate(engine)))),
+        raw: raw_samples.median_rate(1.0).map(|raw| {
+            let line = format!("raw_redb_commit_per_put {} puts/s", fmt_rate(raw));
+            (raw, line)
+        }),
+        ratio_note: " (target >= 0.8)",
+        paired,
     }
-    if let Some(engine) = engine {
-        report(format!(
-            "put_durable_1_writer: engine {} puts/s",
-            fmt_rate(engine)
-        ));
-    }
-    if let Some(raw) = raw {
-        report(format!(
-            "put_durable_1_writer: raw_redb_commit_per_put {} puts/s",
-            fmt_rate(raw)
-        ));
-    }
-    if let (Some(engine), Some(raw)) = (engine, raw) {
-        report(format!(
-            "put_durable_1_writer: ratio engine/raw {:.3} (target >= 0.8)",
-            engine / raw
-        ));
-    }
-    if let Some(paired) = paired {
-        report(format!(
-            "put_durable_1_writer: paired ratio engine/raw {paired:.3} (median of {} alternating blocks)",
-            paired_rounds()
-        ));
-    }
+    .report();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -591,9 +415,7 @@ fn range_1000_keys(c: &mut Criterion) {
     let s = scale();
     let (total, len) = (s.range_total, s.range_len);
     let prefixes = total / len;
-    let load = load_average();
-    let mut group = c.benchmark_group("range_1000_keys");
-    configure(&mut group);
+    let (load, mut group) = start_group(c, "range_1000_keys");
     group.throughput(Throughput::Elements(len as u64));
 
     let mut engine_samples = Samples::default();
@@ -634,23 +456,21 @@ fn range_1000_keys(c: &mut Criterion) {
     // a redb table (one range scan), the floor under any Range implementation on redb.
     let mut raw_samples = Samples::default();
     {
-        let mut state: Option<(TempDir, Database)> = None;
+        let mut state: Option<RawStore> = None;
         let mut turn = 0u64;
         group.bench_function("raw_redb_scan", |b| {
-            let (_, db) = state.get_or_insert_with(|| {
-                let dir = tempfile::tempdir().expect("tempdir");
-                let db = raw_db(dir.path());
+            let raw = state.get_or_insert_with(|| {
+                let mut raw = RawStore::new();
                 let record = raw_record(range_key(0, len).len());
-                let mut next = 0;
-                raw_append(&db, &mut next, total as u64, 10_000, &record);
-                (dir, db)
+                raw.append(total as u64, 10_000, &record);
+                raw
             });
             b.iter_custom(|iters| {
                 let start = Instant::now();
                 for _ in 0..iters {
                     turn = (turn + 1) % prefixes as u64;
                     let first = turn * len as u64 + 1;
-                    let txn = db.begin_read().expect("begin_read");
+                    let txn = raw.db.begin_read().expect("begin_read");
                     let table = txn.open_table(HISTORY).expect("table");
                     let mut bytes = 0usize;
                     let range = table.range(raw_key(first)..raw_key(first + len as u64));
@@ -669,62 +489,35 @@ fn range_1000_keys(c: &mut Criterion) {
     }
     group.finish();
 
-    let engine = engine_samples.median_rate(len as f64);
-    let raw = raw_samples.median_rate(len as f64);
-    if engine.is_some() {
-        report_load("range_1000_keys", &load);
+    VersusRaw {
+        group: "range_1000_keys",
+        load,
+        engine: engine_samples.median_rate(len as f64).map(|engine| {
+            let line = format!(
+                "engine {} keys/s ({len} of {total} keys per Range; target >= 1,000,000 keys/s)",
+                fmt_rate(engine)
+            );
+            (engine, line)
+        }),
+        raw: raw_samples.median_rate(len as f64).map(|raw| {
+            let line = format!("raw_redb_scan {} records/s (context)", fmt_rate(raw));
+            (raw, line)
+        }),
+        ratio_note: "",
+        paired: None,
     }
-    if let Some(engine) = engine {
-        report(format!(
-            "range_1000_keys: engine {} keys/s ({len} of {total} keys per Range; target >= 1,000,000 keys/s)",
-            fmt_rate(engine)
-        ));
-    }
-    if let Some(raw) = raw {
-        report(format!(
-            "range_1000_keys: raw_redb_scan {} records/s (context)",
-            fmt_rate(raw)
-        ));
-    }
-    if let (Some(engine), Some(raw)) = (engine, raw) {
-        report(format!(
-            "range_1000_keys: ratio engine/raw {:.3}",
-            engine / raw
-        ));
-    }
+    .report();
 }
 
 // ---------------------------------------------------------------------------------------
 // 4. compaction_100k
 // ---------------------------------------------------------------------------------------
 
-/// Copies the database file of `from` into a new directory.
-fn copy_store(from: &Path) -> TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    fs::copy(from.join("kvd.redb"), dir.path().join("kvd.redb")).expect("copy store");
-    dir
-}
-
-/// Returns (bytes allocated inside the file, file length) of the closed store in `dir`, read
-/// with redb directly.
-fn db_sizes(dir: &Path) -> (u64, u64) {
-    let path = dir.join("kvd.redb");
-    let len = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-    let db = Database::open(&path).expect("open closed store with redb");
-    let txn = db.begin_write().expect("begin");
-    let stats = txn.stats().expect("stats");
-    let in_use = stats.allocated_pages() * stats.page_size() as u64;
-    txn.abort().expect("abort");
-    (in_use, len)
-}
-
 fn compaction_100k(c: &mut Criterion) {
     let s = scale();
     let (keys, rounds) = (s.compact_keys, s.compact_rounds);
     let superseded = keys * (rounds - 1);
-    let load = load_average();
-    let mut group = c.benchmark_group("compaction_100k");
-    configure(&mut group);
+    let (load, mut group) = start_group(c, "compaction_100k");
     group.throughput(Throughput::Elements(superseded as u64));
 
     let mut samples = Samples::default();
@@ -844,9 +637,7 @@ fn run_rss_probe(dir: &Path, cache: usize) -> Option<(u64, u64)> {
 
 fn reopen_1m_keys(c: &mut Criterion) {
     let total = scale().reopen_keys;
-    let load = load_average();
-    let mut group = c.benchmark_group("reopen_1m_keys");
-    configure(&mut group);
+    let (load, mut group) = start_group(c, "reopen_1m_keys");
     group.throughput(Throughput::Elements(total as u64));
 
     let mut samples = Samples::default();
@@ -919,31 +710,11 @@ fn main() {
         rss_probe(dir);
         return;
     }
-    let s = scale();
-    let mut c = Criterion::default()
-        .sample_size(SAMPLES)
-        .warm_up_time(s.warm_up)
-        .measurement_time(s.measurement)
-        .configure_from_args();
-    let start = Instant::now();
-    put_durable_64_writers(&mut c);
-    put_durable_1_writer(&mut c);
-    range_1000_keys(&mut c);
-    compaction_100k(&mut c);
-    reopen_1m_keys(&mut c);
-    c.final_summary();
-    let lines = summary().lock().unwrap_or_else(|p| p.into_inner());
-    println!();
-    println!(
-        "kvd-bench summary ({}, {:.0} s):",
-        if s.quick {
-            "quick mode, small data sets: a smoke test, not a measurement"
-        } else {
-            "full mode"
-        },
-        start.elapsed().as_secs_f64()
-    );
-    for line in lines.iter() {
-        println!("  {line}");
-    }
+    run_groups(&[
+        put_durable_64_writers,
+        put_durable_1_writer,
+        range_1000_keys,
+        compaction_100k,
+        reopen_1m_keys,
+    ]);
 }

@@ -27,32 +27,29 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
+mod common;
+
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Barrier, Mutex, OnceLock};
+use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
+use common::{
+    SAMPLES, Samples, copy_store, db_sizes, durable_config, fmt_rate, fresh_engine, load_config,
+    median, on_loaders, paired_ratio, paired_rounds, quick, report, report_load, run_groups,
+    run_writers, start_group, value,
+};
+use criterion::{Criterion, Throughput};
 use kvd::quota::RawQuotaConfig;
 use kvd::{
-    CompactionRequest, Config, DeleteRangeRequest, Engine, KV_BYTES, KV_KEYS, PutRequest,
-    RequestOp, TxnRequest, WatchCreateRequest, WatchStream,
+    CompactionRequest, DeleteRangeRequest, Engine, KV_BYTES, KV_KEYS, PutRequest, RequestOp,
+    TxnRequest, WatchCreateRequest, WatchStream,
 };
 use tempfile::TempDir;
 
-/// Environment variable that turns quick mode on.
-const QUICK_ENV: &str = "KVD_BENCH_QUICK";
-
-/// Samples per benchmark (criterion's minimum).
-const SAMPLES: usize = 10;
-/// Value size of every Put of the write-throughput groups.
-const VALUE_BYTES: usize = 256;
-/// Threads that load data sets (with `unsafe_no_fsync`), so the apply thread batches.
-const LOADERS: usize = 16;
 /// Operations per load transaction.
 const LOAD_TXN_OPS: u64 = 64;
 
@@ -87,15 +84,10 @@ const QUOTA_ROLES: usize = 1_000;
 /// The sizes of one run.
 #[derive(Debug)]
 struct Scale {
-    quick: bool,
-    warm_up: Duration,
-    measurement: Duration,
     /// The defrag cases: (name, target file size in bytes).
     defrag_cases: Vec<(&'static str, u64)>,
     /// Writes before the defrag starts, so the writers are at full speed.
     defrag_settle: Duration,
-    /// Alternating blocks of the with/without comparisons.
-    paired_rounds: usize,
     /// Puts per writer thread in one paired block.
     paired_block_per_writer: u64,
     /// How long the consumers of one fan-out call wait for its events, at most.
@@ -105,30 +97,17 @@ struct Scale {
 fn scale() -> &'static Scale {
     static SCALE: OnceLock<Scale> = OnceLock::new();
     SCALE.get_or_init(|| {
-        let args: Vec<String> = std::env::args().collect();
-        // criterion runs in test mode under `--test`, and when `--bench` is absent
-        // (`cargo test --benches`): keep the setup small there too.
-        let test_mode = args.iter().any(|a| a == "--test") || !args.iter().any(|a| a == "--bench");
-        let quick = test_mode || std::env::var(QUICK_ENV).is_ok_and(|v| v == "1");
-        if quick {
+        if quick() {
             Scale {
-                quick,
-                warm_up: Duration::from_millis(100),
-                measurement: Duration::from_millis(500),
                 defrag_cases: vec![("10MiB", 10 << 20)],
                 defrag_settle: Duration::from_millis(100),
-                paired_rounds: 2,
                 paired_block_per_writer: 5,
                 fanout_deadline: Duration::from_secs(30),
             }
         } else {
             Scale {
-                quick,
-                warm_up: Duration::from_secs(1),
-                measurement: Duration::from_secs(4),
                 defrag_cases: vec![("100MiB", 100 << 20), ("1GiB", 1 << 30)],
                 defrag_settle: Duration::from_millis(500),
-                paired_rounds: 10,
                 paired_block_per_writer: 40,
                 fanout_deadline: Duration::from_secs(120),
             }
@@ -139,33 +118,6 @@ fn scale() -> &'static Scale {
 // ---------------------------------------------------------------------------------------
 // Recording and reporting
 // ---------------------------------------------------------------------------------------
-
-/// The (iterations, time) pairs one benchmark's `iter_custom` returned, warm-up included.
-#[derive(Debug, Default)]
-struct Samples {
-    runs: Vec<(u64, Duration)>,
-}
-
-impl Samples {
-    fn record(&mut self, iters: u64, elapsed: Duration) {
-        self.runs.push((iters, elapsed));
-    }
-
-    /// The measured samples: criterion runs the warm-up first, then `SAMPLES` samples.
-    fn measured(&self) -> &[(u64, Duration)] {
-        &self.runs[self.runs.len().saturating_sub(SAMPLES)..]
-    }
-
-    /// Median of `elements × iterations / seconds` over the measured samples.
-    fn median_rate(&self, elements_per_iter: f64) -> Option<f64> {
-        let rates: Vec<f64> = self
-            .measured()
-            .iter()
-            .map(|(iters, d)| *iters as f64 * elements_per_iter / d.as_secs_f64().max(1e-12))
-            .collect();
-        median(rates)
-    }
-}
 
 /// Per-sample figures other than the time criterion sees (rates, latencies, sizes).
 #[derive(Debug, Default)]
@@ -199,52 +151,12 @@ impl Figures {
     }
 }
 
-fn median(mut values: Vec<f64>) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    Some(if values.len() % 2 == 1 {
-        values[mid]
-    } else {
-        (values[mid - 1] + values[mid]) / 2.0
-    })
-}
-
-/// Lines printed again at the end of the run.
-fn summary() -> &'static Mutex<Vec<String>> {
-    static SUMMARY: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
-    SUMMARY.get_or_init(|| Mutex::new(Vec::new()))
-}
-
-fn report(line: String) {
-    println!("kvd-bench: {line}");
-    summary()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(line);
-}
-
-fn fmt_rate(rate: f64) -> String {
-    let whole = rate.round() as u64;
-    let digits = whole.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 fn mib(bytes: f64) -> String {
     format!("{:.1} MiB", bytes / f64::from(1u32 << 20))
 }
 
 fn verdict(met: bool) -> &'static str {
-    if scale().quick {
+    if quick() {
         "not judged in quick mode"
     } else if met {
         "met"
@@ -253,117 +165,15 @@ fn verdict(met: bool) -> &'static str {
     }
 }
 
-/// The first three fields of `/proc/loadavg`: how busy the shared machine was.
-fn load_average() -> String {
-    fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
-}
-
-/// Reports the machine's load taken as a group started, so noisy figures can be recognised.
-fn report_load(group: &str, load: &str) {
-    report(format!("{group}: load average at start {load}"));
-}
-
-fn configure(group: &mut BenchmarkGroup<'_, WallTime>) {
-    // Flat: every sample runs the same number of iterations, which suits long and
-    // one-shot measurements; criterion's own settings come from `main`.
-    group.sampling_mode(SamplingMode::Flat);
-}
-
 // ---------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------
 
-fn value() -> Bytes {
-    Bytes::from(vec![b'v'; VALUE_BYTES])
-}
-
-fn durable_config() -> Config {
-    Config::default()
-}
-
-fn load_config() -> Config {
-    Config {
-        unsafe_no_fsync: true,
-        ..Config::default()
-    }
-}
-
-/// Opens a durable engine in a new directory.
-fn fresh_engine() -> (TempDir, Engine) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let engine = Engine::open(dir.path(), durable_config()).expect("open");
-    (dir, engine)
-}
-
-/// Runs `total` durable Puts spread over `writers` threads, writer `t`'s `i`-th Put going to
-/// `key_of(t, i)`; returns the wall time from the moment all threads are ready to the last
-/// answer.
-fn run_writers(
-    engine: &Engine,
-    writers: usize,
-    total: u64,
-    key_of: impl Fn(usize, u64) -> String + Sync,
-) -> Duration {
-    let value = value();
-    let barrier = Barrier::new(writers + 1);
-    let per = total / writers as u64;
-    let extra = total % writers as u64;
-    std::thread::scope(|s| {
-        for t in 0..writers {
-            let count = per + u64::from((t as u64) < extra);
-            let (value, barrier, key_of) = (value.clone(), &barrier, &key_of);
-            s.spawn(move || {
-                barrier.wait();
-                for i in 0..count {
-                    engine
-                        .put(PutRequest::new(key_of(t, i), value.clone()))
-                        .expect("put");
-                }
-            });
-        }
-        barrier.wait();
-        // Leaving the scope joins every writer.
-        Instant::now()
-    })
-    .elapsed()
-}
-
-/// Alternates blocks on the engine `with` the feature and the one `without` it, `rounds`
-/// times (switching which goes first), and returns the median of `time without / time with`,
-/// that is of the throughput with the feature over the throughput without it.
-fn paired_ratio(
-    rounds: usize,
-    mut with: impl FnMut() -> Duration,
-    mut without: impl FnMut() -> Duration,
-) -> Option<f64> {
-    let mut ratios = Vec::with_capacity(rounds);
-    for round in 0..rounds {
-        let (w, wo) = if round % 2 == 0 {
-            let w = with();
-            (w, without())
-        } else {
-            let wo = without();
-            (with(), wo)
-        };
-        ratios.push(wo.as_secs_f64() / w.as_secs_f64().max(1e-12));
-    }
-    median(ratios)
-}
-
-/// Runs `count` transactions `txn_of(first)`, `txn_of(first + 1)`, .. from `LOADERS`
-/// threads.
+/// Runs `count` transactions `txn_of(first)`, `txn_of(first + 1)`, .. from
+/// `common::LOADERS` threads.
 fn run_txns(engine: &Engine, first: u64, count: u64, txn_of: impl Fn(u64) -> TxnRequest + Sync) {
-    std::thread::scope(|s| {
-        for t in 0..LOADERS as u64 {
-            let txn_of = &txn_of;
-            s.spawn(move || {
-                for n in (t..count).step_by(LOADERS) {
-                    engine.txn(txn_of(first + n)).expect("load txn");
-                }
-            });
-        }
+    on_loaders(count, |n| {
+        engine.txn(txn_of(first + n)).expect("load txn");
     });
 }
 
@@ -406,7 +216,7 @@ impl Comparison {
             let cost = (1.0 - paired) * 100.0;
             report(format!(
                 "{group}: cost {cost:.1}% paired (median of {} alternating blocks; target <= {:.0}%: {})",
-                scale().paired_rounds,
+                paired_rounds(),
                 self.target_percent,
                 verdict(cost <= self.target_percent)
             ));
@@ -425,9 +235,7 @@ fn compare_writes(
     with: &Engine,
     key_of: impl Fn(u64, usize, u64) -> String + Sync,
 ) {
-    let load = load_average();
-    let mut group = c.benchmark_group(group_name);
-    configure(&mut group);
+    let (load, mut group) = start_group(c, group_name);
     group.throughput(Throughput::Elements(1));
     let mut calls = 0u64;
     let mut samples = [Samples::default(), Samples::default()];
@@ -445,7 +253,7 @@ fn compare_writes(
         });
     }
     group.finish();
-    let ran = samples.iter().any(|s| !s.runs.is_empty());
+    let ran = samples.iter().any(|s| !s.is_empty());
     let mut paired = None;
     if ran {
         let block = WRITERS as u64 * scale().paired_block_per_writer;
@@ -456,11 +264,7 @@ fn compare_writes(
             let call = next_call.get();
             run_writers(engine, WRITERS, block, |t, i| key_of(call, t, i))
         };
-        paired = paired_ratio(
-            scale().paired_rounds,
-            || block_on(with),
-            || block_on(without),
-        );
+        paired = paired_ratio(paired_rounds(), || block_on(with), || block_on(without));
         report_load(group_name, &load);
     }
     Comparison {
@@ -593,9 +397,7 @@ fn fanout_once(engine: &Engine, streams: &[WatchStream], puts: u64, call: u64) -
 }
 
 fn watch_fanout_1000(c: &mut Criterion) {
-    let load = load_average();
-    let mut group = c.benchmark_group("watch_fanout_1000");
-    configure(&mut group);
+    let (load, mut group) = start_group(c, "watch_fanout_1000");
     group.throughput(Throughput::Elements(FANOUT_WATCHES as u64));
 
     let mut figures = Figures::default();
@@ -791,19 +593,6 @@ fn build_fragmented(name: &str, target: u64) -> Fragmented {
     }
 }
 
-/// Returns (bytes allocated inside the file, file length) of the closed store in `dir`, read
-/// with redb directly.
-fn db_sizes(dir: &Path) -> (u64, u64) {
-    let path = dir.join("kvd.redb");
-    let len = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-    let db = redb::Database::open(&path).expect("open closed store with redb");
-    let txn = db.begin_write().expect("begin");
-    let stats = txn.stats().expect("stats");
-    let in_use = stats.allocated_pages() * stats.page_size() as u64;
-    txn.abort().expect("abort");
-    (in_use, len)
-}
-
 /// What one defrag under write load measured.
 struct DefragRun {
     duration: Duration,
@@ -834,12 +623,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 /// Copies the store of `source` into a new directory, opens it durably and defrags it while
 /// `DEFRAG_WRITERS` threads do durable Puts and time each one.
 fn defrag_once(source: &Fragmented, call: u64) -> DefragRun {
-    let dir = tempfile::tempdir().expect("tempdir");
-    fs::copy(
-        source.dir.path().join("kvd.redb"),
-        dir.path().join("kvd.redb"),
-    )
-    .expect("copy store");
+    let dir = copy_store(source.dir.path());
     let engine = Engine::open(dir.path(), durable_config()).expect("open");
     let value = value();
     let stop = AtomicBool::new(false);
@@ -915,9 +699,7 @@ fn defrag_once(source: &Fragmented, call: u64) -> DefragRun {
 }
 
 fn defrag_stall(c: &mut Criterion) {
-    let load = load_average();
-    let mut group = c.benchmark_group("defrag_stall");
-    configure(&mut group);
+    let (load, mut group) = start_group(c, "defrag_stall");
     // One defrag per sample: the warm-up runs one, then criterion's minimum of samples.
     group.warm_up_time(Duration::from_millis(1));
     group.measurement_time(Duration::from_millis(100));
@@ -1073,30 +855,10 @@ fn quota_1000_roles(c: &mut Criterion) {
 // ---------------------------------------------------------------------------------------
 
 fn main() {
-    let s = scale();
-    let mut c = Criterion::default()
-        .sample_size(SAMPLES)
-        .warm_up_time(s.warm_up)
-        .measurement_time(s.measurement)
-        .configure_from_args();
-    let start = Instant::now();
-    watch_fanout_1000(&mut c);
-    watch_idle_10000(&mut c);
-    defrag_stall(&mut c);
-    quota_1000_roles(&mut c);
-    c.final_summary();
-    let lines = summary().lock().unwrap_or_else(|p| p.into_inner());
-    println!();
-    println!(
-        "kvd-bench summary ({}, {:.0} s):",
-        if s.quick {
-            "quick mode, small data sets: a smoke test, not a measurement"
-        } else {
-            "full mode"
-        },
-        start.elapsed().as_secs_f64()
-    );
-    for line in lines.iter() {
-        println!("  {line}");
-    }
+    run_groups(&[
+        watch_fanout_1000,
+        watch_idle_10000,
+        defrag_stall,
+        quota_1000_roles,
+    ]);
 }
