@@ -10,6 +10,9 @@
 //!   thread, after every earlier activation in apply order: once an alarm is applied, no
 //!   write it blocks is applied after it.
 //!
+//! Owns: the alarm set and its rows in the `alarms` table ([`Alarms::load`], [`Alarms::raise`],
+//! [`Alarms::clear`] write them in the batch they are handed).
+//!
 //! Contact points: `engine::apply` applies Alarm requests and raises NOSPACE on the first
 //! refusal; `Engine` reads the flags at admission and answers Get from memory.
 
@@ -17,7 +20,7 @@ use std::collections::BTreeSet;
 
 use crate::api::{AlarmMember, AlarmType};
 use crate::error::StorageError;
-use crate::storage::RowTable;
+use crate::storage::{RowTable, Snapshot, WriteBatch};
 use crate::sync::{AtomicBool, Ordering};
 
 /// The storage table of alarms: 8-byte big-endian member id + 1 byte type → empty.
@@ -74,6 +77,42 @@ impl Alarms {
             .filter(|a| kind == AlarmType::None || a.alarm == kind)
             .copied()
             .collect()
+    }
+
+    /// Loads the active alarms from their table (ALARM-1).
+    pub fn load(snapshot: &Snapshot) -> Result<Alarms, StorageError> {
+        let mut active = Vec::new();
+        for (key, _) in snapshot.rows(ALARMS_TABLE)? {
+            active.push(decode_key(&key)?);
+        }
+        Ok(Alarms::new(active))
+    }
+
+    /// Activates `member` and writes its row in `batch` if it was not active; returns true
+    /// if it was new (ALARM-1: memory and table change together).
+    pub fn raise(
+        &mut self,
+        member: AlarmMember,
+        batch: &mut WriteBatch<'_>,
+    ) -> Result<bool, StorageError> {
+        let added = self.activate(member);
+        if added {
+            batch.put_row(ALARMS_TABLE, &encode_key(member), &[])?;
+        }
+        Ok(added)
+    }
+
+    /// Deactivates `member` and deletes its row in `batch`; returns true if it was active.
+    pub fn clear(
+        &mut self,
+        member: AlarmMember,
+        batch: &mut WriteBatch<'_>,
+    ) -> Result<bool, StorageError> {
+        let removed = self.deactivate(member);
+        if removed {
+            batch.delete_row(ALARMS_TABLE, &encode_key(member))?;
+        }
+        Ok(removed)
     }
 
     /// Returns true while a NOSPACE alarm is active.

@@ -1,7 +1,7 @@
 //! The apply thread: applies admitted writes in order, in batches, each batch in one
 //! storage write transaction, and hands every committed batch to the commit thread
 //! (`engine::commit`) without waiting for it to be durable; compaction steps run between
-//! batches; recovery runs on open.
+//! batches.
 //!
 //! Each loop takes every queued proposal (up to `batch_requests_max`; sleeps if there is
 //! none and no compaction work), applies them in order in one `Store::write_logged`
@@ -31,7 +31,6 @@
 //! Contact points: `Engine` pushes [`Proposal`]s into a [`Mailbox`]; `mvcc::write` applies
 //! each request; `engine::commit` finishes each batch.
 
-use std::collections::BTreeMap;
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -44,7 +43,6 @@ use super::defrag::{self, DefragStep};
 use super::mailbox::Mailbox;
 use super::proposal::{Answer, Completion, Proposal};
 use crate::accounting::Accounts;
-use crate::alarm::{self, ALARMS_TABLE};
 use crate::api::{
     AlarmAction, AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionRequest,
     CompactionResponse, DeleteRangeRequest, LeaseGrantRequest, LeaseGrantResponse,
@@ -52,101 +50,13 @@ use crate::api::{
     TxnResponse,
 };
 use crate::error::{Error, Result, StorageError};
-use crate::lease::{self, LEASE_REVOKES_PER_PASS_MAX, LEASES_TABLE, Lessor};
+use crate::lease::{self, LEASE_REVOKES_PER_PASS_MAX, Lessor};
 use crate::mvcc::compaction::CompactionJob;
-use crate::mvcc::read;
-use crate::mvcc::record::{self, Record};
+use crate::mvcc::record;
 use crate::mvcc::write::{Change, TxnWriter};
-use crate::mvcc::{Index, Revision};
 use crate::space;
-use crate::storage::{MetaKey, Snapshot, Store, WriteBatch};
+use crate::storage::{MetaKey, WriteBatch};
 use crate::sync::{self, Arc, Ordering};
-
-/// What open found on disk.
-pub struct Recovered {
-    /// The rebuilt index, compacted at the compaction revision.
-    pub index: Index,
-    /// The current revision (ENG-2: never below what was committed).
-    pub current: i64,
-    /// Requests applied so far.
-    pub applied_index: u64,
-    /// An interrupted compaction to resume.
-    pub jobs: Vec<CompactionJob>,
-    /// The leases, with full TTLs from now (LEASE-3), and their keys.
-    pub lessor: Lessor,
-    /// The active alarms (ALARM-1).
-    pub alarms: Vec<AlarmMember>,
-}
-
-/// Rebuilds the index from the history and the meta table.
-pub fn recover(
-    store: &Store,
-    now: Duration,
-    lease_ttl_min: i64,
-) -> Result<Recovered, StorageError> {
-    let snapshot = store.snapshot()?;
-    let meta = |key| -> Result<i64, StorageError> {
-        Ok(snapshot
-            .get_meta(key)?
-            .map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX)))
-    };
-    let finished = meta(MetaKey::FinishedCompactRevision)?;
-    let scheduled = meta(MetaKey::ScheduledCompactRevision)?;
-    let recorded_current = meta(MetaKey::CurrentRevision)?;
-    let applied_index = snapshot.get_meta(MetaKey::AppliedIndex)?.unwrap_or(0);
-    let mut alarms = Vec::new();
-    for (key, _) in snapshot.rows(ALARMS_TABLE)? {
-        alarms.push(alarm::decode_key(&key)?);
-    }
-    let mut lessor = Lessor::new();
-    for (key, value) in snapshot.rows(LEASES_TABLE)? {
-        let (id, ttl) = lease::decode_row(&key, &value)?;
-        // etcd raises stored TTLs below the minimum on load (LEASE-4).
-        lessor.grant(id, lease::effective_ttl(ttl, lease_ttl_min), now);
-    }
-    // The lease of each key's newest record, for keys that have one.
-    let mut attached: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
-    let mut index = Index::new();
-    let mut last_main = 1;
-    snapshot.scan_history(.., usize::MAX, |key, value| {
-        let rev = Revision::from_key(key);
-        let head = Record::decode_head(value)?;
-        if head.tombstone || head.lease == 0 {
-            attached.remove(head.key);
-        } else {
-            attached.insert(head.key.to_vec(), head.lease);
-        }
-        index.restore(
-            head.key,
-            rev,
-            head.tombstone,
-            head.create_revision,
-            head.version,
-            head.cost(),
-        );
-        last_main = rev.main;
-        Ok(true)
-    })?;
-    let mut jobs = Vec::new();
-    if scheduled > finished {
-        index.compact(scheduled);
-        jobs.push(CompactionJob::new(scheduled));
-    } else if finished >= 0 {
-        index.compact(finished);
-    }
-    for (key, lease) in attached {
-        lessor.attach(&Bytes::from(key), lease);
-    }
-    let current = last_main.max(recorded_current).max(scheduled).max(1);
-    Ok(Recovered {
-        index,
-        current,
-        applied_index,
-        jobs,
-        lessor,
-        alarms,
-    })
-}
 
 /// The shortest time between two refreshes of the size-in-use figure.
 const STATS_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
@@ -159,6 +69,9 @@ const STATS_REFRESH_SPACING_FACTOR: u32 = 20;
 /// `STATS_BUSY_LONG_WALK_INTERVAL`, since it stalls writes for its duration.
 const STATS_BUSY_WALK_MAX: Duration = Duration::from_millis(20);
 const STATS_BUSY_LONG_WALK_INTERVAL: Duration = Duration::from_secs(300);
+
+/// Debug builds check ACCT-1 after each batch of a store with at most this many keys.
+const ACCT_CHECK_KEYS_MAX: usize = 4_096;
 
 /// How long the idle apply thread sleeps before looking at lease deadlines again.
 const IDLE_WAKE_INTERVAL: Duration = Duration::from_millis(50);
@@ -464,6 +377,7 @@ impl Applier {
                     self.shared.space.measured(measured);
                 }
                 self.shared.space.committed(self.batch_cost);
+                self.debug_check_accounts();
                 self.commits_since_stats += 1;
                 let step = match record {
                     Some(_) => CommitStep::AfterApply,
@@ -514,6 +428,21 @@ impl Applier {
                 }
             }
         }
+    }
+
+    /// Debug builds recount the consumption tables after every batch of a small store and
+    /// assert ACCT-1; the recount is O(keys), so stores of more than
+    /// `ACCT_CHECK_KEYS_MAX` keys are not checked (release builds check nothing).
+    fn debug_check_accounts(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let index = sync::read(&self.shared.index);
+        if index.len() > ACCT_CHECK_KEYS_MAX {
+            return;
+        }
+        let drift = sync::lock(&self.shared.accounts).drift(&index);
+        debug_assert!(drift.is_empty(), "ACCT-1: counters drifted: {drift:?}");
     }
 
     /// Sorts a committed batch's outcomes into the answers delivered with it and the ones
@@ -678,8 +607,7 @@ impl Applier {
             (answer, changed, writer.into_changes())
         };
         if let (Some(id), Ok(_)) = (revoked, &answer) {
-            lessor.revoke(id);
-            batch.delete_row(LEASES_TABLE, &id.to_be_bytes())?;
+            lessor.revoke_in(batch, id)?;
         }
         for change in &changes {
             // SPACE-3: every record written, tombstones included, grows the estimate.
@@ -727,9 +655,7 @@ impl Applier {
             return Ok(Err(Error::LeaseExists));
         }
         let ttl = lease::effective_ttl(req.ttl, shared.config.lease_ttl_min_seconds);
-        let (key, value) = lease::encode_row(id, ttl);
-        batch.put_row(LEASES_TABLE, &key, &value)?;
-        lessor.grant(id, ttl, shared.config.clock.now());
+        lessor.grant_in(batch, id, ttl, shared.config.clock.now())?;
         self.applied_index += 1;
         let header = ResponseHeader {
             revision: self.current,
@@ -766,9 +692,7 @@ impl Applier {
             member_id: self.shared.config.member_id,
             alarm: AlarmType::NoSpace,
         };
-        if sync::lock(&self.shared.alarms).activate(member) {
-            batch.put_row(ALARMS_TABLE, &alarm::encode_key(member), &[])?;
-        }
+        sync::lock(&self.shared.alarms).raise(member, batch)?;
         Ok(Some(Error::NoSpace))
     }
 
@@ -821,9 +745,7 @@ impl Applier {
         let mut alarms = sync::lock(&self.shared.alarms);
         let listed = match req.action {
             AlarmAction::Activate => {
-                if alarms.activate(member) {
-                    batch.put_row(ALARMS_TABLE, &alarm::encode_key(member), &[])?;
-                }
+                alarms.raise(member, batch)?;
                 if member.alarm == AlarmType::None {
                     Vec::new()
                 } else {
@@ -831,8 +753,7 @@ impl Applier {
                 }
             }
             AlarmAction::Deactivate => {
-                if alarms.deactivate(member) {
-                    batch.delete_row(ALARMS_TABLE, &alarm::encode_key(member))?;
+                if alarms.clear(member, batch)? {
                     vec![member]
                 } else {
                     Vec::new()
@@ -962,46 +883,4 @@ fn revoke_keys(
         revision: writer.revision(),
     };
     Ok(Ok(LeaseRevokeResponse { header }))
-}
-
-/// Runs a Txn whose branches only read, at the published revision, in the caller's thread.
-pub fn read_only_txn(
-    index: &Index,
-    snapshot: &Snapshot,
-    req: &TxnRequest,
-    current: i64,
-) -> Result<TxnResponse> {
-    let mut succeeded = true;
-    for compare in &req.compare {
-        if !read::compare_holds(index, snapshot, compare, current)? {
-            succeeded = false;
-            break;
-        }
-    }
-    let branch = if succeeded {
-        &req.success
-    } else {
-        &req.failure
-    };
-    for op in branch {
-        if let crate::api::RequestOp::Range(r) = op {
-            read::check_txn_range_revision(r.revision, current, index.compact_revision)?;
-        }
-    }
-    let mut responses = Vec::with_capacity(branch.len());
-    for op in branch {
-        let crate::api::RequestOp::Range(r) = op else {
-            return Err(Error::InvalidArgument("read-only txn holds a write".into()));
-        };
-        let at = read::read_revision(r.revision, current, index.compact_revision)?;
-        let plan = read::plan_range(index, r, at);
-        responses.push(crate::api::ResponseOp::Range(read::finish_range(
-            plan, snapshot, r, current,
-        )?));
-    }
-    Ok(TxnResponse {
-        header: ResponseHeader { revision: current },
-        succeeded,
-        responses,
-    })
 }

@@ -35,6 +35,7 @@ mod defrag;
 mod mailbox;
 mod proposal;
 mod publish;
+mod recover;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -358,7 +359,7 @@ impl Engine {
             wal_file_bytes: config.wal_file_bytes,
         };
         let store = Store::open(dir.as_ref(), &options)?;
-        let recovered = apply::recover(&store, config.clock.now(), config.lease_ttl_min_seconds)?;
+        let recovered = recover::recover(&store, config.clock.now(), config.lease_ttl_min_seconds)?;
         // Conservative until the apply thread's first measurement (SPACE-3, SPACE-4): the
         // pages in use never exceed the file.
         let in_use = store.file_size()?;
@@ -374,7 +375,7 @@ impl Engine {
                 batch_sizes: Default::default(),
             },
             space: SpaceTracker::new(in_use),
-            alarms: Mutex::new(Alarms::new(recovered.alarms)),
+            alarms: Mutex::new(recovered.alarms),
             accounts: Mutex::new(accounts),
             defrag: DefragState::default(),
             stopping: AtomicBool::new(false),
@@ -1060,7 +1061,7 @@ impl Engine {
         let index = crate::sync::read(&shared.index);
         let current = shared.published.load();
         let snapshot = shared.store.snapshot()?;
-        apply::read_only_txn(&index, &snapshot, req, current)
+        read::read_only_txn(&index, &snapshot, req, current)
     }
 
     /// The admission half of the alarm gate (etcd checks the quota before validating the

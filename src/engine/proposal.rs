@@ -290,3 +290,84 @@ pub fn holding<T: 'static>(slot: Slot, done: Completion<T>) -> Completion<T> {
         done(result);
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{WriteRequest, write_cost as cost};
+    use crate::api::{
+        DeleteRangeRequest, LeaseGrantRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
+    };
+
+    fn put(key: &str, value: &str) -> RequestOp {
+        RequestOp::Put(PutRequest::new(key.to_owned(), value.to_owned()))
+    }
+
+    #[test]
+    fn cost_model_matches_etcds_formula() {
+        let txn = |success, failure| {
+            WriteRequest::Txn(TxnRequest {
+                compare: vec![],
+                success,
+                failure,
+            })
+        };
+        let cases: Vec<(&str, WriteRequest, u64)> = vec![
+            (
+                "put",
+                WriteRequest::Put(PutRequest::new("k", "vv")),
+                256 + 1 + 2,
+            ),
+            (
+                "empty put",
+                WriteRequest::Put(PutRequest::new("k", "")),
+                257,
+            ),
+            (
+                "delete",
+                WriteRequest::DeleteRange(DeleteRangeRequest::key("k")),
+                0,
+            ),
+            (
+                "lease grant",
+                WriteRequest::LeaseGrant(LeaseGrantRequest { ttl: 5, id: 0 }),
+                64,
+            ),
+            (
+                "larger branch",
+                txn(vec![put("a", "1"), put("b", "2")], vec![put("c", "12345")]),
+                2 * 258,
+            ),
+            (
+                "failure larger",
+                txn(vec![put("a", "1")], vec![put("c", "1234567890")]),
+                267,
+            ),
+            (
+                "reads and deletes are free",
+                txn(
+                    vec![
+                        RequestOp::Range(RangeRequest::key("a")),
+                        RequestOp::DeleteRange(DeleteRangeRequest::key("a")),
+                    ],
+                    vec![],
+                ),
+                0,
+            ),
+            (
+                "nested txns count (etcd 3.6.14)",
+                txn(
+                    vec![RequestOp::Txn(TxnRequest {
+                        compare: vec![],
+                        success: vec![put("n", "1")],
+                        failure: vec![put("n", "1234")],
+                    })],
+                    vec![],
+                ),
+                256 + 1 + 4,
+            ),
+        ];
+        for (name, request, want) in cases {
+            assert_eq!(cost(&request), want, "{name}");
+        }
+    }
+}

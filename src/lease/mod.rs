@@ -15,6 +15,9 @@
 //! - LEASE-4: TTLs below the minimum are raised to it; TTLs above `LEASE_TTL_MAX_SECONDS`
 //!   are refused.
 //!
+//! The lessor reads and writes its own rows ([`Lessor::load`], [`Lessor::grant_in`],
+//! [`Lessor::revoke_in`]) in the batch it is handed.
+//!
 //! Contact points: the apply thread grants, revokes and attaches (`engine::apply`); the
 //! engine answers keep-alive, time-to-live and list from here; expiry is found here and
 //! carried out as revokes through the apply path.
@@ -25,7 +28,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::error::StorageError;
-use crate::storage::RowTable;
+use crate::storage::{RowTable, Snapshot, WriteBatch};
 
 /// The storage table of leases: 8-byte big-endian id → 8-byte big-endian granted TTL.
 pub const LEASES_TABLE: RowTable = RowTable::new("leases");
@@ -68,6 +71,39 @@ impl Lessor {
     /// Returns an empty lessor.
     pub fn new() -> Lessor {
         Lessor::default()
+    }
+
+    /// Loads the leases from their table, each with its full TTL from `now` (LEASE-3) and
+    /// raised to `ttl_min` (LEASE-4). Attachments come from the history (`Lessor::attach`).
+    pub fn load(snapshot: &Snapshot, now: Duration, ttl_min: i64) -> Result<Lessor, StorageError> {
+        let mut lessor = Lessor::new();
+        for (key, value) in snapshot.rows(LEASES_TABLE)? {
+            let (id, ttl) = decode_row(&key, &value)?;
+            lessor.grant(id, effective_ttl(ttl, ttl_min), now);
+        }
+        Ok(lessor)
+    }
+
+    /// Grants lease `id` and writes its row in `batch` (LEASE-2).
+    pub fn grant_in(
+        &mut self,
+        batch: &mut WriteBatch<'_>,
+        id: i64,
+        ttl: i64,
+        now: Duration,
+    ) -> Result<(), StorageError> {
+        let (key, value) = encode_row(id, ttl);
+        batch.put_row(LEASES_TABLE, &key, &value)?;
+        self.grant(id, ttl, now);
+        Ok(())
+    }
+
+    /// Revokes lease `id` and deletes its row in `batch`, the batch that deletes its keys
+    /// (LEASE-2).
+    pub fn revoke_in(&mut self, batch: &mut WriteBatch<'_>, id: i64) -> Result<(), StorageError> {
+        self.revoke(id);
+        batch.delete_row(LEASES_TABLE, &id.to_be_bytes())?;
+        Ok(())
     }
 
     /// Returns true if lease `id` exists.

@@ -91,7 +91,6 @@ impl Index {
     }
 
     /// Returns the number of keys with any recorded history.
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.keys.len()
     }

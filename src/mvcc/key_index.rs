@@ -26,6 +26,11 @@
 //!   revision at or below `c` of the generation alive at `c` (the negative space of
 //!   compaction).
 //!
+//! - KI-4: `costs` and `revs` of a generation have the same length, and a tombstone costs 0.
+//!
+//! Debug builds check KI-1, KI-2 and KI-4 after every change and KI-3 after every compaction
+//! ([`KeyIndex::debug_check`]).
+//!
 //! Contact points: `mvcc::index` holds one per key.
 
 use super::Revision;
@@ -90,6 +95,7 @@ impl KeyIndex {
             generation.costs.push(cost);
             generation.version += 1;
         }
+        self.debug_check(None);
     }
 
     /// Records the Put at `rev` of a key first seen while rebuilding the index, whose
@@ -113,6 +119,7 @@ impl KeyIndex {
         }
         self.put(rev, 0);
         self.generations.push(Generation::default());
+        self.debug_check(None);
         true
     }
 
@@ -244,7 +251,55 @@ impl KeyIndex {
                     .sum::<u64>();
             }
         }
+        self.debug_check(Some(at));
         released
+    }
+
+    /// Asserts KI-1, KI-2 and KI-4, and KI-3 for a compaction at `compacted_at`, in debug
+    /// builds (a no-op in release builds).
+    fn debug_check(&self, compacted_at: Option<i64>) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let last = self.generations.len().saturating_sub(1);
+        let mut previous: Option<Revision> = None;
+        for (i, generation) in self.generations.iter().enumerate() {
+            debug_assert_eq!(generation.revs.len(), generation.costs.len(), "KI-4");
+            for rev in &generation.revs {
+                debug_assert!(previous.is_none_or(|p| p < *rev), "KI-1");
+                previous = Some(*rev);
+            }
+            if i < last {
+                debug_assert!(
+                    !generation.revs.is_empty(),
+                    "KI-2: an empty closed generation"
+                );
+                debug_assert_eq!(generation.costs.last(), Some(&0), "KI-2/KI-4: no tombstone");
+            }
+        }
+        if let Some(at) = compacted_at {
+            // KI-3: at most one revision below `at` remains: the newest at or below `at` of
+            // the first generation, and then nothing else of that generation is at or below.
+            let below: Vec<(usize, usize)> = self
+                .generations
+                .iter()
+                .enumerate()
+                .flat_map(|(g, generation)| {
+                    generation
+                        .revs
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, r)| r.main < at)
+                        .map(move |(r, _)| (g, r))
+                })
+                .collect();
+            debug_assert!(
+                below.len() <= 1,
+                "KI-3: {} revisions below {at}",
+                below.len()
+            );
+            debug_assert!(below.iter().all(|&(g, r)| g == 0 && r == 0), "KI-3");
+        }
     }
 }
 

@@ -23,10 +23,10 @@ use super::Revision;
 use super::index::{Hit, Index, KeyRange};
 use super::record::Record;
 use crate::api::{
-    Compare, CompareResult, CompareTarget, KeyValue, RangeRequest, RangeResponse, ResponseHeader,
-    SortOrder, SortTarget,
+    Compare, CompareResult, CompareTarget, KeyValue, RangeRequest, RangeResponse, RequestOp,
+    ResponseHeader, ResponseOp, SortOrder, SortTarget, TxnRequest, TxnResponse,
 };
-use crate::error::{Error, StorageError};
+use crate::error::{Error, Result, StorageError};
 use crate::storage::{Snapshot, WriteBatch};
 
 /// A Range fetching at least this many records may scan the history instead of looking each
@@ -290,6 +290,46 @@ fn holds(compare: &Compare, kv: &KeyValue) -> bool {
         CompareResult::Less => ordering == Ordering::Less,
         CompareResult::NotEqual => ordering != Ordering::Equal,
     }
+}
+
+/// Runs a Txn whose branches only read, at the published revision, in the caller's thread.
+pub fn read_only_txn(
+    index: &Index,
+    snapshot: &Snapshot,
+    req: &TxnRequest,
+    current: i64,
+) -> Result<TxnResponse> {
+    let mut succeeded = true;
+    for compare in &req.compare {
+        if !compare_holds(index, snapshot, compare, current)? {
+            succeeded = false;
+            break;
+        }
+    }
+    let branch = if succeeded {
+        &req.success
+    } else {
+        &req.failure
+    };
+    for op in branch {
+        if let RequestOp::Range(r) = op {
+            check_txn_range_revision(r.revision, current, index.compact_revision)?;
+        }
+    }
+    let mut responses = Vec::with_capacity(branch.len());
+    for op in branch {
+        let RequestOp::Range(r) = op else {
+            return Err(Error::InvalidArgument("read-only txn holds a write".into()));
+        };
+        let at = read_revision(r.revision, current, index.compact_revision)?;
+        let plan = plan_range(index, r, at);
+        responses.push(ResponseOp::Range(finish_range(plan, snapshot, r, current)?));
+    }
+    Ok(TxnResponse {
+        header: ResponseHeader { revision: current },
+        succeeded,
+        responses,
+    })
 }
 
 #[cfg(test)]

@@ -17,8 +17,10 @@
 //! Invariants:
 //! - WATCH-1: a watcher's responses carry strictly increasing revisions, each revision's
 //!   events in one response, in `sub` order.
-//! - WATCH-2: `next_rev` of a watcher is the first revision it has not been given; a synced
-//!   watcher has `next_rev > published` at every moment the hub lock is free.
+//! - WATCH-2: `next_rev` of a watcher is greater than every revision it has been given and at
+//!   most the first matching revision it has not; a synced watcher has been given every
+//!   matching revision up to `published` at every moment the hub lock is free. Debug builds
+//!   assert the first part at every delivery.
 //! - WATCH-3: a watcher holds at most `WATCH_PENDING_RESPONSES_MAX` undelivered responses;
 //!   apply never waits for a consumer.
 //! - WATCH-4: a watcher whose next revision falls below the compaction revision is canceled
@@ -267,6 +269,7 @@ impl Hub {
                 if *rev < w.start_rev {
                     continue;
                 }
+                debug_assert!(w.next_rev <= *rev, "WATCH-2: revision {rev} given twice");
                 let events: Vec<Event> = events.into_iter().filter(|e| w.wants(e)).collect();
                 if events.is_empty() {
                     w.next_rev = rev + 1;
