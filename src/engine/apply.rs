@@ -38,7 +38,7 @@ use bytes::Bytes;
 
 use super::Shared;
 use super::auto_compact::AutoCompactor;
-use super::commit::{self, AppliedBatch, CommitStep, FailpointCounter, Handover};
+use super::commit::{self, AppliedBatch, CommitStep, Committer, FailpointCounter, Handover};
 use super::defrag::{self, DefragStep};
 use super::mailbox::Mailbox;
 use super::proposal::{Answer, Completion, Proposal};
@@ -85,6 +85,8 @@ struct PendingCompaction {
 /// The state of the apply thread.
 pub struct Applier {
     shared: Arc<Shared>,
+    /// For finishing a batch inline (`commit::finish_inline`).
+    committer: Committer,
     proposals: Arc<Mailbox<Proposal>>,
     commits: Arc<Mailbox<Handover>>,
     /// The revision of the last applied write, committed or not.
@@ -154,6 +156,7 @@ impl Applier {
     /// Returns the apply state after recovery.
     pub fn new(
         shared: Arc<Shared>,
+        committer: Committer,
         proposals: Arc<Mailbox<Proposal>>,
         commits: Arc<Mailbox<Handover>>,
         recovered_current: i64,
@@ -174,6 +177,7 @@ impl Applier {
             .map(|mode| AutoCompactor::new(mode, opened_at));
         Applier {
             shared,
+            committer,
             proposals,
             commits,
             current: recovered_current,
@@ -224,7 +228,7 @@ impl Applier {
         // A durable commit at the end makes `kvd.redb` hold every batch on its own, so a
         // cleanly closed data directory needs no log replay (and a copy of the file is whole).
         // A poisoned store refuses it; the next open replays the log then.
-        let _ = self.shared.store.write(|_| Ok(()));
+        let _ = self.shared.reads.store.write(|_| Ok(()));
         self.commits.close();
     }
 
@@ -270,7 +274,7 @@ impl Applier {
             return;
         };
         let now = self.shared.config.clock.now();
-        let compacted = sync::read(&self.shared.index).compact_revision;
+        let compacted = sync::read(&self.shared.reads.index).compact_revision;
         let Some(revision) = compactor.due(now, self.current, compacted) else {
             return;
         };
@@ -305,7 +309,7 @@ impl Applier {
         // A caller that gave up waiting is not an error of ours, hence the ignored sends.
         match step {
             DefragStep::Begin(reply) => {
-                let _ = reply.send(self.shared.store.snapshot().map_err(Error::from));
+                let _ = reply.send(self.shared.reads.store.snapshot().map_err(Error::from));
             }
             DefragStep::Swap(target, reply) => {
                 let _ = reply.send(defrag::swap(&self.shared, *target));
@@ -336,7 +340,7 @@ impl Applier {
         }
         // Wall-clock time of the walk, to space the next one; not an input to apply.
         let started = std::time::Instant::now();
-        if let Ok(in_use) = self.shared.store.size_in_use() {
+        if let Ok(in_use) = self.shared.reads.store.size_in_use() {
             self.shared.space.measured(in_use);
             self.commits_since_stats = 0;
             self.measured_once = true;
@@ -359,7 +363,7 @@ impl Applier {
         self.batch_fs_free = None;
         let mut outcomes = Vec::with_capacity(proposals.len());
         let mut pending = proposals.into_iter();
-        let committed = shared.store.write_logged(|batch| {
+        let committed = shared.reads.store.write_logged(|batch| {
             for proposal in pending.by_ref() {
                 outcomes.push(self.apply_one(batch, proposal)?);
             }
@@ -394,11 +398,11 @@ impl Applier {
                 };
                 let inline = self.commits.consumer_idle()
                     && self.proposals.is_empty()
-                    && !shared.store.log_syncs_held();
+                    && !shared.reads.store.log_syncs_held();
                 if inline {
                     // Nothing in flight and nothing queued to overlap with: finish here, and
                     // spare a lone writer a thread wake-up.
-                    commit::finish_inline(&shared, batch, &mut self.failpoint);
+                    commit::finish_inline(&self.committer, batch, &mut self.failpoint);
                 } else if let Err(Handover::Batch(batch)) =
                     self.commits.push(Handover::Batch(batch))
                 {
@@ -437,7 +441,7 @@ impl Applier {
         if !cfg!(debug_assertions) {
             return;
         }
-        let index = sync::read(&self.shared.index);
+        let index = sync::read(&self.shared.reads.index);
         if index.len() > ACCT_CHECK_KEYS_MAX {
             return;
         }
@@ -519,7 +523,7 @@ impl Applier {
             Proposal::Accounting(req, done) => {
                 let result = self.gated(batch, cost, |a, b| {
                     let shared = a.shared.clone();
-                    let index = sync::read(&shared.index);
+                    let index = sync::read(&shared.reads.index);
                     let mut accounts = sync::lock(&shared.accounts);
                     let quota = space::quota_bytes(shared.config.quota_backend_bytes);
                     let answer = req.apply(&mut accounts, quota, &index, b)?;
@@ -596,7 +600,7 @@ impl Applier {
         ) -> Result<Result<T>, StorageError>,
     ) -> Result<Result<T>, StorageError> {
         let shared = self.shared.clone();
-        let mut index = sync::write(&shared.index);
+        let mut index = sync::write(&shared.reads.index);
         let mut lessor = sync::lock(&shared.lessor);
         let mut accounts = sync::lock(&shared.accounts);
         let (answer, changed, changes) = {
@@ -709,7 +713,7 @@ impl Applier {
         let quota = space::quota_bytes(config.quota_backend_bytes);
         let free = *self
             .batch_fs_free
-            .get_or_insert_with(|| config.free_space.available(self.shared.store.dir()));
+            .get_or_insert_with(|| config.free_space.available(self.shared.reads.store.dir()));
         if let Some(free) = free {
             let reserve = config
                 .fs_reserve_bytes
@@ -779,7 +783,7 @@ impl Applier {
         req: CompactionRequest,
     ) -> Result<Result<CompactionResponse>, StorageError> {
         let shared = self.shared.clone();
-        let mut index = sync::write(&shared.index);
+        let mut index = sync::write(&shared.reads.index);
         let mut accounts = sync::lock(&shared.accounts);
         if req.revision <= index.compact_revision {
             return Ok(Err(Error::Compacted));
@@ -787,7 +791,7 @@ impl Applier {
         if req.revision > self.current {
             return Ok(Err(Error::FutureRevision));
         }
-        debug_assert!(req.revision <= shared.published.load(), "APPLY-2");
+        debug_assert!(req.revision <= shared.reads.published.load(), "APPLY-2");
         for (key, cost) in index.compact(req.revision) {
             // ACCT-1: kv_bytes counts revisions the index retains.
             accounts.release_bytes(&key, cost);
@@ -810,8 +814,8 @@ impl Applier {
         let Some(pending) = self.compactions.front_mut() else {
             return;
         };
-        let stepped = shared.store.write(|batch| {
-            let index = sync::read(&shared.index);
+        let stepped = shared.reads.store.write(|batch| {
+            let index = sync::read(&shared.reads.index);
             pending.job.step(&index, batch, limit)
         });
         match stepped {

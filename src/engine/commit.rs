@@ -22,13 +22,13 @@
 
 use crossbeam_channel::Sender;
 
-use super::Shared;
+use super::ReadState;
 use super::mailbox::Mailbox;
 use super::proposal::Answer;
 use crate::error::{Error, StorageError};
 use crate::mvcc::write::Change;
 use crate::storage::wal::LogRecord;
-use crate::sync::Ordering;
+use crate::sync::{Arc, Ordering};
 
 /// Batches taken per loop, at most: bounds the work between two looks at the mailbox.
 pub const COMMIT_BATCHES_PER_SYNC_MAX: usize = 4_096;
@@ -100,8 +100,18 @@ pub struct AppliedBatch {
     pub answers: Vec<Answer>,
 }
 
+/// What the commit thread uses: the state it publishes into, and the crash-test failpoint.
+/// The apply thread holds one too, for [`finish_inline`].
+#[derive(Debug, Clone)]
+pub struct Committer {
+    /// The store whose log it syncs, and the revision, index and hub it publishes into.
+    pub reads: Arc<ReadState>,
+    /// Where the process aborts in a crash test (`Config::commit_failpoint`).
+    pub failpoint: Option<CommitFailpoint>,
+}
+
 /// Runs the commit thread until the mailbox closes and is drained.
-pub fn run(shared: &Shared, mailbox: &Mailbox<Handover>) {
+pub fn run(shared: &Committer, mailbox: &Mailbox<Handover>) {
     let mut failed: Option<StorageError> = None;
     let mut counter = FailpointCounter::default();
     loop {
@@ -117,7 +127,7 @@ pub fn run(shared: &Shared, mailbox: &Mailbox<Handover>) {
                 .collect();
             if let Err(e) = make_durable(shared, &records, &mut counter) {
                 // COMMIT-2: refuse every later write until reopen.
-                shared.store.poison(&e.to_string());
+                shared.reads.store.poison(&e.to_string());
                 failed = Some(e);
             }
         }
@@ -138,14 +148,14 @@ pub fn run(shared: &Shared, mailbox: &Mailbox<Handover>) {
 /// Makes one batch durable, publishes and answers it in the calling thread: what the apply
 /// thread does instead of a hand-over when the commit thread is idle (nothing in flight), so
 /// a lone writer pays no extra thread wake-up. Same steps and order as [`run`] (COMMIT-1).
-pub fn finish_inline(shared: &Shared, batch: AppliedBatch, counter: &mut FailpointCounter) {
+pub fn finish_inline(shared: &Committer, batch: AppliedBatch, counter: &mut FailpointCounter) {
     let records: Vec<&LogRecord> = batch.record.iter().collect();
     match make_durable(shared, &records, counter) {
         Ok(()) => finish(shared, batch, None),
         Err(e) => {
             // COMMIT-2: nothing is in flight beside this batch; the poisoned store refuses
             // every later batch.
-            shared.store.poison(&e.to_string());
+            shared.reads.store.poison(&e.to_string());
             finish(shared, batch, Some(&e));
         }
     }
@@ -153,12 +163,12 @@ pub fn finish_inline(shared: &Shared, batch: AppliedBatch, counter: &mut Failpoi
 
 /// Writes `records` in order and syncs them (WAL-1), passing the failpoints between.
 fn make_durable(
-    shared: &Shared,
+    shared: &Committer,
     records: &[&LogRecord],
     counter: &mut FailpointCounter,
 ) -> Result<(), StorageError> {
-    let failpoint = shared.config.commit_failpoint;
-    let log = shared.store.log();
+    let failpoint = shared.failpoint;
+    let log = shared.reads.store.log();
     let durable = log.write(records).and_then(|()| {
         if !records.is_empty() {
             counter.reach(failpoint, CommitStep::AfterLogWrite);
@@ -172,7 +182,7 @@ fn make_durable(
 }
 
 /// Publishes and answers one batch, or fails its answers (COMMIT-1, COMMIT-2).
-fn finish(shared: &Shared, batch: AppliedBatch, failed: Option<&StorageError>) {
+fn finish(shared: &Committer, batch: AppliedBatch, failed: Option<&StorageError>) {
     if let Some(e) = failed {
         for answer in batch.answers {
             answer.fail(Error::Storage(e.clone()));
@@ -180,10 +190,10 @@ fn finish(shared: &Shared, batch: AppliedBatch, failed: Option<&StorageError>) {
         return;
     }
     shared
-        .stats
+        .reads
         .applied_index
         .store(batch.applied_index, Ordering::Release);
-    shared.publish(batch.revision, batch.events);
+    shared.reads.publish(batch.revision, batch.events);
     for answer in batch.answers {
         answer.deliver();
     }

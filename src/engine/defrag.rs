@@ -89,7 +89,7 @@ fn copy_and_swap(
     shared: &Shared,
     step: &impl Fn(DefragStep) -> Result<()>,
 ) -> Result<DefragResponse> {
-    let store = &shared.store;
+    let store = &shared.reads.store;
     let progress = &shared.defrag.progress;
     let db_size_before = store.file_size()?;
     progress.copied.store(0, Ordering::Relaxed);
@@ -126,7 +126,7 @@ fn copy_and_swap(
     let pause_micros = answer.recv().map_err(|_| Error::Closed)??;
     Ok(DefragResponse {
         header: ResponseHeader {
-            revision: shared.published.load(),
+            revision: shared.reads.published.load(),
         },
         db_size_before,
         db_size_after: store.file_size()?,
@@ -139,7 +139,7 @@ fn copy_and_swap(
 pub fn swap(shared: &Shared, target: Target) -> Result<u64> {
     // Wall-clock time for the report only; nothing applied depends on it.
     let started = std::time::Instant::now();
-    let store = &shared.store;
+    let store = &shared.reads.store;
     let snapshot = store.snapshot()?;
     if shared.config.defrag_failpoint == Some(DefragFailpoint::AfterRename) {
         drop(snapshot);
@@ -169,7 +169,7 @@ pub fn swap(shared: &Shared, target: Target) -> Result<u64> {
 
 fn failpoint(shared: &Shared, here: DefragFailpoint) -> Result<()> {
     if shared.config.defrag_failpoint == Some(here) {
-        shared.store.poison("defrag failpoint");
+        shared.reads.store.poison("defrag failpoint");
         return Err(Error::Storage(StorageError::Io(format!(
             "kvd: defrag failpoint {here:?}"
         ))));
@@ -181,6 +181,6 @@ fn failpoint(shared: &Shared, here: DefragFailpoint) -> Result<()> {
 fn abandon(shared: &Shared, target: Option<Target>, cause: StorageError) -> Error {
     // Failing to delete the copy is not worse than the failure itself: the next open
     // deletes it (DEFRAG-2).
-    let _ = shared.store.abandon_defrag(target);
+    let _ = shared.reads.store.abandon_defrag(target);
     Error::Storage(cause)
 }

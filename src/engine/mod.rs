@@ -68,8 +68,8 @@ use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, RwLock, Weak};
 use crate::watch::{Hub, WATCH_STALLED_RETRY, WATCH_SYNC_INTERVAL, WatchSource, WatchStream};
 use apply::Applier;
 pub use auto_compact::AutoCompaction;
-use commit::Handover;
 pub use commit::{CommitFailpoint, CommitStep};
+use commit::{Committer, Handover};
 pub use defrag::DefragFailpoint;
 use defrag::DefragState;
 use mailbox::Mailbox;
@@ -193,33 +193,50 @@ impl Config {
     }
 }
 
-/// State shared by the apply thread and readers.
-///
-/// Lock order: `index`, then `lessor`.
+/// What readers read, the commit thread publishes into and the watch sync thread catches
+/// up from: the store, the index, the published revision and applied index, and the hub.
 #[derive(Debug)]
-struct Shared {
+struct ReadState {
     store: Store,
     index: RwLock<Index>,
-    lessor: Mutex<Lessor>,
     published: Published,
+    /// Requests applied by the last published batch.
+    applied_index: AtomicU64,
     hub: Arc<Hub>,
+}
+
+/// State shared by the apply thread and the callers: the read state plus what admission,
+/// the domains and monitoring need. The commit thread gets only a [`commit::Committer`],
+/// the watch sync thread only a [`WatchSync`].
+///
+/// Lock order: `reads.index`, then `lessor`, then `accounts`.
+#[derive(Debug)]
+struct Shared {
+    reads: Arc<ReadState>,
+    lessor: Mutex<Lessor>,
     stats: Stats,
     space: SpaceTracker,
     alarms: Mutex<Alarms>,
-    /// Lock order: after `index` and `lessor`.
     accounts: Mutex<Accounts>,
     defrag: DefragState,
     /// Tells the watch sync thread to stop.
-    stopping: AtomicBool,
+    stopping: Arc<AtomicBool>,
     /// Writes admitted and not yet answered (PROP-2).
     in_flight: Arc<InFlight>,
     config: Config,
 }
 
+/// What the watch sync thread uses.
+struct WatchSync {
+    reads: Arc<ReadState>,
+    stopping: Arc<AtomicBool>,
+    clock: Arc<dyn Clock>,
+    progress_interval: Duration,
+}
+
 /// Figures the apply thread publishes for [`Engine::status`].
 #[derive(Debug)]
 struct Stats {
-    applied_index: AtomicU64,
     /// Commits of write batches, by batch size: bucket `i` counts batches of at most
     /// `2^i` requests (the last bucket takes the rest).
     batch_sizes: [AtomicU64; BATCH_SIZE_BUCKETS],
@@ -248,7 +265,7 @@ pub struct ApplyStats {
     pub batch_sizes: Vec<(u64, u64)>,
 }
 
-impl Shared {
+impl ReadState {
     /// Makes `revision` visible to readers and hands the batch's changes to watchers, in
     /// one step of the hub (the watch switch protocol).
     fn publish(&self, revision: i64, events: Vec<(i64, Vec<Change>)>) {
@@ -269,34 +286,37 @@ impl Shared {
         };
         Ok(read::finish_range(plan, &snapshot, req, current)?)
     }
+}
 
+impl WatchSync {
     /// Runs the watch sync thread until the engine stops.
-    fn run_watch_sync(&self) {
-        let mut last_tick = self.config.clock.now();
+    fn run(&self) {
+        let mut last_tick = self.clock.now();
         while !self.stopping.load(Ordering::Acquire) {
+            let hub = &self.reads.hub;
             // A storage failure here is also seen by the writer, which poisons the store;
             // watchers simply stop catching up until reopen.
-            match self.hub.sync_pass(&self.store, &self.index) {
+            match hub.sync_pass(&self.reads.store, &self.reads.index) {
                 Ok(pass) if pass.progressed => {}
                 Ok(pass) if pass.behind => {
-                    self.hub.wait_for_work(WATCH_STALLED_RETRY);
+                    hub.wait_for_work(WATCH_STALLED_RETRY);
                 }
                 // Nothing behind, or a storage failure (also seen by the writer, which
                 // poisons the store): sleep until woken or the next interval.
                 Ok(_) | Err(_) => {
-                    self.hub.wait_for_work(WATCH_SYNC_INTERVAL);
+                    hub.wait_for_work(WATCH_SYNC_INTERVAL);
                 }
             }
-            let now = self.config.clock.now();
-            if now.saturating_sub(last_tick) >= self.config.watch_progress_notify_interval {
-                self.hub.progress_tick();
+            let now = self.clock.now();
+            if now.saturating_sub(last_tick) >= self.progress_interval {
+                hub.progress_tick();
                 last_tick = now;
             }
         }
     }
 }
 
-impl WatchSource for Shared {
+impl WatchSource for ReadState {
     fn compact_revision(&self) -> i64 {
         crate::sync::read(&self.index).compact_revision
     }
@@ -364,21 +384,35 @@ impl Engine {
         // pages in use never exceed the file.
         let in_use = store.file_size()?;
         let accounts = Accounts::load(&store.snapshot()?, &recovered.index)?;
-        let shared = Arc::new(Shared {
+        let reads = Arc::new(ReadState {
             store,
             index: RwLock::new(recovered.index),
-            lessor: Mutex::new(recovered.lessor),
             published: Published::new(recovered.current),
+            applied_index: AtomicU64::new(recovered.applied_index),
             hub: Arc::new(Hub::new(recovered.current)),
+        });
+        let stopping = Arc::new(AtomicBool::new(false));
+        let committer = Committer {
+            reads: reads.clone(),
+            failpoint: config.commit_failpoint,
+        };
+        let watch_sync = WatchSync {
+            reads: reads.clone(),
+            stopping: stopping.clone(),
+            clock: config.clock.clone(),
+            progress_interval: config.watch_progress_notify_interval,
+        };
+        let shared = Arc::new(Shared {
+            reads,
+            lessor: Mutex::new(recovered.lessor),
             stats: Stats {
-                applied_index: AtomicU64::new(recovered.applied_index),
                 batch_sizes: Default::default(),
             },
             space: SpaceTracker::new(in_use),
             alarms: Mutex::new(recovered.alarms),
             accounts: Mutex::new(accounts),
             defrag: DefragState::default(),
-            stopping: AtomicBool::new(false),
+            stopping,
             in_flight: Arc::new(InFlight::default()),
             config,
         });
@@ -386,6 +420,7 @@ impl Engine {
         let commits: Arc<Mailbox<Handover>> = Arc::new(Mailbox::new());
         let applier = Applier::new(
             shared.clone(),
+            committer.clone(),
             proposals.clone(),
             commits.clone(),
             recovered.current,
@@ -396,20 +431,14 @@ impl Engine {
             .name("kvd-apply".into())
             .spawn(move || applier.run())
             .map_err(|e| StorageError::Io(format!("spawn apply thread: {e}")))?;
-        let commit_thread = {
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name("kvd-commit".into())
-                .spawn(move || commit::run(&shared, &commits))
-                .map_err(|e| StorageError::Io(format!("spawn commit thread: {e}")))?
-        };
-        let watch_thread = {
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name("kvd-watch".into())
-                .spawn(move || shared.run_watch_sync())
-                .map_err(|e| StorageError::Io(format!("spawn watch thread: {e}")))?
-        };
+        let commit_thread = std::thread::Builder::new()
+            .name("kvd-commit".into())
+            .spawn(move || commit::run(&committer, &commits))
+            .map_err(|e| StorageError::Io(format!("spawn commit thread: {e}")))?;
+        let watch_thread = std::thread::Builder::new()
+            .name("kvd-watch".into())
+            .spawn(move || watch_sync.run())
+            .map_err(|e| StorageError::Io(format!("spawn watch thread: {e}")))?;
         Ok(Engine {
             running: Some(Running {
                 shared,
@@ -435,7 +464,7 @@ impl Engine {
     /// ```
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse> {
         validate::check_range(req)?;
-        self.shared()?.range(req)
+        self.shared()?.reads.range(req)
     }
 
     /// Writes a key (etcd's Put).
@@ -574,8 +603,8 @@ impl Engine {
         let shared = self.shared()?;
         for _ in 0..HASH_RESTARTS_MAX {
             let (current, compact) = {
-                let index = crate::sync::read(&shared.index);
-                (shared.published.load(), index.compact_revision)
+                let index = crate::sync::read(&shared.reads.index);
+                (shared.reads.published.load(), index.compact_revision)
             };
             let at = if revision <= 0 { current } else { revision };
             if at > current {
@@ -586,11 +615,11 @@ impl Engine {
             }
             let mut state = HashState::new(at, compact);
             while !state.is_done() {
-                let index = crate::sync::read(&shared.index);
+                let index = crate::sync::read(&shared.reads.index);
                 if index.compact_revision != compact {
                     break;
                 }
-                let snapshot = shared.store.snapshot()?;
+                let snapshot = shared.reads.store.snapshot()?;
                 state.step(&index, &snapshot)?;
             }
             if state.is_done() {
@@ -624,13 +653,13 @@ impl Engine {
     pub fn watch_stream(&self) -> Result<WatchStream> {
         let running = self.running.as_ref().ok_or(Error::Closed)?;
         let source: Weak<dyn WatchSource> =
-            Arc::downgrade(&running.shared) as Weak<dyn WatchSource>;
-        Ok(WatchStream::new(running.shared.hub.clone(), source))
+            Arc::downgrade(&running.shared.reads) as Weak<dyn WatchSource>;
+        Ok(WatchStream::new(running.shared.reads.hub.clone(), source))
     }
 
     /// Returns the number of watches open on all streams.
     pub fn watchers(&self) -> Result<usize> {
-        Ok(self.shared()?.hub.watchers())
+        Ok(self.shared()?.reads.hub.watchers())
     }
 
     /// Returns the write queue's depth and the group-commit batch sizes so far.
@@ -718,7 +747,7 @@ impl Engine {
     pub fn lease_keep_alive(&self, id: i64) -> Result<LeaseKeepAliveResponse> {
         let shared = self.shared()?;
         let header = ResponseHeader {
-            revision: shared.published.load(),
+            revision: shared.reads.published.load(),
         };
         let now = shared.config.clock.now();
         let ttl = crate::sync::lock(&shared.lessor)
@@ -732,7 +761,7 @@ impl Engine {
     pub fn lease_time_to_live(&self, id: i64, keys: bool) -> Result<LeaseTimeToLiveResponse> {
         let shared = self.shared()?;
         let header = ResponseHeader {
-            revision: shared.published.load(),
+            revision: shared.reads.published.load(),
         };
         let now = shared.config.clock.now();
         let found = crate::sync::lock(&shared.lessor).time_to_live(id, now);
@@ -758,7 +787,7 @@ impl Engine {
     pub fn lease_leases(&self) -> Result<LeaseLeasesResponse> {
         let shared = self.shared()?;
         let header = ResponseHeader {
-            revision: shared.published.load(),
+            revision: shared.reads.published.load(),
         };
         let leases = crate::sync::lock(&shared.lessor).list();
         Ok(LeaseLeasesResponse { header, leases })
@@ -782,7 +811,7 @@ impl Engine {
         if req.action == AlarmAction::Get {
             let shared = self.shared()?;
             let header = ResponseHeader {
-                revision: shared.published.load(),
+                revision: shared.reads.published.load(),
             };
             let alarms = crate::sync::lock(&shared.alarms).list(req.alarm);
             return Ok(AlarmResponse { header, alarms });
@@ -828,14 +857,14 @@ impl Engine {
     /// ```
     pub fn snapshot_to(&self, path: &Path) -> Result<(u64, i64)> {
         let shared = self.shared()?;
-        let snapshot = shared.store.snapshot()?;
+        let snapshot = shared.reads.store.snapshot()?;
         // The revision the snapshot itself holds, not the published one, which may be newer.
         let recorded = snapshot
             .get_meta(crate::storage::MetaKey::CurrentRevision)?
             .unwrap_or(1);
         let revision = i64::try_from(recorded).unwrap_or(i64::MAX).max(1);
         let progress = crate::storage::defrag::Progress::default();
-        let bytes = shared.store.copy_to(&snapshot, path, &progress)?;
+        let bytes = shared.reads.store.copy_to(&snapshot, path, &progress)?;
         Ok((bytes, revision))
     }
 
@@ -851,7 +880,7 @@ impl Engine {
     /// ```
     pub fn measure_space(&self) -> Result<u64> {
         let shared = self.shared()?;
-        let in_use = shared.store.size_in_use()?;
+        let in_use = shared.reads.store.size_in_use()?;
         shared.space.measured(in_use);
         Ok(in_use)
     }
@@ -981,7 +1010,7 @@ impl Engine {
         &self,
     ) -> Result<Vec<(String, String, accounting::Counters, accounting::Counters)>> {
         let shared = self.shared()?;
-        let index = crate::sync::read(&shared.index);
+        let index = crate::sync::read(&shared.reads.index);
         let accounts = crate::sync::lock(&shared.accounts);
         Ok(accounts.drift(&index))
     }
@@ -1020,15 +1049,15 @@ impl Engine {
     pub fn status(&self) -> Result<Status> {
         let shared = self.shared()?;
         let (revision, compact_revision) = {
-            let index = crate::sync::read(&shared.index);
-            (shared.published.load(), index.compact_revision)
+            let index = crate::sync::read(&shared.reads.index);
+            (shared.reads.published.load(), index.compact_revision)
         };
         Ok(Status {
             header: ResponseHeader { revision },
             compact_revision,
-            db_size: shared.store.file_size()?,
+            db_size: shared.reads.store.file_size()?,
             db_size_in_use: shared.space.last_measured(),
-            applied_index: shared.stats.applied_index.load(Ordering::Acquire),
+            applied_index: shared.reads.applied_index.load(Ordering::Acquire),
             db_size_quota: space::quota_bytes(shared.config.quota_backend_bytes).unwrap_or(0),
             alarms: crate::sync::lock(&shared.alarms).list(AlarmType::None),
         })
@@ -1041,9 +1070,12 @@ impl Engine {
             return Ok(());
         };
         let shared = running.stop();
-        match Arc::try_unwrap(shared) {
-            Ok(shared) => Ok(shared.store.close()?),
-            Err(_) => Err(Error::InvalidArgument(
+        // Every thread has stopped, so nothing else holds these (watch streams hold weak
+        // references only).
+        let reads = Arc::try_unwrap(shared).ok().map(|shared| shared.reads);
+        match reads.map(Arc::try_unwrap) {
+            Some(Ok(reads)) => Ok(reads.store.close()?),
+            _ => Err(Error::InvalidArgument(
                 "engine still shared at close".into(),
             )),
         }
@@ -1058,9 +1090,9 @@ impl Engine {
 
     fn read_only_txn(&self, req: &TxnRequest) -> Result<TxnResponse> {
         let shared = self.shared()?;
-        let index = crate::sync::read(&shared.index);
-        let current = shared.published.load();
-        let snapshot = shared.store.snapshot()?;
+        let index = crate::sync::read(&shared.reads.index);
+        let current = shared.reads.published.load();
+        let snapshot = shared.reads.store.snapshot()?;
         read::read_only_txn(&index, &snapshot, req, current)
     }
 
