@@ -5,7 +5,7 @@
 //! constructors and the request-size estimate that admission needs.
 //!
 //! Invariants:
-//! - API-1: field names and meanings are etcd's (`spec/etcd.md` §2–5), so the server maps
+//! - API-1: field names and meanings are etcd's, so the server maps
 //!   them one-to-one; where etcd's wire form has a quirk that a type can express more
 //!   precisely (a compare's operand lives in the variant of its target), the server resolves
 //!   the quirk when it translates.

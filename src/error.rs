@@ -4,7 +4,7 @@
 //!
 //! Invariants:
 //! - ERR-1: the `Display` text of every etcd-facing variant is etcd's client-visible message,
-//!   verbatim (`spec/etcd.md` §13); the Go client matches errors by this text.
+//!   verbatim; the Go client matches errors by this text.
 //! - ERR-2: operating errors (bad request, compacted revision, ...) change nothing; fatal
 //!   states (`Storage` with `is_poisoned()` or `is_corrupted()`) stop writes until the
 //!   operator reopens the data directory.

@@ -1,5 +1,5 @@
 //! Behaviour tests of the engine through its public API: etcd's revision rules, the verified
-//! 3.4.23 examples of `spec/etcd.md`, bad input, restart, the directory lock, corruption and
+//! 3.4.23 examples of etcd's API reference, bad input, restart, the directory lock, corruption and
 //! the poisoned state after an I/O error.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -56,7 +56,7 @@ fn fresh_store_is_at_revision_one_and_first_put_makes_two() {
 
 #[test]
 fn delete_and_recreate_starts_a_new_generation() {
-    // spec §1.5: put a@2, put a@3 (ver 2), del a@4, put a@5 → {create 5, mod 5, ver 1}.
+    // etcd's example: put a@2, put a@3 (ver 2), del a@4, put a@5 → {create 5, mod 5, ver 1}.
     let dir = tempfile::tempdir().unwrap();
     let engine = open(&dir);
     put(&engine, "a", "x");

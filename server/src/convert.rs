@@ -5,8 +5,7 @@
 //!
 //! Invariants:
 //! - CONV-1: a compare's operand is read from the `target_union` field that matches its
-//!   target; if another field (or none) is set, the operand is 0 or empty, as etcd reads it
-//!   (`shared/spec/etcd.md` §4.3).
+//!   target; if another field (or none) is set, the operand is 0 or empty, as etcd reads it.
 //! - CONV-2: enum values etcd does not define are translated to a request that behaves as etcd
 //!   behaves with them: an unknown compare result holds whenever a key exists for a VALUE
 //!   target and always otherwise; an unknown compare target compares as "equal"; an unknown
@@ -16,7 +15,7 @@
 //!   fails first.
 //! - CONV-4: only the top-level response header carries the cluster id, member id and raft
 //!   term; headers of the responses inside a Txn carry only the revision, and nested Txns an
-//!   all-zero header, as etcd's do (`shared/spec/etcd.md` §4.5).
+//!   all-zero header, as etcd's do.
 //!
 //! - CONV-5: Status names this member as the leader (`leader == header.member_id`, so
 //!   `etcdctl endpoint status` shows IS LEADER = true) and reports raft term 1.

@@ -13,9 +13,9 @@
 //!   bucket.
 //! - MET-3: engine gauges are read at scrape time from the engine's status, never cached.
 //! - MET-4: the per-role quota gauges (`kvd_quota_*`) exist only for roles with a non-default
-//!   quota, as Mesos's allocator metrics (`shared/spec/mesos.md` §5.4): they appear with the
+//!   quota, as Mesos's allocator metrics: they appear with the
 //!   registry entry and are gone once the role is reset to the default quota. The root role
-//!   `""` never has one (§10 Q8).
+//!   `""` never has one.
 //!
 //! Contact points: `server::http` records every gRPC request here and serves `/metrics`.
 
@@ -256,7 +256,7 @@ type QuotaFamily = (
     fn(&RoleUsage, &QuotaConfig) -> Vec<(String, i64)>,
 );
 
-/// The per-role quota gauge families (MET-4), in Mesos's order (spec §5.4).
+/// The per-role quota gauge families (MET-4), in Mesos's order.
 const QUOTA_FAMILIES: [QuotaFamily; 4] = [
     (
         "kvd_quota_guarantee",

@@ -1,7 +1,7 @@
 //! The operator API on the client port: Mesos's v1 operator calls for quota on
 //! `POST /api/v1` (`UPDATE_QUOTA`, `GET_QUOTA`), kvd's calls for agents, reservations,
 //! allocations and consumption reconciliation on the same endpoint, and Mesos's `GET /roles`
-//! (`shared/spec/mesos.md` §3–§5; `docs/api.md` is the reference with examples).
+//! (`docs/api.md` is the reference with examples).
 //!
 //! Owns: the JSON shapes of these requests and answers, the decoding of a request and the
 //! messages for a malformed one, and the HTTP code of every engine error an operator call can
@@ -170,7 +170,7 @@ pub async fn api(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes)
     }
 }
 
-/// `GET /roles`: every role with a quota, consumption or a reservation (spec §5.2).
+/// `GET /roles`: every role with a quota, consumption or a reservation.
 pub async fn roles(State(node): State<Arc<Node>>) -> Response {
     match run(&node, Engine::roles).await {
         Ok(roles) => json_response(&roles_json(&roles)),
@@ -539,7 +539,7 @@ fn scalar_map_json<'a>(entries: impl IntoIterator<Item = (&'a str, Scalar)>) -> 
         .collect()
 }
 
-/// The GET_QUOTA answer (spec §5.1): legacy `infos` (guarantees only) and `configs`, empty
+/// The GET_QUOTA answer: legacy `infos` (guarantees only) and `configs`, empty
 /// maps and lists left out.
 pub(crate) fn get_quota_json(configs: &[QuotaConfig]) -> Value {
     let mut status = Map::new();
@@ -584,7 +584,7 @@ fn config_json(config: &QuotaConfig) -> Value {
     Value::Object(out)
 }
 
-/// The `/roles` answer (spec §5.2). kvd has no frameworks and no weights: `frameworks` is
+/// The `/roles` answer. kvd has no frameworks and no weights: `frameworks` is
 /// always empty and `weight` is Mesos's default.
 fn roles_json(roles: &[RoleUsage]) -> Value {
     let roles: Vec<Value> = roles.iter().map(role_json).collect();

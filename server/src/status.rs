@@ -6,7 +6,7 @@
 //! Invariants:
 //! - STATUS-1: the message of every etcd-facing error is the engine's `Display` text, which
 //!   is etcd's client-visible message verbatim (ERR-1); the code is etcd's
-//!   (`shared/spec/etcd.md` §13). etcd's Go client recognises errors by that text.
+//!  . etcd's Go client recognises errors by that text.
 //! - STATUS-2: the mapping is one exhaustive `match` per error enum with no `_` arm, so a new
 //!   variant does not compile until someone decides its code.
 //! - STATUS-3: RPCs kvd does not serve answer `Unimplemented` with a message that starts with
@@ -40,7 +40,7 @@ fn code_of(err: &Error) -> Code {
         Error::LeaseTtlTooLarge => Code::OutOfRange,
         // etcd returns this error as a plain Go error, not a gRPC status, so gRPC-go sends it
         // with code Unknown; etcd's Go client then recognises it by its message
-        // (`shared/spec/etcd.md` §12). We send what etcd sends.
+        //. We send what etcd sends.
         Error::TooManyRequests => Code::Unknown,
         Error::NoSpace | Error::QuotaExceeded(_) => Code::ResourceExhausted,
         Error::QuotaRequest(_) => Code::InvalidArgument,

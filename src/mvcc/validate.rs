@@ -3,8 +3,8 @@
 //! queued, so a refused request costs the apply thread nothing.
 //!
 //! Invariants:
-//! - VAL-1: the checks and their order are etcd's gRPC-layer checks (`spec/etcd.md` §3.1,
-//!   §4.1, §12), so the first error reported is the one etcd reports.
+//! - VAL-1: the checks and their order are etcd's gRPC-layer checks, so the first error
+//!   reported is the one etcd reports.
 //! - VAL-2: a request that passes never fails the same checks at apply.
 //!
 //! Contact points: the engine calls these on every request before admission.
@@ -76,7 +76,7 @@ fn check_txn_ops(req: &TxnRequest, max_txn_ops: usize) -> Result<(), Error> {
 
 /// A deleted interval `[start, end)` compared as strings, as etcd's interval tree does:
 /// a single-key delete is the point `[key, key + "\0")`; an end of `"\0"` makes an interval
-/// that contains nothing (etcd's quirk, `spec/etcd.md` §4.1).
+/// that contains nothing (etcd's quirk).
 #[derive(Debug, Clone)]
 struct Interval {
     start: Vec<u8>,

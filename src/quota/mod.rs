@@ -1,5 +1,5 @@
 //! The pure core of kvd's quota registry: Mesos quota values, role names, and UPDATE_QUOTA
-//! validation (`spec/mesos.md` §0–§5, §10; product decisions 6–8;
+//! validation (product decisions 6–8;
 //! `docs/design/quota-values.md`).
 //!
 //! Owns: fixed-point scalars ([`Scalar`]), quantities where absent means zero
