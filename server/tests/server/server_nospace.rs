@@ -5,9 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::common;
 
-use common::etcdctl;
+use crate::common::etcdctl;
 
 #[test]
 fn nospace_story_through_etcdctl() {

@@ -2,7 +2,7 @@
 //! parses and its counts add up (no timing assertions).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -4,7 +4,7 @@
 //!
 //! The tests that use etcd or etcdctl fail (never skip) when the binaries are missing:
 //! `.ci/install-deps.sh` installs them.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, Write};
@@ -36,11 +36,6 @@ impl Server {
     /// Returns the server's log so far (stderr of the process).
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Returns the process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
     }
 
     /// Sends `signal` (e.g. "-INT", "-TERM") to the server and waits for it to exit,

@@ -4,7 +4,7 @@
 //! (`/health`, `/version`, `/metrics`) on the client port.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -4,7 +4,7 @@
 //! cancel, progress and refusals, the compacted-watch notice, and the gauges in /metrics.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

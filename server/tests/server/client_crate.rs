@@ -7,7 +7,7 @@
 //! not build, so it fails rather than skips.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

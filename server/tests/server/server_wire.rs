@@ -5,7 +5,7 @@
 //! watches over the wire are in `server_lease_watch.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use kvd_server::pb::etcdserverpb::auth_client::AuthClient;

@@ -6,7 +6,7 @@
 //! reconciliation, and malformed requests. No timing assertions.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

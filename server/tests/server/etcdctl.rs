@@ -35,12 +35,12 @@
 //! | maintenance | `alarm list -w json` | `{}` | a filled header | kvd fills the Alarm header as etcd 3.5+ does |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::common;
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 
-use common::{Run, Server};
+use crate::common::{Run, Server};
 
 /// Why a step's outcome differs between etcd 3.4.23 and kvd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,35 @@
+//! The server's integration tests, as one test binary (`cargo test -p kvd-server --test
+//! server`), so that tonic, tokio and etcd-client are linked once instead of once per file.
+//! Each module was a test binary of its own; a test's name is `<module>::<test>`, so
+//! `cargo test -p kvd-server --test server etcdctl::` runs one module.
+//!
+//! Modules:
+//! - `common`: the helpers every module uses (start kvd or etcd on a free loopback port with
+//!   a temporary data directory, run etcdctl bounded in time, plain HTTP requests).
+//! - `client_crate`: the `etcd-client` crate (0.21) against kvd.
+//! - `etcdctl`: etcdctl 3.4 scenarios against kvd and against etcd 3.4.23, the transcripts
+//!   compared.
+//! - `server_bench`: smoke test of the `kvd bench` load generator.
+//! - `server_lease_watch`: the Lease and Watch services over the wire.
+//! - `server_nospace`: the NOSPACE story through etcdctl, and `snapshot save`.
+//! - `server_operator`: the quota operator API over HTTP and its enforcement on the etcd API.
+//! - `server_process`: the kvd process (signals, restart, a shared data directory, flag
+//!   errors, the HTTP routes).
+//! - `server_wire`: bad and unusual input over the wire, and the shape of the answers.
+//!
+//! Invariant: the tests share this process and run on parallel threads, so none of them
+//! changes process-wide state (environment variables, the working directory, signal
+//! handlers); each server they start is a child process with its own data directory and
+//! ports.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+mod client_crate;
+mod etcdctl;
+mod server_bench;
+mod server_lease_watch;
+mod server_nospace;
+mod server_operator;
+mod server_process;
+mod server_wire;
