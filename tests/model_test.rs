@@ -2,11 +2,14 @@
 //! Range, Put, DeleteRange, Txn, compaction, HashKV, reopen, leases with expiry on a manual
 //! clock, watches from any revision).
 //!
-//! - `model_*` tests check the model alone against hand-computed cases from
-//!   `/work/shared/spec/etcd.md` (§ numbers below), so the model can be trusted as an oracle.
+//! - `model_*` tests check the model alone against hand-computed cases (etcd's documented and
+//!   observed behaviour, Mesos's quota rules, kvd's design documents), so the model can be
+//!   trusted as an oracle.
 //! - `random_sequences` runs seeded random sequences through engine and model
-//!   (`tests/model/harness.rs` and `tests/model/watch.rs` say what is compared). Defaults:
-//!   8 seeds × 1,500 ops. For longer runs set `KVD_MODEL_SEEDS` (a count `N` for seeds 0..N,
+//!   (`tests/model/harness.rs` and `tests/model/watch.rs` say what is compared), space
+//!   quota, alarms, the quota registry and records included. Defaults: 8 seeds × 1,500 ops
+//!   (12,000), and it asserts that restarts, NOSPACE, limit refusals and the rest were
+//!   exercised. For longer runs set `KVD_MODEL_SEEDS` (a count `N` for seeds 0..N,
 //!   a range `A..B`, or a list `A,B,C`) and `KVD_MODEL_OPS`. A failure names its seed and op
 //!   index; it replays with `KVD_MODEL_SEEDS=<seed>..<seed+1> KVD_MODEL_OPS=<index+1>` (a
 //!   watch failure found at the end of a segment replays the same way, since the watches of
@@ -24,14 +27,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use kvd::quota::RawQuotaConfig;
 use kvd::{
+    AgentState, AlarmAction, AlarmMember, AlarmRequest, AlarmResponse, AlarmType,
     CompactionRequest, CompactionResponse, Compare, CompareResult, CompareTarget,
     DeleteRangeRequest, DeleteRangeResponse, Error, EventType, KeyValue, LeaseGrantRequest,
     LeaseGrantResponse, LeaseKeepAliveResponse, LeaseLeasesResponse, LeaseRevokeResponse,
     LeaseTimeToLiveResponse, PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp,
     ResponseHeader, ResponseOp, SortOrder, SortTarget, TxnRequest, TxnResponse, WatchCreateRequest,
 };
-use model::ops::{Reply, StreamKind};
+use model::ops::{QuotaOp, Reply, StreamKind};
 use model::watch::WatchLog;
 use model::{Coverage, Limits, Model, Op, Seq, Trace, decode, generate, run};
 
@@ -285,15 +290,17 @@ fn random_sequences() {
     });
     let total = total.into_inner().unwrap();
     let w = &total.watches;
+    let sp = &total.space;
     // Shown with --nocapture: what the run covered.
     println!(
-        "random_sequences: {} seeds, {} ops in {:.1?}; leases expired {} ({} with keys; waited \
-         {:.1?} for expiry); watches {} (refused {}, compacted at create {}, compacted while \
-         behind {}, full lists {}), {} events checked, {} grouped catch-up responses, {} \
-         progress notifications",
+        "random_sequences: {} seeds, {} ops in {:.1?}; restarts {}; leases expired {} ({} with \
+         keys; waited {:.1?} for expiry); watches {} (refused {}, compacted at create {}, \
+         compacted while behind {}, full lists {}), {} events checked, {} grouped catch-up \
+         responses, {} progress notifications",
         seeds.len(),
         total.ops,
         started.elapsed(),
+        total.restarts,
         total.expired_leases,
         total.expired_with_keys,
         total.expiry_wait,
@@ -306,7 +313,68 @@ fn random_sequences() {
         w.grouped_responses,
         w.progress,
     );
+    println!(
+        "  space: {} NOSPACE replies (latched {}, filesystem reserve {}, quota certain {}, \
+         quota engine's call {}); accepted under a quota: certain {} (after a measurement {}), \
+         engine's call {}, after a disarm {}; {} disarms, {} defrags, {} measurements, {} \
+         refused under CORRUPT",
+        total.no_space,
+        sp.refused_latched,
+        sp.refused_fs,
+        sp.refused_must,
+        sp.refused_either,
+        sp.accepted_must,
+        sp.accepted_measured,
+        sp.accepted_either,
+        sp.accepted_after_disarm,
+        sp.disarms,
+        total.defrags,
+        total.measurements,
+        sp.refused_corrupt,
+    );
+    println!(
+        "  quota: {} requests applied, {} refused as invalid, {} writes and records refused by \
+         a limit ({} naming another over-limit role than the documented first); {} recounts \
+         compared with the engine's report (up to {} rows)",
+        total.quota_applied,
+        total.quota_request_refused,
+        total.quota_exceeded,
+        total.limit_order_divergences,
+        total.recounts,
+        total.rows_max,
+    );
     assert!(total.ops >= seeds.len() * ops * 9 / 10, "{total:?}");
+    // Every category is exercised, or the run proves less than it claims.
+    if ops >= 1000 && seeds.len() >= 8 {
+        let exercised = [
+            ("restarts", total.restarts),
+            ("NOSPACE replies", total.no_space),
+            ("quota refusals certain for the model", sp.refused_must),
+            ("filesystem reserve refusals", sp.refused_fs),
+            ("writes accepted after a disarm", sp.accepted_after_disarm),
+            ("writes the model knew must fit", sp.accepted_must),
+            ("writes a measurement showed must fit", sp.accepted_measured),
+            (
+                "writes the engine refused where the model could not tell",
+                sp.refused_either,
+            ),
+            ("defrags", total.defrags),
+            ("CORRUPT refusals", sp.refused_corrupt),
+            ("limit refusals", total.quota_exceeded),
+            (
+                "invalid registry or record requests",
+                total.quota_request_refused,
+            ),
+            ("registry and record requests applied", total.quota_applied),
+        ];
+        for (what, count) in exercised {
+            assert!(count > 0, "no {what} in this run: {total:?}");
+        }
+        assert!(
+            total.ops >= 10_000,
+            "a CI run checks at least 10,000 operations"
+        );
+    }
 }
 
 #[test]
@@ -328,7 +396,7 @@ fn hash_kv_is_equal_across_engines() {
 
 #[test]
 fn model_revisions_and_generations() {
-    // §1.2: a fresh store is at 1 and the first write makes 2. §1.5: put a@2, put a@3,
+    // A fresh store is at 1 and the first write makes 2. Put a@2, put a@3,
     // del a@4, put a@5 → {create 5, mod 5, version 1}.
     let ops = vec![
         get("a"),
@@ -367,7 +435,8 @@ fn model_revisions_and_generations() {
 
 #[test]
 fn model_txn_inner_revisions() {
-    // §1.3: txn{range a; put a; range a} at 22 → range 22, put 23, range 23 (new value).
+    // One revision per write txn: txn{range a; put a; range a} at 22 → range 22, put 23,
+    // range 23 (new value).
     let mut ops: Vec<Op> = (0..21).map(|_| put("a", "old")).collect();
     ops.push(Op::Txn(txn(
         vec![],
@@ -399,8 +468,8 @@ fn model_txn_inner_revisions() {
 
 #[test]
 fn model_sort_none_with_limit_quirk() {
-    // §2.4: s1(v3), s2(v3), s3(v2), s4(v1); target VERSION, limit 2: NONE → [s3, s1] (only
-    // the first 3 keys are looked at), ASCEND → [s4, s3].
+    // etcd's sort quirk: s1(v3), s2(v3), s3(v2), s4(v1); target VERSION, limit 2: NONE →
+    // [s3, s1] (only the first 3 keys are looked at), ASCEND → [s4, s3].
     let mut ops = Vec::new();
     for (key, versions) in [("s1", 3), ("s2", 3), ("s3", 2), ("s4", 1)] {
         ops.extend((0..versions).map(|_| put(key, "v")));
@@ -430,8 +499,8 @@ fn model_sort_none_with_limit_quirk() {
 
 #[test]
 fn model_compaction_rules() {
-    // §5.1 on a fresh store: compact −5 → compacted; 0 → OK; 0 again → compacted; 1 → OK;
-    // 2 → future. §2.2: after compact 3, rev 2 fails, rev 3 reads, future checked first.
+    // etcd 3.4.23 on a fresh store: compact −5 → compacted; 0 → OK; 0 again → compacted;
+    // 1 → OK; 2 → future. After compact 3, rev 2 fails, rev 3 reads, future checked first.
     let ok = |rev| {
         Reply::Compact(Ok(CompactionResponse {
             header: header(rev),
@@ -469,7 +538,8 @@ fn model_compaction_rules() {
 
 #[test]
 fn model_txn_validation_limits() {
-    // §4.1: 129 puts rejected; 128 ranges accepted; 2 + nested 127 rejected.
+    // etcd 3.4.23 with 128 max ops: 129 puts rejected; 128 ranges accepted; 2 + nested 127
+    // rejected.
     let keys: Vec<&'static str> = (0..130).map(|i| &*format!("k{i:03}").leak()).collect();
     let puts = |n: usize| keys[..n].iter().map(|k| rput(k, "v")).collect::<Vec<_>>();
     let gets = |n: usize| keys[..n].iter().map(|k| rget(k)).collect::<Vec<_>>();
@@ -513,7 +583,7 @@ fn model_sequences_are_replayable_and_total() {
 fn model_random_sequences_exercise_every_reply() {
     // A sanity check of the generator's mix: each kind of reply and error shows up.
     let mut seen = std::collections::BTreeSet::new();
-    for seed in 0..4 {
+    for seed in 0..8 {
         let seq = generate(seed, 1500);
         for reply in model_replies(seq.limits, &seq.ops) {
             let name = match &reply {
@@ -541,6 +611,12 @@ fn model_random_sequences_exercise_every_reply() {
                 Reply::AdvanceClock(_) => "clock".to_owned(),
                 Reply::Watch => "watch".to_owned(),
                 Reply::SettleWatches => "settle".to_owned(),
+                Reply::Alarm(Ok(r)) if r.alarms.is_empty() => "alarm nothing".to_owned(),
+                Reply::Alarm(Ok(_)) => "alarm listed".to_owned(),
+                Reply::Defrag(Ok(_)) => "defrag".to_owned(),
+                Reply::MeasureSpace => "measure".to_owned(),
+                Reply::SetFreeSpace => "free space".to_owned(),
+                Reply::Quota(Ok(_)) => "quota ok".to_owned(),
                 Reply::Put(Err(e))
                 | Reply::DeleteRange(Err(e))
                 | Reply::Txn(Err(e))
@@ -551,7 +627,13 @@ fn model_random_sequences_exercise_every_reply() {
                 | Reply::LeaseRevoke(Err(e))
                 | Reply::LeaseKeepAlive(Err(e))
                 | Reply::LeaseTimeToLive(Err(e))
-                | Reply::LeaseLeases(Err(e)) => format!("{e:?}"),
+                | Reply::LeaseLeases(Err(e))
+                | Reply::Alarm(Err(e))
+                | Reply::Defrag(Err(e))
+                | Reply::Quota(Err(e)) => {
+                    let text = format!("{e:?}");
+                    text.split('(').next().unwrap_or_default().to_owned()
+                }
             };
             seen.insert(name);
         }
@@ -592,10 +674,20 @@ fn model_random_sequences_exercise_every_reply() {
         "LeaseNotFound",
         "LeaseExists",
         "LeaseTtlTooLarge",
+        "alarm nothing",
+        "alarm listed",
+        "defrag",
+        "measure",
+        "free space",
+        "quota ok",
+        "NoSpace",
+        "Corrupt",
+        "QuotaExceeded",
+        "QuotaRequest",
     ] {
         assert!(
             seen.contains(want),
-            "no `{want}` in 4 × 1500 generated ops; seen: {seen:?}"
+            "no `{want}` in 8 × 1500 generated ops; seen: {seen:?}"
         );
     }
 }
@@ -604,8 +696,9 @@ fn model_random_sequences_exercise_every_reply() {
 
 #[test]
 fn txn_nested_compare_sees_start_state() {
-    // §4.3: `put nc` then a nested `version(nc) == 0` compare takes the nested success
-    // branch, and the nested range (run after the put) sees nc.
+    // Compares see the state before the txn: `put nc` then a nested `version(nc) == 0`
+    // compare takes the nested success branch, and the nested range (run after the put)
+    // sees nc.
     let nested = txn(
         vec![Compare::new(
             "nc",
@@ -698,7 +791,7 @@ fn range_revision_checks_future_before_compacted() {
 
 #[test]
 fn txn_range_negative_revision_quirk() {
-    // §4.4: inside a txn a negative revision is compared with the compaction revision
+    // Inside a txn a negative revision is compared with the compaction revision
     // (-1 on a fresh store); a standalone Range reads the current revision.
     let in_txn = |revision| {
         Op::Txn(txn(
@@ -882,7 +975,7 @@ fn txn_duplicate_key_rules() {
 
 #[test]
 fn txn_delete_all_quirk_executes_after_put() {
-    // §4.1: put t9 + delete [t, ∞) is accepted and the delete removes t9 too.
+    // etcd 3.4.23: put t9 + delete [t, ∞) is accepted and the delete removes t9 too.
     let ops = vec![
         put("t1", "0"),
         Op::Txn(txn(
@@ -974,11 +1067,12 @@ fn txn_too_many_ops_nested_budget() {
 
 #[test]
 fn txn_validation_order() {
-    // Validation (§4.1) before duplicate keys, before the size limit, before the apply-time
-    // pre-checks (§4.4), where Puts are checked before Ranges.
+    // Validation before duplicate keys, before the size limit, before the apply-time
+    // pre-checks, where Puts are checked before Ranges.
     let limits = Limits {
         max_txn_ops: 4,
         max_request_bytes: 512,
+        ..Limits::default()
     };
     let big: &'static str = &*"x".repeat(600).leak();
     let ignore = |key: &'static str| {
@@ -1054,7 +1148,7 @@ fn txn_validation_order() {
 
 #[test]
 fn txn_nested_prechecks_follow_earlier_ops() {
-    // §4.4: the pre-checks run on the chosen branches recursively, whatever ops come before
+    // The pre-checks run on the chosen branches recursively, whatever ops come before
     // a nested txn in its branch.
     let ignore = RequestOp::Put(PutRequest {
         ignore_lease: true,
@@ -1097,7 +1191,7 @@ fn txn_nested_prechecks_follow_earlier_ops() {
 
 #[test]
 fn txn_failing_nested_range_writes_nothing() {
-    // A nested Range below the compaction revision fails the whole txn (§4.4) before the Put
+    // A nested Range below the compaction revision fails the whole txn before the Put
     // ahead of it is applied: a request that fails changes nothing.
     let old = RequestOp::Range(RangeRequest {
         revision: 1,
@@ -1176,7 +1270,7 @@ fn txn_inner_headers_follow_changes() {
 
 #[test]
 fn txn_compare_rules() {
-    // §4.3: missing keys fail value compares and are all-zero for the others; a range
+    // Missing keys fail value compares and are all-zero for the others; a range
     // compare must hold for every key in it.
     let c = |key: &'static str, result, target| Compare::new(key, result, target);
     let with_end = |key: &'static str, end: &'static str, result, target| Compare {
@@ -1475,7 +1569,8 @@ fn range_count_only_keys_only_and_filters() {
 
 #[test]
 fn compaction_keeps_reads_at_or_above() {
-    // §5.3's example shifted by one revision: put k@2, put k@3, del k@4, put k@5, del k@6.
+    // etcd's key_index.go example shifted by one revision: put k@2, put k@3, del k@4,
+    // put k@5, del k@6.
     let mut ops = vec![
         put("k", "1"),
         put("k", "2"),
@@ -1562,8 +1657,8 @@ fn small_limits_random_prefix() {
 
 #[test]
 fn model_lease_rules() {
-    // §9.1: TTLs below 2 s are raised to it, above 9e9 refused; an existing id is refused; a
-    // grant moves no revision. §9.6: the list is soonest deadline first (ties by id).
+    // TTLs below 2 s are raised to it, above 9e9 refused; an existing id is refused; a
+    // grant moves no revision. The list is soonest deadline first (ties by id).
     let ops = vec![
         grant(0, 1),
         grant(4, 0),
@@ -1649,7 +1744,7 @@ fn lease_grant_rules_and_engine_chosen_ids() {
 
 #[test]
 fn lease_expiry_deletes_keys_in_one_revision() {
-    // §9.2/§9.3: an expired lease is revoked through the revoke path: its keys deleted in
+    // An expired lease is revoked through the revoke path: its keys deleted in
     // key order, in one revision; keep-alive renews to a full TTL from now.
     let prefix_s = WatchCreateRequest {
         prev_kv: true,
@@ -1761,7 +1856,7 @@ fn expiry_revokes_soonest_deadline_first_ties_by_id() {
 
 #[test]
 fn put_with_unknown_lease_changes_nothing() {
-    // §3.1, §4.4: a Put naming a lease that does not exist fails with LeaseNotFound, alone or
+    // A Put naming a lease that does not exist fails with LeaseNotFound, alone or
     // in a txn (whose other ops are then not applied either); nothing changes.
     let ops = vec![
         grant(5, 60),
@@ -1814,8 +1909,8 @@ fn put_with_unknown_lease_changes_nothing() {
 
 #[test]
 fn lease_and_key_checks_follow_etcd_order() {
-    // A standalone Put checks the lease before the key `ignore_value` needs (§3.1); inside a
-    // txn each Put checks the key first, then its lease, one Put after the other (§4.4).
+    // A standalone Put checks the lease before the key `ignore_value` needs; inside a
+    // txn each Put checks the key first, then its lease, one Put after the other.
     let ignore_value = |key: &'static str, lease| PutRequest {
         ignore_value: true,
         lease,
@@ -1878,8 +1973,8 @@ fn lease_and_key_checks_follow_etcd_order() {
 
 #[test]
 fn lease_attach_detach_and_ignore_lease() {
-    // §3.1: a Put with lease L attaches (moving the key off another lease), lease 0 detaches,
-    // ignore_lease keeps; a delete detaches, also inside the txn that attached (§4.1 "\0"
+    // A Put with lease L attaches (moving the key off another lease), lease 0 detaches,
+    // ignore_lease keeps; a delete detaches, also inside the txn that attached (the "\0"
     // quirk); a revoke deletes only the keys still attached; no keys, no revision.
     let all = WatchCreateRequest {
         key: Bytes::from_static(b"\0"),
@@ -1941,7 +2036,7 @@ fn lease_attach_detach_and_ignore_lease() {
 
 #[test]
 fn leases_survive_reopen_with_full_ttl_and_keys() {
-    // §9.3: after a restart every lease has its full TTL again from now, with its keys.
+    // After a restart every lease has its full TTL again from now, with its keys.
     let ops = vec![
         grant(3, 10),
         put_lease("x", "v", 3),
@@ -1978,7 +2073,7 @@ fn leases_survive_reopen_with_full_ttl_and_keys() {
 
 #[test]
 fn keep_alive_postpones_expiry_and_ttl_truncates() {
-    // §9.4, §9.5: keep-alive gives a full TTL from now (0 for an unknown lease); TimeToLive
+    // Keep-alive gives a full TTL from now (0 for an unknown lease); TimeToLive
     // reports whole seconds left, truncated; expiry happens at the deadline, not before.
     let ops = vec![
         grant(1, 3),
@@ -2020,8 +2115,8 @@ fn keep_alive_postpones_expiry_and_ttl_truncates() {
 
 #[test]
 fn watch_from_compacted_revision_is_canceled() {
-    // §10.3: a start below the compaction revision gets created, then canceled with the
-    // compaction revision; a start at it replays from it. §10.4: prev_kv is omitted where
+    // A start below the compaction revision gets created, then canceled with the
+    // compaction revision; a start at it replays from it. prev_kv is omitted where
     // `mod_revision - 1` is compacted, and for a Put that creates its key.
     let k = || WatchCreateRequest::key("k");
     let ops = vec![
@@ -2088,7 +2183,7 @@ fn watch_from_compacted_revision_is_canceled() {
 
 #[test]
 fn watch_refusals_and_ids() {
-    // §10.2: an empty range and a negative start are refused (created and canceled, id -1);
+    // An empty range and a negative start are refused (created and canceled, id -1);
     // automatic ids count from 0 per stream; an explicit id is used as given.
     let ops = vec![
         put("a", "1"),
@@ -2137,7 +2232,7 @@ fn watch_refusals_and_ids() {
 
 #[test]
 fn watch_sees_txn_revoke_and_expiry_changes_in_order() {
-    // §10.4: the events of one write request come in change order (a txn's op order; a
+    // The events of one write request come in change order (a txn's op order; a
     // revoke's key order), one revision at a time; the "\0" quirk puts and deletes one key
     // in one revision.
     let all = WatchCreateRequest {
@@ -2335,8 +2430,9 @@ fn watch_behind_a_compaction_is_canceled_after_a_prefix() {
 
 #[test]
 fn watch_prev_kv_skips_a_put_that_recreates_its_key() {
-    // §10.4: no prev_kv for a Put that creates its key, even when the same txn deleted the
-    // key's previous generation first (the "\0" quirk of §4.1 lets a txn do that).
+    // No prev_kv for a Put that creates its key, even when the same txn deleted the
+    // key's previous generation first (the "\0" quirk of the duplicate-key check lets a
+    // txn do that).
     let ops = vec![
         put("k", "1"),
         watch(
@@ -2374,4 +2470,566 @@ fn watch_prev_kv_skips_a_put_that_recreates_its_key() {
             (EventType::Put, 4, Some(3)),
         ]
     );
+}
+
+// ---- The model's own sizes, costs and accounting ------------------------------------------
+
+#[test]
+fn model_request_size_follows_the_wire_rules() {
+    use model::wire::{Raft, raft_entry, raft_entry_len};
+    // etcd 3.4.23 under the default 1,572,864-byte limit: key `big` with a 1,572,836-byte
+    // value is accepted, with 1,572,838 bytes refused.
+    let big = |len| PutRequest::new("big", vec![b'v'; len]);
+    assert_eq!(raft_entry_len(Raft::Put(&big(1_572_836))), 1_572_863);
+    assert_eq!(raft_entry_len(Raft::Put(&big(1_572_838))), 1_572_865);
+    // The whole entry of a small Put, byte by byte: the header (field 100, a 10-byte id),
+    // then the Put (field 4) with key (1) and value (2).
+    let id = [0x81, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01];
+    let mut want = vec![0xa2, 0x06, 0x0b, 0x08];
+    want.extend(id);
+    want.extend([0x22, 0x06, 0x0a, 0x01, b'k', 0x12, 0x01, b'v']);
+    assert_eq!(raft_entry(Raft::Put(&PutRequest::new("k", "v"))), want);
+    // A negative int64 takes ten bytes; a oneof operand is written even when 0; defaults
+    // are omitted; an empty message that is set is written.
+    let with_lease = PutRequest {
+        lease: -1,
+        ..PutRequest::new("k", "v")
+    };
+    assert_eq!(raft_entry_len(Raft::Put(&with_lease)), want.len() + 11);
+    let compare = |target| TxnRequest {
+        compare: vec![Compare::new("k", CompareResult::Equal, target)],
+        ..TxnRequest::default()
+    };
+    let version0 = raft_entry_len(Raft::Txn(&compare(CompareTarget::Version(0))));
+    let version1 = raft_entry_len(Raft::Txn(&compare(CompareTarget::Version(1))));
+    assert_eq!(
+        version0, version1,
+        "`version = 0` is two bytes, as `version = 1`"
+    );
+    // Compare { key "k" (3 bytes), version (2) } in TxnRequest.compare (2 more) in the Txn
+    // field (2 more) after the 14-byte header.
+    assert_eq!(version0, 14 + 2 + 2 + 3 + 2);
+    let nested_empty = TxnRequest {
+        success: vec![RequestOp::Txn(TxnRequest::default())],
+        ..TxnRequest::default()
+    };
+    // RequestOp { request_txn: {} } is 2 bytes, inside success (2 more), inside the field.
+    assert_eq!(raft_entry_len(Raft::Txn(&nested_empty)), 14 + 2 + 2 + 2);
+    let compact = CompactionRequest {
+        revision: 0,
+        physical: false,
+    };
+    assert_eq!(raft_entry_len(Raft::Compaction(&compact)), 14 + 2);
+}
+
+#[test]
+fn model_costs_are_etcds() {
+    use model::space::{put_cost, txn_cost};
+    assert_eq!(put_cost(b"key", b"value"), 256 + 3 + 5);
+    let put = |k: &'static str, v: &'static str| RequestOp::Put(PutRequest::new(k, v));
+    let txn = TxnRequest {
+        compare: vec![],
+        // 264 + 264 = 528 against the nested txn's own larger branch, 265.
+        success: vec![put("ka", "123456"), put("kb", "123456"), rdel("a", "")],
+        failure: vec![RequestOp::Txn(TxnRequest {
+            success: vec![put("k", "12345678")],
+            failure: vec![put("k", "1")],
+            ..TxnRequest::default()
+        })],
+    };
+    assert_eq!(txn_cost(&txn), 528);
+    let nested_only = TxnRequest {
+        success: vec![RequestOp::Txn(TxnRequest {
+            success: vec![put("n", "")],
+            ..TxnRequest::default()
+        })],
+        ..TxnRequest::default()
+    };
+    assert_eq!(
+        txn_cost(&nested_only),
+        257,
+        "nested txns cost (etcd 3.6.14)"
+    );
+    assert_eq!(txn_cost(&TxnRequest::default()), 0);
+}
+
+#[test]
+fn model_owner_of_a_key_follows_the_namespace_rule() {
+    use model::accounts::{Entry, Registry, owner, with_ancestors};
+    let entry = Entry {
+        limits: [("kv_keys".to_owned(), 1000)].into(),
+        ..Entry::default()
+    };
+    let registry: Registry = [("a".to_owned(), entry.clone()), ("a/b/c".to_owned(), entry)].into();
+    // The table of docs/design/quota.md.
+    for (key, want) in [
+        ("/a/b/c/x", "a/b/c"),
+        ("/a/b/x", "a"),
+        ("/a/b", "a"),
+        ("/ab/x", "*"),
+        ("x", "*"),
+        ("/", "*"),
+        ("", "*"),
+    ] {
+        assert_eq!(owner(key.as_bytes(), &registry), want, "owner of {key:?}");
+    }
+    assert_eq!(with_ancestors("a/b/c"), ["a/b/c", "a/b", "a"]);
+    assert_eq!(with_ancestors("*"), ["*"]);
+}
+
+fn quota_op(op: QuotaOp) -> Op {
+    Op::Quota(op)
+}
+
+fn raw_config(role: &str, guarantees: &[(&str, f64)], limits: &[(&str, f64)]) -> RawQuotaConfig {
+    let map = |pairs: &[(&str, f64)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
+    RawQuotaConfig {
+        role: role.to_owned(),
+        guarantees: map(guarantees),
+        limits: map(limits),
+    }
+}
+
+fn amounts(pairs: &[(&str, f64)]) -> std::collections::BTreeMap<String, f64> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+}
+
+fn update(configs: Vec<RawQuotaConfig>, force: bool) -> Op {
+    quota_op(QuotaOp::UpdateQuota { configs, force })
+}
+
+fn record(kind: char, id: &str, role: &str, agent: &str, pairs: &[(&str, f64)]) -> Op {
+    let (id, role, agent, resources) = (id.into(), role.into(), agent.into(), amounts(pairs));
+    quota_op(match kind {
+        'r' => QuotaOp::Reserve {
+            id,
+            role,
+            agent,
+            resources,
+        },
+        _ => QuotaOp::Allocate {
+            id,
+            role,
+            agent,
+            resources,
+        },
+    })
+}
+
+/// The worked example of docs/design/quota.md: `ml` guarantees 2 cpus and may use 8; r1
+/// reserves 4 cpus for `ml`, r2 1 cpu and 512 mem for `ml/team`; x1 allocates 6 cpus to `ml`,
+/// drawing 4 from r1.
+fn ml_example() -> Vec<Op> {
+    vec![
+        quota_op(QuotaOp::RegisterAgent {
+            id: "a1".into(),
+            state: AgentState::Registered,
+            resources: amounts(&[("cpus", 16.0), ("mem", 4096.0)]),
+        }),
+        update(
+            vec![raw_config("ml", &[("cpus", 2.0)], &[("cpus", 8.0)])],
+            false,
+        ),
+        record('r', "r1", "ml", "a1", &[("cpus", 4.0)]),
+        record('r', "r2", "ml/team", "a1", &[("cpus", 1.0), ("mem", 512.0)]),
+        record('x', "x1", "ml", "a1", &[("cpus", 6.0)]),
+        record('x', "x2", "ml", "a1", &[("cpus", 2.0)]),
+        record('x', "x3", "ml/team", "a1", &[("cpus", 2.5)]),
+    ]
+}
+
+#[test]
+fn model_consumption_of_the_worked_example() {
+    use model::accounts::Usage;
+    let mut m = Model::new(Limits::default());
+    let replies: Vec<Reply> = ml_example().iter().map(|op| m.apply(op)).collect();
+    assert!(
+        replies[..5].iter().all(|r| *r == Reply::Quota(Ok(0))),
+        "{replies:?}"
+    );
+    let usage = m.usage();
+    let u = |role: &str, resource: &str| usage[&(role.to_owned(), resource.to_owned())];
+    let c = |allocated: i64, reserved: i64, reserved_in_use: i64| Usage {
+        allocated: allocated * 1000,
+        reserved: reserved * 1000,
+        reserved_in_use: reserved_in_use * 1000,
+        offered: 0,
+    };
+    assert_eq!(u("ml/team", "cpus"), c(0, 1, 0));
+    assert_eq!(u("ml/team", "mem"), c(0, 512, 0));
+    assert_eq!(u("ml", "cpus"), c(6, 5, 4));
+    assert_eq!(u("ml", "mem"), c(0, 512, 0));
+    assert_eq!(u("ml", "cpus").consumed(), 7000);
+    assert_eq!(
+        replies[5],
+        Reply::Quota(Err(Error::QuotaExceeded(
+            "kvd: quota exceeded for role 'ml': cpus consumption 7 + request 2 > limit 8".into()
+        )))
+    );
+    assert_eq!(
+        replies[6],
+        Reply::Quota(Err(Error::QuotaExceeded(
+            "kvd: quota exceeded for role 'ml': cpus consumption 7 + request 1.5 > limit 8".into()
+        ))),
+        "x3 draws 1 from r2; the other 1.5 is over ml's limit"
+    );
+}
+
+#[test]
+fn model_update_quota_phases_and_messages() {
+    let mut m = Model::new(Limits::default());
+    let refusal = |text: &str| Reply::Quota(Err(Error::QuotaRequest(text.to_owned())));
+    // Keys written while no role has an entry belong to `*`; an entry for `t` moves them,
+    // and its limit is checked against what moved (docs/design/quota.md).
+    m.apply(&put("/t/a", "1234"));
+    m.apply(&put("/t/b", "1234"));
+    let cases = [
+        (
+            update(vec![raw_config("t", &[], &[("kv_keys", 1.0)])], false),
+            refusal(
+                "Invalid QuotaConfig: Role 't' is already consuming 'kv_bytes:528; kv_keys:2'; \
+                 this is more than the requested limits 'kv_keys:1' (use 'force' flag to \
+                 bypass this check)",
+            ),
+        ),
+        (
+            update(vec![raw_config("/dev", &[], &[("cpus", 1.0)])], false),
+            refusal(
+                "Invalid QuotaConfig: Invalid 'QuotaConfig.role': Role '/dev' cannot start \
+                 with a slash",
+            ),
+        ),
+        (
+            update(
+                vec![raw_config("d", &[("cpus", 2.0)], &[("cpus", 1.0)])],
+                false,
+            ),
+            refusal(
+                "Invalid QuotaConfig: 'QuotaConfig.guarantees' { cpus: 2 } is not contained \
+                 within the 'QuotaConfig.limits' { cpus: 1 }",
+            ),
+        ),
+        (
+            update(vec![raw_config("a/b", &[("cpus", 2.0)], &[])], true),
+            refusal(
+                "Invalid QuotaConfig: Invalid quota configuration. Parent role 'a' with \
+                 guarantees ({}) does not contain the sum of its children's guarantees \
+                 (cpus:2)",
+            ),
+        ),
+        (
+            update(vec![raw_config("ops", &[("cpus", 100.0)], &[])], false),
+            refusal(
+                "Invalid QuotaConfig: total quota guarantees 'cpus:100' exceed cluster \
+                 capacity 'kv_bytes:2147483648; kv_keys:9.22337203685478e+15' (use 'force' \
+                 flag to bypass this check)",
+            ),
+        ),
+        (
+            update(vec![raw_config("ops", &[("cpus", 100.0)], &[])], true),
+            Reply::Quota(Ok(0)),
+        ),
+        (
+            update(
+                vec![
+                    raw_config("a", &[("cpus", 2.0)], &[]),
+                    raw_config("a/b", &[("cpus", 2.0)], &[]),
+                ],
+                true,
+            ),
+            Reply::Quota(Ok(0)),
+        ),
+        // Existing guarantees over capacity fail any batch without force.
+        (
+            update(vec![raw_config("t", &[], &[("kv_keys", 3.0)])], false),
+            refusal(
+                "Invalid QuotaConfig: total quota guarantees 'cpus:102' exceed cluster \
+                 capacity 'kv_bytes:2147483648; kv_keys:9.22337203685478e+15' (use 'force' \
+                 flag to bypass this check)",
+            ),
+        ),
+        (
+            update(vec![raw_config("t", &[], &[("kv_keys", 3.0)])], true),
+            Reply::Quota(Ok(0)),
+        ),
+    ];
+    for (op, want) in cases {
+        assert_eq!(m.apply(&op), want, "{op:?}");
+    }
+    let usage = m.usage();
+    assert_eq!(
+        usage[&("t".to_owned(), "kv_keys".to_owned())].allocated,
+        2000
+    );
+    assert!(!usage.contains_key(&("*".to_owned(), "kv_keys".to_owned())));
+    assert_eq!(
+        m.accounts().registry.keys().collect::<Vec<_>>(),
+        ["a", "a/b", "ops", "t"]
+    );
+}
+
+// ---- Space, alarms and the quota registry through the engine ------------------------------
+
+fn alarm(action: AlarmAction, member_id: u64, alarm: AlarmType) -> Op {
+    Op::Alarm(AlarmRequest {
+        action,
+        member_id,
+        alarm,
+    })
+}
+
+fn alarm_reply(revision: i64, alarms: &[(u64, AlarmType)]) -> Reply {
+    Reply::Alarm(Ok(AlarmResponse {
+        header: header(revision),
+        alarms: alarms
+            .iter()
+            .map(|&(member_id, alarm)| AlarmMember { member_id, alarm })
+            .collect(),
+    }))
+}
+
+#[test]
+fn nospace_refuses_costly_writes_until_disarmed_and_compaction_and_defrag_help() {
+    let quota = 512 << 10;
+    let limits = Limits {
+        quota_backend_bytes: quota,
+        ..Limits::default()
+    };
+    let half = Op::Put(PutRequest::new("h", vec![b'h'; (quota / 2) as usize]));
+    let ops = vec![
+        put("a", "1"),
+        // Twice its cost can never fit under the quota: refused, and NOSPACE is raised.
+        half.clone(),
+        put("b", "1"),
+        Op::LeaseGrant(LeaseGrantRequest { ttl: 100, id: 5 }),
+        // Cost 0: deletes, compactions and a delete-only txn work under NOSPACE.
+        del("a"),
+        Op::Txn(txn(vec![], vec![rdel("b", "")], vec![])),
+        compact(3),
+        Op::Defrag,
+        Op::Range(RangeRequest::key("a")),
+        alarm(AlarmAction::Get, 0, AlarmType::None),
+        // Disarm: only a Deactivate clears it; then small writes fit again.
+        alarm(AlarmAction::Deactivate, 0, AlarmType::NoSpace),
+        Op::MeasureSpace,
+        put("c", "1"),
+        half,
+        alarm(AlarmAction::Deactivate, 0, AlarmType::NoSpace),
+        Op::Reopen,
+        put("d", "1"),
+    ];
+    let r = check("nospace_story", limits, ops);
+    assert!(matches!(r[0], Reply::Put(Ok(_))));
+    assert_eq!(r[1], Reply::Put(Err(Error::NoSpace)));
+    assert_eq!(r[2], Reply::Put(Err(Error::NoSpace)));
+    assert_eq!(r[3], Reply::LeaseGrant(Err(Error::NoSpace)));
+    assert!(matches!(&r[4], Reply::DeleteRange(Ok(d)) if d.deleted == 1));
+    assert!(matches!(r[5], Reply::Txn(Ok(_))));
+    assert!(matches!(r[6], Reply::Compact(Ok(_))));
+    assert_eq!(r[7], Reply::Defrag(Ok(header(3))));
+    assert_eq!(r[9], alarm_reply(3, &[(0, AlarmType::NoSpace)]));
+    assert_eq!(r[10], alarm_reply(3, &[(0, AlarmType::NoSpace)]));
+    assert!(matches!(r[12], Reply::Put(Ok(_))), "{:?}", r[12]);
+    assert_eq!(r[13], Reply::Put(Err(Error::NoSpace)));
+    assert!(matches!(r[16], Reply::Put(Ok(_))));
+}
+
+#[test]
+fn filesystem_reserve_refuses_what_does_not_fit_and_raises_nospace() {
+    let reserve = model::space::fs_reserve(Some(2 << 30));
+    assert_eq!(reserve, 256 << 20, "an eighth of the 2 GiB default quota");
+    let ops = vec![
+        Op::SetFreeSpace(Some(reserve + 300)),
+        // 256 + 1 + 43 = 300 fits exactly; 301 does not.
+        Op::Put(PutRequest::new("k", vec![b'v'; 43])),
+        Op::Put(PutRequest::new("k", vec![b'v'; 44])),
+        put("k", "1"),
+        Op::SetFreeSpace(None),
+        put("k", "1"),
+        alarm(AlarmAction::Deactivate, 0, AlarmType::NoSpace),
+        put("k", "1"),
+        Op::SetFreeSpace(Some(reserve + 63)),
+        Op::LeaseGrant(LeaseGrantRequest { ttl: 100, id: 5 }),
+        Op::SetFreeSpace(Some(reserve + 64)),
+        alarm(AlarmAction::Deactivate, 0, AlarmType::NoSpace),
+        Op::LeaseGrant(LeaseGrantRequest { ttl: 100, id: 5 }),
+    ];
+    let r = check("filesystem_reserve", Limits::default(), ops);
+    assert!(matches!(r[1], Reply::Put(Ok(_))));
+    assert_eq!(r[2], Reply::Put(Err(Error::NoSpace)));
+    assert_eq!(r[3], Reply::Put(Err(Error::NoSpace)), "latched");
+    assert_eq!(r[5], Reply::Put(Err(Error::NoSpace)), "still latched");
+    assert!(
+        matches!(r[7], Reply::Put(Ok(_))),
+        "an unreadable figure refuses nothing"
+    );
+    assert_eq!(r[9], Reply::LeaseGrant(Err(Error::NoSpace)));
+    assert!(matches!(r[12], Reply::LeaseGrant(Ok(_))));
+}
+
+#[test]
+fn corrupt_refuses_every_write_and_holds_lease_expiry() {
+    let corrupt = |action| alarm(action, 3, AlarmType::Corrupt);
+    let ops = vec![
+        grant(7, 5),
+        put_lease("k", "v", 7),
+        corrupt(AlarmAction::Activate),
+        put("k", "w"),
+        del("k"),
+        compact(2),
+        Op::LeaseRevoke(7),
+        Op::Quota(QuotaOp::Repair),
+        // Reads work; the lease is due but not revoked while CORRUPT holds.
+        advance_ms(10_000),
+        get("k"),
+        Op::Txn(txn(vec![], vec![rget("k")], vec![])),
+        Op::Defrag,
+        corrupt(AlarmAction::Deactivate),
+        get("k"),
+    ];
+    let r = check("corrupt", Limits::default(), ops);
+    for i in [3, 4, 5, 6, 7] {
+        let refused = match &r[i] {
+            Reply::Put(Err(e))
+            | Reply::DeleteRange(Err(e))
+            | Reply::Compact(Err(e))
+            | Reply::LeaseRevoke(Err(e))
+            | Reply::Quota(Err(e)) => *e == Error::Corrupt,
+            _ => false,
+        };
+        assert!(refused, "op {i}: {:?}", r[i]);
+    }
+    assert_eq!(r[8], Reply::AdvanceClock(vec![]));
+    let leased = KeyValue {
+        lease: 7,
+        ..kv("k", 2, 2, 1, "v")
+    };
+    assert_eq!(r[9], range_ok(2, vec![leased], false, 1));
+    assert!(matches!(r[10], Reply::Txn(Ok(_))));
+    assert_eq!(
+        r[13],
+        range_ok(3, vec![], false, 0),
+        "expired once CORRUPT was cleared"
+    );
+}
+
+#[test]
+fn quota_worked_example_and_namespace_moves_through_the_engine() {
+    let mut ops = ml_example();
+    ops.extend([
+        put("/t/a", "1234"),
+        put("/t/b", "1234"),
+        update(vec![raw_config("t", &[], &[("kv_keys", 1.0)])], false),
+        update(vec![raw_config("t", &[], &[("kv_keys", 3.0)])], false),
+        put("/t/c", "1"),
+        put("/t/d", "1"),
+        Op::Reopen,
+        put("/t/d", "1"),
+        update(vec![raw_config("t", &[], &[])], false),
+        put("/t/d", "1"),
+        quota_op(QuotaOp::Release("x1".into())),
+        quota_op(QuotaOp::Unreserve("r1".into())),
+        quota_op(QuotaOp::Repair),
+    ]);
+    let r = check("quota_worked_example", Limits::default(), ops);
+    assert!(matches!(&r[9], Reply::Quota(Err(Error::QuotaRequest(_)))));
+    assert_eq!(r[10], Reply::Quota(Ok(0)));
+    assert!(matches!(r[11], Reply::Put(Ok(_))));
+    let third = "kvd: quota exceeded for role 't': kv_keys consumption 3 + request 1 > limit 3";
+    assert_eq!(r[12], Reply::Put(Err(Error::QuotaExceeded(third.into()))));
+    assert_eq!(
+        r[14],
+        Reply::Put(Err(Error::QuotaExceeded(third.into()))),
+        "after restart"
+    );
+    assert!(matches!(r[16], Reply::Put(Ok(_))), "no entry, no limit");
+    assert_eq!(
+        r[19],
+        Reply::Quota(Ok(0)),
+        "nothing drifted: repair changes nothing"
+    );
+}
+
+#[test]
+fn independent_recount_reports_a_corrupted_counter() {
+    use model::drift::{Drift, compare, reported};
+    let dir = tempfile::tempdir().unwrap();
+    let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    let mut m = Model::new(Limits::default());
+    let mut ops = ml_example();
+    ops.extend([put("/ml/k", "v"), put("other", "v")]);
+    for op in &ops {
+        let engine_reply = match op {
+            Op::Quota(QuotaOp::RegisterAgent {
+                id,
+                state,
+                resources,
+            }) => engine.register_agent(id, *state, resources.clone()).is_ok(),
+            Op::Quota(QuotaOp::UpdateQuota { configs, force }) => {
+                engine.update_quota(configs.clone(), *force).is_ok()
+            }
+            Op::Quota(QuotaOp::Reserve {
+                id,
+                role,
+                agent,
+                resources,
+            }) => engine.reserve(id, role, agent, resources.clone()).is_ok(),
+            Op::Quota(QuotaOp::Allocate {
+                id,
+                role,
+                agent,
+                resources,
+            }) => engine.allocate(id, role, agent, resources.clone()).is_ok(),
+            Op::Put(p) => engine.put(p.clone()).is_ok(),
+            other => panic!("not in this test: {other:?}"),
+        };
+        let model_reply = m.apply(op);
+        let model_ok = matches!(model_reply, Reply::Quota(Ok(_)) | Reply::Put(Ok(_)));
+        assert_eq!(engine_reply, model_ok, "{op:?}: {model_reply:?}");
+    }
+    let usage = m.usage();
+    let roles = m.accounts().listed_roles(&usage);
+    let registry = &m.accounts().registry;
+    let good = reported(&engine.roles().unwrap());
+    assert_eq!(compare(&good, &usage, &roles, registry), vec![]);
+    let key = |role: &str, resource: &str| (role.to_owned(), resource.to_owned());
+
+    // One milli-unit too many on one counter.
+    let mut bad = good.clone();
+    bad.usage.get_mut(&key("ml", "kv_bytes")).unwrap().allocated += 1;
+    let drift = compare(&bad, &usage, &roles, registry);
+    let one_row = |d: &[Drift], r: &str, res: &str| matches!(d, [Drift::Row { role, resource, .. }] if role == r && resource == res);
+    assert!(one_row(&drift, "ml", "kv_bytes"), "{drift:?}");
+    // A release that was never uncharged: reserved_in_use left behind.
+    let mut bad = good.clone();
+    bad.usage
+        .get_mut(&key("ml", "cpus"))
+        .unwrap()
+        .reserved_in_use += 1000;
+    let drift = compare(&bad, &usage, &roles, registry);
+    assert!(one_row(&drift, "ml", "cpus"), "{drift:?}");
+    // A row that went missing, and a role that should not be there.
+    let mut bad = good.clone();
+    bad.usage.remove(&key("ml/team", "mem"));
+    bad.usage
+        .insert(key("ghost", "cpus"), usage[&key("ml", "cpus")]);
+    bad.roles.insert("ghost".to_owned());
+    let drift = compare(&bad, &usage, &roles, registry);
+    assert_eq!(drift.len(), 3, "{drift:?}");
+    assert!(drift.contains(&Drift::Listed {
+        role: "ghost".into(),
+        reported: true
+    }));
+    // An entry whose limit changed.
+    let mut bad = good;
+    bad.entries
+        .get_mut("ml")
+        .unwrap()
+        .limits
+        .insert("cpus".into(), 9000);
+    assert!(matches!(
+        &compare(&bad, &usage, &roles, registry)[..],
+        [Drift::Entry { role, .. }] if role == "ml"
+    ));
+    engine.close().unwrap();
 }

@@ -13,19 +13,35 @@
 //! (possibly empty) range. Now and then a burst of writes makes a lazily read watch fall
 //! behind (see [`Builder::burst`]). The n-th op of a seed does not depend on the sequence
 //! length, so a failure at op i replays with `i + 1` ops.
+//!
+//! Space: three sequences in eight run under a small space quota (384 KiB to 1 MiB), with
+//! values of up to 24 KiB and now and then one of half the quota (which can never fit), and
+//! more deletes, compactions, defrags, measurements and NOSPACE disarms; one in eight runs
+//! with the quota disabled. Every sequence has short episodes where the free space the
+//! filesystem guard reads sits just above its reserve, and rarer ones under a CORRUPT alarm.
+//!
+//! Quota: keys under `/a/`, `/a/b/`, `/x/`, `/t/` ... fall in the namespaces of the roles the
+//! registry requests name (`a`, `a/b`, `a/b/c`, `x`, `x/y`, `t`, `*`, and invalid names now
+//! and then); UPDATE_QUOTA sets small `kv_keys`, `kv_bytes` and `cpus` limits and `cpus`
+//! guarantees (sometimes above the limit, sometimes forced), agents come and go, and
+//! reservations and allocations of cpus and mem are made and removed on them.
 
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use bytes::Bytes;
+use kvd::quota::RawQuotaConfig;
 use kvd::{
-    CompactionRequest, Compare, CompareResult, CompareTarget, DeleteRangeRequest,
-    LeaseGrantRequest, PutRequest, RangeRequest, RequestOp, SortOrder, SortTarget, TxnRequest,
-    WatchCreateRequest, prefix_end,
+    AgentState, AlarmAction, AlarmRequest, AlarmType, CompactionRequest, Compare, CompareResult,
+    CompareTarget, DeleteRangeRequest, LeaseGrantRequest, PutRequest, RangeRequest, RequestOp,
+    SortOrder, SortTarget, TxnRequest, WatchCreateRequest, prefix_end,
 };
 
-use super::ops::{Op, Seq, StreamKind};
+use super::ops::{Op, QuotaOp, Seq, StreamKind};
 use super::rng::{ByteSource, Source, SplitMix64};
-use super::state::{Limits, Model};
+use super::space;
+use super::state::{FREE_SPACE_PLENTY_BYTES, Limits, Model};
 
 /// The key space.
 pub const KEYS: &[&[u8]] = &[
@@ -46,10 +62,44 @@ pub const KEYS: &[&[u8]] = &[
     b"k8",
     b"\xff",
     b"\xff\xff",
+    b"/",
+    b"/a/1",
+    b"/a/b",
+    b"/a/b/1",
+    b"/a/b/c/1",
+    b"/ab/1",
+    b"/x/1",
+    b"/x/y/1",
+    b"/t/1",
+    b"/t/2",
 ];
 
 /// Range ends that are not keys.
-const ENDS: &[&[u8]] = &[b"k", b"k5", b"z", b"\xff", b"\x00\x00", b"a0"];
+const ENDS: &[&[u8]] = &[
+    b"k",
+    b"k5",
+    b"z",
+    b"\xff",
+    b"\x00\x00",
+    b"a0",
+    b"/b",
+    b"/a/c",
+];
+
+/// Roles the registry and record requests name (valid ones).
+const ROLES: &[&str] = &["a", "a/b", "a/b/c", "x", "x/y", "t", "*"];
+
+/// Invalid role names, one per Mesos rule.
+const BAD_ROLES: &[&str] = &["", "/a", "a/", "a//b", "a b", "-x", "a/./b", "x/*"];
+
+/// Agents records name ("nowhere" is never registered).
+const AGENTS: &[&str] = &["ag1", "ag2", "ag3", "nowhere"];
+
+/// The small space quotas of space sequences.
+const SMALL_QUOTAS_BYTES: &[i64] = &[384 << 10, 768 << 10, 1 << 20];
+
+/// Value lengths of space sequences' big values.
+const BIG_VALUE_BYTES: &[usize] = &[1 << 10, 4 << 10, 8 << 10, 16 << 10, 24 << 10];
 
 const VALUES: &[&[u8]] = &[b"", b"v0", b"v1", b"v2", b"v10", b"x", b"\x00", b"\xff"];
 
@@ -101,16 +151,82 @@ pub fn decode(bytes: &[u8]) -> Seq {
 }
 
 /// Default limits half the time; otherwise small ones, so that oversized txns and requests
-/// are cheap to build.
+/// are cheap to build. Then the space quota: etcd's default half the time, disabled one time
+/// in eight, else small (with the default request limit, so big values get to the quota).
 fn pick_limits(src: &mut impl Source) -> Limits {
-    match src.below(8) {
+    let mut limits = match src.below(8) {
         0..=3 => Limits::default(),
         choice => Limits {
             max_txn_ops: 3 + src.below(6) as usize,
             max_request_bytes: [1024, 2048, 4096, 1_572_864][choice as usize - 4],
+            ..Limits::default()
         },
-    }
+    };
+    limits.quota_backend_bytes = match src.below(8) {
+        0..=3 => 0,
+        4 => -1,
+        _ => {
+            limits.max_request_bytes = Limits::default().max_request_bytes;
+            SMALL_QUOTAS_BYTES[src.below(SMALL_QUOTAS_BYTES.len() as u64) as usize]
+        }
+    };
+    limits
 }
+
+/// What a step of the generator makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Put,
+    Delete,
+    Txn,
+    Range,
+    Burst,
+    Settle,
+    Compact,
+    Reopen,
+    HashKv,
+    Grant,
+    Revoke,
+    KeepAlive,
+    TimeToLive,
+    Leases,
+    Clock,
+    Watch,
+    Quota,
+    Alarm,
+    Defrag,
+    Measure,
+    FreeSpaceEpisode,
+    CorruptEpisode,
+    NospaceEpisode,
+}
+
+/// Weights of each kind per 1024 steps: (kind, ordinary sequence, small-quota sequence).
+const MIX: &[(Kind, u64, u64)] = &[
+    (Kind::Put, 226, 250),
+    (Kind::Delete, 76, 110),
+    (Kind::Txn, 184, 120),
+    (Kind::Range, 170, 95),
+    (Kind::Burst, 2, 1),
+    (Kind::Settle, 2, 2),
+    (Kind::Compact, 40, 60),
+    (Kind::Reopen, 4, 6),
+    (Kind::HashKv, 36, 20),
+    (Kind::Grant, 50, 30),
+    (Kind::Revoke, 20, 15),
+    (Kind::KeepAlive, 18, 10),
+    (Kind::TimeToLive, 18, 10),
+    (Kind::Leases, 8, 5),
+    (Kind::Clock, 32, 20),
+    (Kind::Watch, 44, 25),
+    (Kind::Quota, 64, 50),
+    (Kind::Alarm, 8, 50),
+    (Kind::Defrag, 3, 12),
+    (Kind::Measure, 14, 75),
+    (Kind::FreeSpaceEpisode, 3, 4),
+    (Kind::CorruptEpisode, 2, 2),
+    (Kind::NospaceEpisode, 2, 2),
+];
 
 /// Builds operations from an entropy source, keeping a model to know the revisions.
 struct Builder<S: Source> {
@@ -128,34 +244,320 @@ impl<S: Source> Builder<S> {
         }
     }
 
+    /// True for a sequence under a small space quota.
+    fn small_quota(&self) -> bool {
+        self.model.limits().quota_backend_bytes > 0
+    }
+
+    /// Draws the kind of the next step from [`MIX`].
+    fn kind(&mut self) -> Kind {
+        let small = self.small_quota();
+        let weight =
+            |&(_, ordinary, spaced): &(Kind, u64, u64)| if small { spaced } else { ordinary };
+        let total: u64 = MIX.iter().map(weight).sum();
+        let mut draw = self.src.below(total);
+        for entry in MIX {
+            if draw < weight(entry) {
+                return entry.0;
+            }
+            draw -= weight(entry);
+        }
+        Kind::Range
+    }
+
     /// Appends one operation (or none, if the drawn txn has an undefined outcome), or now
-    /// and then a burst of writes (see [`Builder::burst`]).
+    /// and then a burst or an episode of several.
     fn step(&mut self) {
-        let op = match self.src.below(256) {
-            0..=63 => Op::Put(self.put()),
-            64..=83 => Op::DeleteRange(self.delete()),
-            84..=134 => {
+        match self.kind() {
+            Kind::Burst => self.burst(),
+            Kind::FreeSpaceEpisode => self.free_space_episode(),
+            Kind::CorruptEpisode => self.corrupt_episode(),
+            Kind::NospaceEpisode => self.nospace_episode(),
+            Kind::Measure => {
+                self.emit(Op::MeasureSpace);
+                // Often a write right after: the model then knows whether it must fit.
+                if self.chance(60) {
+                    let op = Op::Put(self.put());
+                    self.emit(op);
+                }
+            }
+            kind => {
+                let op = self.plain(kind);
+                self.emit(op);
+            }
+        }
+    }
+
+    /// One operation of a kind that is a single operation.
+    fn plain(&mut self, kind: Kind) -> Op {
+        match kind {
+            Kind::Put => Op::Put(self.put()),
+            Kind::Delete => Op::DeleteRange(self.delete()),
+            Kind::Txn => {
                 let budget = self.model.limits().max_txn_ops;
                 Op::Txn(self.txn(0, budget))
             }
-            135..=183 => Op::Range(self.range(true)),
-            184 if self.chance(40) => return self.burst(),
-            184 => Op::SettleWatches,
-            185..=194 => Op::Compact(self.compact()),
-            195 => Op::Reopen,
-            196..=205 => Op::HashKv(self.hash_revision()),
-            206..=218 => Op::LeaseGrant(self.lease_grant()),
-            219..=223 => Op::LeaseRevoke(self.lease_id()),
-            224..=228 => Op::LeaseKeepAlive(self.lease_id()),
-            229..=233 => Op::LeaseTimeToLive {
+            Kind::Compact => Op::Compact(self.compact()),
+            Kind::Reopen => Op::Reopen,
+            Kind::HashKv => Op::HashKv(self.hash_revision()),
+            Kind::Grant => Op::LeaseGrant(self.lease_grant()),
+            Kind::Revoke => Op::LeaseRevoke(self.lease_id()),
+            Kind::KeepAlive => Op::LeaseKeepAlive(self.lease_id()),
+            Kind::TimeToLive => Op::LeaseTimeToLive {
                 id: self.lease_id(),
                 keys: self.chance(70),
             },
-            234..=235 => Op::LeaseLeases,
-            236..=243 => Op::AdvanceClock(Duration::from_millis(self.pick(CLOCK_STEPS_MS))),
-            _ => self.watch(),
+            Kind::Leases => Op::LeaseLeases,
+            Kind::Clock => Op::AdvanceClock(Duration::from_millis(self.pick(CLOCK_STEPS_MS))),
+            Kind::Watch => self.watch(),
+            Kind::Settle => Op::SettleWatches,
+            Kind::Quota => Op::Quota(self.quota()),
+            Kind::Alarm => Op::Alarm(self.alarm()),
+            // A defrag before the first write leaves the engine without its history table
+            // (every read then fails with a storage error): an open finding, see
+            // `docs/design/model.md`. Sequences defrag only once something was written.
+            Kind::Defrag if self.model.current_revision() > 1 => Op::Defrag,
+            Kind::Range
+            | Kind::Defrag
+            | Kind::Burst
+            | Kind::Measure
+            | Kind::FreeSpaceEpisode
+            | Kind::CorruptEpisode
+            | Kind::NospaceEpisode => Op::Range(self.range(true)),
+        }
+    }
+
+    /// The free space sits just above (or below) the filesystem reserve for a few operations:
+    /// writes whose cost does not fit are refused with NOSPACE, which also latches; then the
+    /// space comes back and NOSPACE is cleared.
+    fn free_space_episode(&mut self) {
+        let reserve = space::fs_reserve(self.model.space_quota());
+        let tight = match self.below(5) {
+            0 => reserve.saturating_sub(1),
+            1 => reserve + 64,
+            2 => reserve + 300,
+            3 => reserve + 2_000,
+            _ => reserve + 20_000,
         };
-        self.emit(op);
+        self.emit(Op::SetFreeSpace(Some(tight)));
+        for _ in 0..1 + self.below(4) {
+            let op = match self.below(4) {
+                0 => Op::LeaseGrant(self.lease_grant()),
+                1 => Op::DeleteRange(self.delete()),
+                _ => Op::Put(self.put()),
+            };
+            self.emit(op);
+        }
+        let after = if self.chance(15) {
+            None
+        } else {
+            Some(FREE_SPACE_PLENTY_BYTES)
+        };
+        self.emit(Op::SetFreeSpace(after));
+        self.emit(Op::Alarm(disarm(0)));
+    }
+
+    /// An operator raises NOSPACE (for the engine's member or another) for a few operations,
+    /// then clears it.
+    fn nospace_episode(&mut self) {
+        let member_id = self.pick(&[0, 9]);
+        self.emit(Op::Alarm(AlarmRequest {
+            action: AlarmAction::Activate,
+            member_id,
+            alarm: AlarmType::NoSpace,
+        }));
+        for _ in 0..1 + self.below(4) {
+            let kind = self.pick(&[
+                Kind::Put,
+                Kind::Txn,
+                Kind::Delete,
+                Kind::Grant,
+                Kind::Compact,
+            ]);
+            let op = self.plain(kind);
+            self.emit(op);
+        }
+        self.emit(Op::Alarm(disarm(member_id)));
+    }
+
+    /// Under CORRUPT for a few operations: every write is refused (registry and records
+    /// included), reads, alarms and defrag work; then the alarm is cleared.
+    fn corrupt_episode(&mut self) {
+        let raise = AlarmRequest {
+            action: AlarmAction::Activate,
+            member_id: 3,
+            alarm: AlarmType::Corrupt,
+        };
+        self.emit(Op::Alarm(raise));
+        for _ in 0..2 + self.below(5) {
+            let kind = self.pick(&[
+                Kind::Put,
+                Kind::Delete,
+                Kind::Txn,
+                Kind::Range,
+                Kind::Compact,
+                Kind::Grant,
+                Kind::Revoke,
+                Kind::KeepAlive,
+                Kind::Quota,
+                Kind::Alarm,
+                Kind::Defrag,
+                Kind::HashKv,
+                Kind::Reopen,
+            ]);
+            let op = self.plain(kind);
+            self.emit(op);
+        }
+        self.emit(Op::Alarm(AlarmRequest {
+            action: AlarmAction::Deactivate,
+            ..raise
+        }));
+    }
+
+    /// An Alarm request: mostly the disarm of the engine's NOSPACE; an operator's NOSPACE
+    /// for another member and its disarm; Gets; unknown and NONE pairs.
+    fn alarm(&mut self) -> AlarmRequest {
+        let filter = self.pick(&[AlarmType::None, AlarmType::NoSpace, AlarmType::Corrupt]);
+        match self.below(12) {
+            0..=5 => disarm(0),
+            6 | 7 => AlarmRequest {
+                action: AlarmAction::Get,
+                member_id: 0,
+                alarm: filter,
+            },
+            8 | 9 => disarm(9),
+            10 => AlarmRequest {
+                action: self.pick(&[AlarmAction::Activate, AlarmAction::Deactivate]),
+                member_id: 4,
+                alarm: AlarmType::None,
+            },
+            _ => AlarmRequest {
+                action: AlarmAction::Deactivate,
+                member_id: 4,
+                alarm: AlarmType::Corrupt,
+            },
+        }
+    }
+
+    /// A registry or record request.
+    fn quota(&mut self) -> QuotaOp {
+        match self.below(100) {
+            0..=37 => self.update_quota(),
+            38..=45 => QuotaOp::RegisterAgent {
+                id: if self.chance(4) {
+                    String::new()
+                } else {
+                    self.pick(&AGENTS[..3]).to_owned()
+                },
+                state: match self.below(10) {
+                    0 => AgentState::Unreachable,
+                    1 => AgentState::Gone,
+                    _ => AgentState::Registered,
+                },
+                resources: self.amounts(40, 8192),
+            },
+            46..=63 => QuotaOp::Reserve {
+                id: self.record_id('r'),
+                role: self.record_role(),
+                agent: self.pick(AGENTS).to_owned(),
+                resources: self.amounts(8, 1024),
+            },
+            64..=81 => QuotaOp::Allocate {
+                id: self.record_id('x'),
+                role: self.record_role(),
+                agent: self.pick(AGENTS).to_owned(),
+                resources: self.amounts(8, 1024),
+            },
+            82..=89 => QuotaOp::Unreserve(self.record_id('r')),
+            90..=96 => QuotaOp::Release(self.record_id('x')),
+            _ => QuotaOp::Repair,
+        }
+    }
+
+    /// `prefix` and a digit, from a small pool so that ids collide; now and then empty.
+    fn record_id(&mut self, prefix: char) -> String {
+        if self.chance(2) {
+            return String::new();
+        }
+        format!("{prefix}{}", self.below(6))
+    }
+
+    /// A role for a record: mostly a valid one (`*` included, which records refuse).
+    fn record_role(&mut self) -> String {
+        if self.chance(6) {
+            self.pick(BAD_ROLES).to_owned()
+        } else {
+            self.pick(ROLES).to_owned()
+        }
+    }
+
+    /// cpus (up to `cpus` whole or half units) and sometimes mem; now and then a negative
+    /// value, which is refused.
+    fn amounts(&mut self, cpus: usize, mem: usize) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        if self.chance(85) {
+            out.insert("cpus".to_owned(), self.below(2 * cpus + 1) as f64 / 2.0);
+        }
+        if self.chance(35) {
+            out.insert("mem".to_owned(), self.below(mem + 1) as f64);
+        }
+        if self.chance(3) {
+            out.insert("cpus".to_owned(), -1.0);
+        }
+        out
+    }
+
+    /// An UPDATE_QUOTA: one configuration (now and then two, or none), each a reset to the
+    /// default quota or small limits and guarantees.
+    fn update_quota(&mut self) -> QuotaOp {
+        let count = match self.below(20) {
+            0 => 0,
+            1..=3 => 2,
+            _ => 1,
+        };
+        let configs = (0..count).map(|_| self.quota_config()).collect();
+        QuotaOp::UpdateQuota {
+            configs,
+            force: self.chance(30),
+        }
+    }
+
+    fn quota_config(&mut self) -> RawQuotaConfig {
+        let role = if self.chance(5) {
+            self.pick(BAD_ROLES).to_owned()
+        } else {
+            self.pick(ROLES).to_owned()
+        };
+        let mut config = RawQuotaConfig {
+            role,
+            ..RawQuotaConfig::default()
+        };
+        if self.chance(20) {
+            return config;
+        }
+        if self.chance(45) {
+            config
+                .limits
+                .insert("kv_keys".to_owned(), self.below(7) as f64);
+        }
+        if self.chance(30) {
+            let bytes = 300 + 300 * self.below(20);
+            config.limits.insert("kv_bytes".to_owned(), bytes as f64);
+        }
+        if self.chance(30) {
+            config
+                .limits
+                .insert("cpus".to_owned(), self.below(21) as f64 / 2.0);
+        }
+        if self.chance(25) {
+            config
+                .guarantees
+                .insert("cpus".to_owned(), self.below(13) as f64 / 2.0);
+        }
+        if self.chance(5) {
+            config.guarantees.insert("mem".to_owned(), 64.0);
+        }
+        config
     }
 
     /// Appends `op` unless its outcome is undefined.
@@ -248,6 +650,17 @@ impl<S: Source> Builder<S> {
     }
 
     fn value(&mut self) -> Bytes {
+        if self.small_quota() {
+            if self.below(600) == 0 {
+                // Half the quota: twice its cost can never fit.
+                let half = self.model.limits().quota_backend_bytes as usize / 2;
+                return Bytes::from(vec![b'H'; half]);
+            }
+            if self.chance(30) {
+                let len = self.pick(BIG_VALUE_BYTES) + self.below(512);
+                return Bytes::from(vec![b'B'; len]);
+            }
+        }
         let max = self.model.limits().max_request_bytes;
         // Values around the request-size limit: common with small limits, rare with 1.5 MiB.
         let near_limit = if max <= 4096 {
@@ -376,9 +789,9 @@ impl<S: Source> Builder<S> {
         }
     }
 
-    /// A txn whose op lists may hold `budget` ops (etcd's recursive budget, §4.1). Now and
-    /// then one list has exactly `budget` or `budget + 1` ops, to hit the limit from both
-    /// sides.
+    /// A txn whose op lists may hold `budget` ops (etcd's recursive budget: a nested txn has
+    /// what its parent left). Now and then one list has exactly `budget` or `budget + 1` ops,
+    /// to hit the limit from both sides.
     fn txn(&mut self, depth: u32, budget: usize) -> TxnRequest {
         let oversized = if self.chance(3) {
             Some(self.below(3))
@@ -433,7 +846,7 @@ impl<S: Source> Builder<S> {
     }
 
     /// Deletes in txns are mostly single keys or `"\0"` ranges (which the duplicate-key
-    /// check ignores, §4.1), so that most txns are accepted.
+    /// check ignores), so that most txns are accepted.
     fn txn_delete(&mut self) -> DeleteRangeRequest {
         let key = self.key(1);
         let range_end = match self.below(10) {
@@ -587,5 +1000,14 @@ impl<S: Source> Builder<S> {
             _ => cur + 1,
         };
         revision.max(0)
+    }
+}
+
+/// The Deactivate of `member`'s NOSPACE alarm.
+fn disarm(member_id: u64) -> AlarmRequest {
+    AlarmRequest {
+        action: AlarmAction::Deactivate,
+        member_id,
+        alarm: AlarmType::NoSpace,
     }
 }

@@ -1,7 +1,10 @@
 //! Runs a sequence against a fresh engine and the model, comparing everything observable.
 //!
 //! After every op: the full reply (response structs or errors), the engine's Status (current
-//! and compaction revisions) and its lease list (ids, soonest deadline first). HashKV: every
+//! and compaction revisions, alarms), its lease list (ids, soonest deadline first), and its
+//! consumption report (`Engine::roles`: every counter, the roles listed and their registry
+//! entries) against the model's own recount from its history and records
+//! ([`super::drift`]). HashKV: every
 //! field but `hash` against the model, and the hash itself must be a function of (compaction
 //! revision, hash revision), so it may not change across reopens, background compaction or
 //! later writes. On Reopen: hash_kv(0) before and after. After a reopen and at the end: a
@@ -19,6 +22,14 @@
 //! Watches: see [`super::watch`]. The eager stream is read after every op; both streams are
 //! settled and every watch is checked before each Reopen and at the end.
 //!
+//! Space: the engine's free-space figure is a `ManualFreeSpace` the harness sets with the
+//! model (`Op::SetFreeSpace`), so the filesystem guard is deterministic. The pages redb
+//! allocates are not: where the model cannot tell whether a write fits the quota
+//! (`space::Verdict::Either`), the harness tells it what the engine answered, and the model
+//! follows (a refusal must then be NOSPACE, raise the alarm and change nothing, which the
+//! later comparisons check). `Op::MeasureSpace` hands the engine's measurement to the model,
+//! after checking it is at least the bytes of the live keys and values.
+//!
 //! Any mismatch panics with the sequence label and op index.
 
 use std::collections::BTreeMap;
@@ -29,10 +40,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kvd::{Config, Engine, Error, HashKvResponse, LeaseGrantRequest, ManualClock, RangeRequest};
+use kvd::{
+    AlarmAction, AlarmType, Config, Engine, Error, HashKvResponse, LeaseGrantRequest, ManualClock,
+    ManualFreeSpace, RangeRequest,
+};
 
-use super::ops::{Op, Reply, Seq};
-use super::state::{Limits, Model};
+use super::drift;
+use super::ops::{Op, QuotaOp, Reply, Seq};
+use super::space::SpaceStats;
+use super::state::{FREE_SPACE_PLENTY_BYTES, Limits, Model, SpaceChoice};
 use super::watch::{Mismatch, WatchCoverage, WatchLog, Watches};
 
 /// What a run observed that depends on the engine alone, for comparing two engines fed the
@@ -60,6 +76,29 @@ pub struct Coverage {
     pub expiry_wait: Duration,
     /// The watch checks.
     pub watches: WatchCoverage,
+    /// Reopens (restarts of the engine on its directory).
+    pub restarts: usize,
+    /// Replies refused with NOSPACE (`etcdserver: mvcc: database space exceeded`).
+    pub no_space: usize,
+    /// How the model decided the space checks.
+    pub space: SpaceStats,
+    /// Defrags run.
+    pub defrags: usize,
+    /// Measurements of the pages in use handed to the model.
+    pub measurements: usize,
+    /// Writes and records refused by a per-role limit (`kvd: quota exceeded ...`).
+    pub quota_exceeded: usize,
+    /// Registry and record requests refused as invalid (`Error::QuotaRequest`).
+    pub quota_request_refused: usize,
+    /// Registry and record requests applied.
+    pub quota_applied: usize,
+    /// Comparisons of the engine's consumption report with the model's recount.
+    pub recounts: usize,
+    /// Largest number of (role, resource) rows a recount produced.
+    pub rows_max: usize,
+    /// Write refusals that named another over-limit (role, resource) than the documented
+    /// first one (see `Harness::same`).
+    pub limit_order_divergences: usize,
 }
 
 impl Coverage {
@@ -78,6 +117,27 @@ impl Coverage {
         w.events += o.events;
         w.grouped_responses += o.grouped_responses;
         w.progress += o.progress;
+        self.restarts += other.restarts;
+        self.no_space += other.no_space;
+        let (s, o) = (&mut self.space, &other.space);
+        s.refused_latched += o.refused_latched;
+        s.refused_fs += o.refused_fs;
+        s.refused_must += o.refused_must;
+        s.refused_either += o.refused_either;
+        s.accepted_must += o.accepted_must;
+        s.accepted_measured += o.accepted_measured;
+        s.accepted_either += o.accepted_either;
+        s.accepted_after_disarm += o.accepted_after_disarm;
+        s.refused_corrupt += o.refused_corrupt;
+        s.disarms += o.disarms;
+        self.defrags += other.defrags;
+        self.measurements += other.measurements;
+        self.quota_exceeded += other.quota_exceeded;
+        self.quota_request_refused += other.quota_request_refused;
+        self.quota_applied += other.quota_applied;
+        self.recounts += other.recounts;
+        self.rows_max = self.rows_max.max(other.rows_max);
+        self.limit_order_divergences += other.limit_order_divergences;
     }
 }
 
@@ -92,14 +152,16 @@ pub const EXPIRY_PATIENCE: Duration = Duration::from_secs(10);
 /// trigger some (etcd's default is 10 minutes).
 const PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(20);
 
-/// Returns the engine configuration for `limits` on `clock`: no fsync and a small cache, to
-/// stay fast.
-pub fn config(limits: Limits, clock: &Arc<ManualClock>) -> Config {
+/// Returns the engine configuration for `limits` on `clock` and `free`: no fsync and a small
+/// cache, to stay fast; the default filesystem reserve.
+pub fn config(limits: Limits, clock: &Arc<ManualClock>, free: &Arc<ManualFreeSpace>) -> Config {
     Config {
         unsafe_no_fsync: true,
         cache_size_bytes: 4 << 20,
         max_txn_ops: limits.max_txn_ops,
         max_request_bytes: limits.max_request_bytes,
+        quota_backend_bytes: limits.quota_backend_bytes,
+        free_space: free.clone(),
         compaction_batch_records: COMPACTION_BATCH_RECORDS,
         clock: clock.clone(),
         watch_progress_notify_interval: PROGRESS_NOTIFY_INTERVAL,
@@ -119,6 +181,7 @@ pub fn run(seq: &Seq, dir: &Path) -> Trace {
     h.sweep(end, "final sweep", true);
     h.close(end);
     h.trace.coverage.watches = h.watches.coverage.clone();
+    h.trace.coverage.space = h.model.space_stats().clone();
     h.trace.watches = std::mem::take(&mut h.watches.logs);
     h.trace
 }
@@ -127,6 +190,7 @@ struct Harness<'a> {
     seq: &'a Seq,
     dir: &'a Path,
     clock: Arc<ManualClock>,
+    free: Arc<ManualFreeSpace>,
     engine: Option<Engine>,
     model: Model,
     watches: Watches,
@@ -149,7 +213,8 @@ fn shown(value: &dyn Debug) -> String {
 impl<'a> Harness<'a> {
     fn new(seq: &'a Seq, dir: &'a Path) -> Harness<'a> {
         let clock = Arc::new(ManualClock::new());
-        let engine = match Engine::open(dir, config(seq.limits, &clock)) {
+        let free = Arc::new(ManualFreeSpace::new(Some(FREE_SPACE_PLENTY_BYTES)));
+        let engine = match Engine::open(dir, config(seq.limits, &clock, &free)) {
             Ok(engine) => engine,
             Err(e) => panic!("{}: Engine::open failed: {e:?}", seq.label),
         };
@@ -157,6 +222,7 @@ impl<'a> Harness<'a> {
             seq,
             dir,
             clock,
+            free,
             engine: Some(engine),
             model: Model::new(seq.limits),
             watches: Watches::new(),
@@ -178,7 +244,7 @@ impl<'a> Harness<'a> {
         panic!(
             "kvd model mismatch: {label}, op #{i} of {n}: {what}\n  op:     {op}\n  engine: {e}\n  \
              model:  {m}\n  (model state: revision {rev}, compact revision {compact}, clock \
-             {now:?}, leases {leases:?})",
+             {now:?}, leases {leases:?}, alarms {alarms:?})",
             label = self.seq.label,
             n = self.seq.ops.len(),
             e = shown(engine),
@@ -187,6 +253,7 @@ impl<'a> Harness<'a> {
             compact = self.model.compact_revision(),
             now = self.model.now(),
             leases = self.model.lease_ids(),
+            alarms = self.model.alarm_list(),
         )
     }
 
@@ -238,14 +305,37 @@ impl<'a> Harness<'a> {
                     self.fail_watch(i, m);
                 }
             }
+            Op::MeasureSpace => self.measure_space(i),
+            Op::SetFreeSpace(free) => {
+                self.free.set(*free);
+                self.model.apply(op);
+            }
             _ => {
+                let revision_before = self.model.current_revision();
                 let engine = self.call(i, |e| apply(e, op));
+                let choice = if engine.is_no_space() {
+                    SpaceChoice::Refuse
+                } else {
+                    SpaceChoice::Accept
+                };
+                self.model.set_space_choice(choice);
                 let model = self.model.apply(op);
-                if engine != model {
+                if !self.same(&engine, &model) {
                     self.fail(i, "replies differ", &engine, &model);
                 }
+                self.count(&model);
                 if let (Op::Compact(c), Reply::Compact(Ok(_))) = (op, &model) {
                     self.watches.compacted(c.revision);
+                }
+                if matches!(op, Op::Defrag) {
+                    self.trace.coverage.defrags += 1;
+                }
+                if let Op::Alarm(a) = op
+                    && a.action == AlarmAction::Deactivate
+                    && a.alarm == AlarmType::Corrupt
+                {
+                    // Leases that fell due under CORRUPT expire once it is cleared.
+                    self.wait_for_expiry(i, "CORRUPT was cleared", revision_before);
                 }
             }
         }
@@ -253,18 +343,114 @@ impl<'a> Harness<'a> {
             self.fail_watch(i, m);
         }
         self.check_status(i);
+        self.check_accounts(i);
     }
 
-    fn check_status(&self, i: usize) {
-        let status = self.call(i, Engine::status);
-        let want = (self.model.current_revision(), self.model.compact_revision());
-        match status {
-            Ok(s) if (s.header.revision, s.compact_revision) == want => {}
+    /// Returns true if the engine's reply is the model's. One latitude: a write over the
+    /// limits of several (role, resource) pairs may name another pair than the documented
+    /// first (role-name order), as long as that pair is over its limit too, with the same
+    /// figures; such replies are counted (`Coverage::limit_order_divergences`).
+    fn same(&mut self, engine: &Reply, model: &Reply) -> bool {
+        if engine == model {
+            return true;
+        }
+        let e = match (engine, model) {
+            (
+                Reply::Put(Err(Error::QuotaExceeded(e))),
+                Reply::Put(Err(Error::QuotaExceeded(_))),
+            )
+            | (
+                Reply::Txn(Err(Error::QuotaExceeded(e))),
+                Reply::Txn(Err(Error::QuotaExceeded(_))),
+            ) => e,
+            _ => return false,
+        };
+        if self.model.other_limit_refusals().contains(e) {
+            self.trace.coverage.limit_order_divergences += 1;
+            return true;
+        }
+        false
+    }
+
+    /// Counts what a reply exercised.
+    fn count(&mut self, reply: &Reply) {
+        let c = &mut self.trace.coverage;
+        let err = match reply {
+            Reply::Put(Err(e))
+            | Reply::Txn(Err(e))
+            | Reply::LeaseGrant(Err(e))
+            | Reply::DeleteRange(Err(e))
+            | Reply::Compact(Err(e))
+            | Reply::LeaseRevoke(Err(e))
+            | Reply::Quota(Err(e)) => e,
+            Reply::Quota(Ok(_)) => {
+                c.quota_applied += 1;
+                return;
+            }
+            _ => return,
+        };
+        match err {
+            Error::NoSpace => c.no_space += 1,
+            Error::QuotaExceeded(_) => c.quota_exceeded += 1,
+            Error::QuotaRequest(_) => c.quota_request_refused += 1,
+            _ => {}
+        }
+    }
+
+    /// Measures the pages in use and hands the figure to the model: it cannot be below the
+    /// bytes of the live keys and values, which redb stores as they are.
+    fn measure_space(&mut self, i: usize) {
+        let measured = self.call(i, Engine::measure_space);
+        let live = self.model.live_bytes();
+        match measured {
+            Ok(in_use) if in_use >= live => self.model.set_measured(in_use),
             other => self.fail(
                 i,
-                "status (revision, compact_revision) after the op",
+                "Engine::measure_space: the pages in use hold at least the live keys and values",
                 &other,
-                &want,
+                &format!("Ok(at least {live})"),
+            ),
+        }
+        self.trace.coverage.measurements += 1;
+    }
+
+    /// Compares the engine's consumption report with the model's recount (see
+    /// [`super::drift`]).
+    fn check_accounts(&mut self, i: usize) {
+        let roles = match self.call(i, Engine::roles) {
+            Ok(roles) => roles,
+            Err(e) => self.fail(i, "Engine::roles", &Err::<(), _>(e), &"Ok"),
+        };
+        let usage = self.model.usage();
+        let listed = self.model.accounts().listed_roles(&usage);
+        let reported = drift::reported(&roles);
+        let drift = drift::compare(&reported, &usage, &listed, &self.model.accounts().registry);
+        if !drift.is_empty() {
+            self.fail(
+                i,
+                "consumption report (Engine::roles) against the model's recount: drift",
+                &drift,
+                &usage,
+            );
+        }
+        self.trace.coverage.recounts += 1;
+        self.trace.coverage.rows_max = self.trace.coverage.rows_max.max(usage.len());
+    }
+
+    fn check_status(&mut self, i: usize) {
+        let status = self.call(i, Engine::status);
+        if let Ok(s) = &status {
+            self.model.set_file_len(s.db_size);
+        }
+        let want = (self.model.current_revision(), self.model.compact_revision());
+        let alarms = self.model.alarm_list();
+        match status {
+            Ok(s) if (s.header.revision, s.compact_revision) == want && s.alarms == alarms => {}
+            other => self.fail(
+                i,
+                "status (revision, compact_revision, alarms) after the op",
+                &other,
+                &(want, alarms),
             ),
         }
         let leases = self.call(i, Engine::lease_leases).map(|r| r.leases);
@@ -295,11 +481,20 @@ impl<'a> Harness<'a> {
             }
             _ => None,
         };
-        let model = Reply::LeaseGrant(self.model.lease_grant(req, chosen));
         let engine = Reply::LeaseGrant(engine);
-        if engine != model {
+        let choice = if engine.is_no_space() {
+            SpaceChoice::Refuse
+        } else {
+            SpaceChoice::Accept
+        };
+        self.model.set_space_choice(choice);
+        let model = Reply::LeaseGrant(self.model.lease_grant(req, chosen));
+        self.model.set_space_choice(SpaceChoice::Accept);
+        self.model.forget_measurement();
+        if !self.same(&engine, &model) {
             self.fail(i, "replies differ", &engine, &model);
         }
+        self.count(&model);
     }
 
     /// Moves the clock, then waits until the engine has revoked what the model revoked:
@@ -307,8 +502,19 @@ impl<'a> Harness<'a> {
     fn advance_clock(&mut self, i: usize, by: Duration) {
         let revision_before = self.model.current_revision();
         self.clock.advance(by);
+        self.model.forget_measurement();
         let expired = self.model.advance_clock(by);
         self.trace.coverage.expired_leases += expired.len();
+        self.wait_for_expiry(
+            i,
+            &format!("the clock moved by {by:?} (due: {expired:?})"),
+            revision_before,
+        );
+    }
+
+    /// Waits until the engine has revoked what the model revoked since `revision_before`:
+    /// its lease list and revision equal the model's.
+    fn wait_for_expiry(&mut self, i: usize, why: &str, revision_before: i64) {
         self.trace.coverage.expired_with_keys +=
             (self.model.current_revision() - revision_before) as usize;
         let want_leases = self.model.lease_leases().map(|r| r.leases);
@@ -324,9 +530,9 @@ impl<'a> Harness<'a> {
                 self.fail(
                     i,
                     &format!(
-                        "after the clock moved by {by:?} the engine must revoke the due leases \
-                         {expired:?} (soonest deadline first, one revision each if it has \
-                         keys); (lease list, revision) after waiting {EXPIRY_PATIENCE:?}"
+                        "after {why} the engine must revoke the due leases (soonest deadline \
+                         first, one revision each if it has keys); (lease list, revision) \
+                         after waiting {EXPIRY_PATIENCE:?}"
                     ),
                     &(leases, revision),
                     &(want_leases, want_rev),
@@ -382,7 +588,8 @@ impl<'a> Harness<'a> {
             self.fail(i, "Engine::close", &Err::<(), _>(e), &Ok::<(), Error>(()));
         }
         self.model.apply(&Op::Reopen);
-        match Engine::open(self.dir, config(self.seq.limits, &self.clock)) {
+        self.trace.coverage.restarts += 1;
+        match Engine::open(self.dir, config(self.seq.limits, &self.clock, &self.free)) {
             Ok(engine) => self.engine = Some(engine),
             Err(e) => self.fail(
                 i,
@@ -396,6 +603,12 @@ impl<'a> Harness<'a> {
             self.fail(i, "hash_kv(0) differs across close/reopen", &after, &before);
         }
         self.sweep(i, "sweep after reopen", false);
+        // The engine's own recount must agree with its counters too (it rebuilt them at
+        // open; the independent check is `check_accounts`, against the model).
+        let own = self.call(i, Engine::consumption_drift);
+        if !matches!(&own, Ok(d) if d.is_empty()) {
+            self.fail(i, "Engine::consumption_drift after reopen", &own, &"Ok([])");
+        }
     }
 
     /// Reads every key at every revision from just below the compaction revision to just
@@ -473,11 +686,51 @@ fn apply(engine: &Engine, op: &Op) -> Reply {
             Reply::LeaseTimeToLive(engine.lease_time_to_live(*id, *keys))
         }
         Op::LeaseLeases => Reply::LeaseLeases(engine.lease_leases()),
+        Op::Alarm(req) => Reply::Alarm(engine.alarm(*req)),
+        Op::Defrag => Reply::Defrag(engine.defrag().map(|r| r.header)),
+        Op::Quota(q) => Reply::Quota(apply_quota(engine, q)),
         // The harness runs these itself.
         Op::Reopen => Reply::Reopen,
         Op::AdvanceClock(_) => Reply::AdvanceClock(Vec::new()),
         Op::Watch { .. } => Reply::Watch,
         Op::SettleWatches => Reply::SettleWatches,
+        Op::MeasureSpace => Reply::MeasureSpace,
+        Op::SetFreeSpace(_) => Reply::SetFreeSpace,
+    }
+}
+
+/// Sends a registry or record request to the engine.
+fn apply_quota(engine: &Engine, op: &QuotaOp) -> Result<usize, Error> {
+    match op {
+        QuotaOp::UpdateQuota { configs, force } => {
+            engine.update_quota(configs.clone(), *force).map(|()| 0)
+        }
+        QuotaOp::RegisterAgent {
+            id,
+            state,
+            resources,
+        } => engine
+            .register_agent(id, *state, resources.clone())
+            .map(|()| 0),
+        QuotaOp::Reserve {
+            id,
+            role,
+            agent,
+            resources,
+        } => engine
+            .reserve(id, role, agent, resources.clone())
+            .map(|()| 0),
+        QuotaOp::Unreserve(id) => engine.unreserve(id).map(|()| 0),
+        QuotaOp::Allocate {
+            id,
+            role,
+            agent,
+            resources,
+        } => engine
+            .allocate(id, role, agent, resources.clone())
+            .map(|()| 0),
+        QuotaOp::Release(id) => engine.release(id).map(|()| 0),
+        QuotaOp::Repair => engine.repair_consumption(),
     }
 }
 

@@ -1,15 +1,18 @@
 //! The operations a test sequence is made of, and their replies.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use kvd::quota::RawQuotaConfig;
 use kvd::{
-    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, Error,
-    HashKvResponse, LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveResponse,
-    LeaseLeasesResponse, LeaseRevokeResponse, LeaseTimeToLiveResponse, PutRequest, PutResponse,
-    RangeRequest, RangeResponse, TxnRequest, TxnResponse, WatchCreateRequest,
+    AgentState, AlarmRequest, AlarmResponse, CompactionRequest, CompactionResponse,
+    DeleteRangeRequest, DeleteRangeResponse, Error, HashKvResponse, LeaseGrantRequest,
+    LeaseGrantResponse, LeaseKeepAliveResponse, LeaseLeasesResponse, LeaseRevokeResponse,
+    LeaseTimeToLiveResponse, PutRequest, PutResponse, RangeRequest, RangeResponse, ResponseHeader,
+    TxnRequest, TxnResponse, WatchCreateRequest,
 };
 
-use super::state::{Limits, Model};
+use super::state::{Limits, Model, SpaceChoice};
 
 /// Which of the two watch streams of an engine a watch is created on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -21,8 +24,57 @@ pub enum StreamKind {
     Lazy,
 }
 
+/// A request on the quota registry or the records (the engine's shorthand calls).
+#[derive(Debug, Clone, PartialEq)]
+pub enum QuotaOp {
+    /// `Engine::update_quota` (Mesos's UPDATE_QUOTA).
+    UpdateQuota {
+        /// The configurations, all or nothing.
+        configs: Vec<RawQuotaConfig>,
+        /// Skip the consumption and capacity checks.
+        force: bool,
+    },
+    /// `Engine::register_agent`.
+    RegisterAgent {
+        /// The agent.
+        id: String,
+        /// Its state.
+        state: AgentState,
+        /// Its total resources.
+        resources: BTreeMap<String, f64>,
+    },
+    /// `Engine::reserve`.
+    Reserve {
+        /// The record id.
+        id: String,
+        /// The role.
+        role: String,
+        /// The agent.
+        agent: String,
+        /// The resources.
+        resources: BTreeMap<String, f64>,
+    },
+    /// `Engine::unreserve`.
+    Unreserve(String),
+    /// `Engine::allocate`.
+    Allocate {
+        /// The record id.
+        id: String,
+        /// The role.
+        role: String,
+        /// The agent.
+        agent: String,
+        /// The resources.
+        resources: BTreeMap<String, f64>,
+    },
+    /// `Engine::release`.
+    Release(String),
+    /// `Engine::repair_consumption`: nothing may have drifted, so it repairs 0 rows.
+    Repair,
+}
+
 /// One step of a sequence.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Op {
     /// `Engine::put`.
     Put(PutRequest),
@@ -67,6 +119,36 @@ pub enum Op {
         /// The request, as sent.
         req: WatchCreateRequest,
     },
+    /// `Engine::alarm`: Get, Activate or Deactivate.
+    Alarm(AlarmRequest),
+    /// `Engine::defrag`.
+    Defrag,
+    /// `Engine::measure_space`: the harness hands the figure to the model, which may then
+    /// insist that the next write with a cost fits (see `space::verdict`).
+    MeasureSpace,
+    /// Set the free space the engine's filesystem guard reads (`None`: unreadable).
+    SetFreeSpace(Option<u64>),
+    /// A request on the quota registry or the records.
+    Quota(QuotaOp),
+}
+
+impl Op {
+    /// Returns true for an operation that commits nothing (so a measurement of the pages in
+    /// use stays what the engine's estimate starts from).
+    pub fn is_read(&self) -> bool {
+        matches!(
+            self,
+            Op::Range(_)
+                | Op::HashKv(_)
+                | Op::LeaseKeepAlive(_)
+                | Op::LeaseTimeToLive { .. }
+                | Op::LeaseLeases
+                | Op::Watch { .. }
+                | Op::SettleWatches
+                | Op::MeasureSpace
+                | Op::SetFreeSpace(_)
+        ) || matches!(self, Op::Alarm(a) if a.action == kvd::AlarmAction::Get)
+    }
 }
 
 /// A replayable sequence of operations with the limits the engine is opened with.
@@ -115,12 +197,45 @@ pub enum Reply {
     Watch,
     /// [`Op::SettleWatches`] has no reply of its own.
     SettleWatches,
+    /// Reply to [`Op::Alarm`].
+    Alarm(Result<AlarmResponse, Error>),
+    /// Reply to [`Op::Defrag`]: the header only (the sizes and the pause are not the model's).
+    Defrag(Result<ResponseHeader, Error>),
+    /// [`Op::MeasureSpace`]: checked by the harness.
+    MeasureSpace,
+    /// [`Op::SetFreeSpace`] has no reply.
+    SetFreeSpace,
+    /// Reply to [`Op::Quota`]: the rows a repair changed, else 0.
+    Quota(Result<usize, Error>),
+}
+
+impl Reply {
+    /// Returns true if the reply is a refusal for space (`etcdserver: mvcc: database space
+    /// exceeded`).
+    pub fn is_no_space(&self) -> bool {
+        let err = match self {
+            Reply::Put(Err(e)) | Reply::Txn(Err(e)) | Reply::LeaseGrant(Err(e)) => e,
+            _ => return false,
+        };
+        matches!(err, Error::NoSpace)
+    }
 }
 
 impl Model {
     /// Applies `op` to the model and returns its reply. A grant of id 0 records nothing (see
     /// [`Model::lease_grant`]); the harness calls `lease_grant` itself with the engine's id.
     pub fn apply(&mut self, op: &Op) -> Reply {
+        self.clear_other_limit_refusals();
+        let reply = self.apply_op(op);
+        if !op.is_read() {
+            // The operation may have committed: the measurement is stale for the next one.
+            self.forget_measurement();
+        }
+        self.set_space_choice(SpaceChoice::Accept);
+        reply
+    }
+
+    fn apply_op(&mut self, op: &Op) -> Reply {
         match op {
             Op::Put(r) => Reply::Put(self.put(r)),
             Op::DeleteRange(r) => Reply::DeleteRange(self.delete_range(r)),
@@ -142,6 +257,14 @@ impl Model {
             Op::AdvanceClock(by) => Reply::AdvanceClock(self.advance_clock(*by)),
             Op::Watch { .. } => Reply::Watch,
             Op::SettleWatches => Reply::SettleWatches,
+            Op::Alarm(req) => Reply::Alarm(self.alarm(req)),
+            Op::Defrag => Reply::Defrag(self.defrag()),
+            Op::MeasureSpace => Reply::MeasureSpace,
+            Op::SetFreeSpace(free) => {
+                self.set_free_space(*free);
+                Reply::SetFreeSpace
+            }
+            Op::Quota(q) => Reply::Quota(self.quota(q)),
         }
     }
 

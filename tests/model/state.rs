@@ -1,4 +1,7 @@
-//! The reference model: etcd 3.6's KV, lease and watch semantics over a plain per-key history.
+//! The reference model: etcd 3.6's KV, lease and watch semantics over a plain per-key
+//! history, with the space quota and alarms (`space.rs`), the request-size limit computed
+//! from the protobuf wire rules (`wire.rs`), and the quota registry, records and consumption
+//! (`accounts.rs`).
 //!
 //! Every change ever made is kept, as `(main revision, sub revision, Some(kv) | None for a
 //! tombstone)` appended to the key's history, so a read at revision R is "the last entry of
@@ -7,16 +10,30 @@
 //! are refused, reads at or above it see the full history, which is exactly what a compacted
 //! store must return.
 //!
-//! Leases (§9) live in a table of (granted TTL, deadline) on the model's own clock, which the
+//! Leases live in a table of (granted TTL, deadline) on the model's own clock, which the
 //! harness keeps equal to the engine's `ManualClock`. Attachments are not stored: the keys of
 //! lease L are the live keys whose `lease` field is L (a Put with lease L needs L to exist,
 //! and a revoke deletes every key naming L, so the two views cannot differ). Advancing the
 //! clock revokes every lease whose deadline is at or before the new time, soonest deadline
 //! first (ties by id), each through the same path as a client's revoke: one revision for its
 //! keys, deleted in key order, none if it has no keys. A reopen gives every lease its full
-//! TTL again from the current time (§9.3).
+//! TTL again from the current time.
 //!
-//! The numbered sections (§) refer to `/work/shared/spec/etcd.md`.
+//! The order of the checks of a write, as etcd and kvd apply them (the first failure is the
+//! answer, and a refused request changes nothing):
+//! 1. admission's alarm gate, for Put, write Txn and LeaseGrant only: CORRUPT refuses, and
+//!    NOSPACE refuses a write with a cost;
+//! 2. validation (empty keys, flags, the Txn operation budget, duplicate keys), then the
+//!    request size (a read-only Txn has neither gate nor size check: it is a read);
+//! 3. at apply, for every write but Alarm: CORRUPT refuses; a write with a cost is refused
+//!    under NOSPACE, then by the filesystem reserve, then by the space quota, and a refusal
+//!    there raises NOSPACE (member 0);
+//! 4. etcd's apply-time checks (leases, keys the ignore flags need, Txn Range revisions);
+//! 5. the per-role limits (`accounts.rs`).
+//!
+//! Consumption is never stored by the model: [`Model::usage`] recounts it from the history
+//! (which Put revisions the index retains after compaction, which keys are alive) and the
+//! records, so the engine's counters are judged against a function of the data alone.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,27 +42,34 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kvd::{
+    AgentState, AlarmAction, AlarmMember, AlarmRequest, AlarmResponse, AlarmType,
     CompactionRequest, CompactionResponse, Compare, CompareResult, CompareTarget,
     DeleteRangeRequest, DeleteRangeResponse, Error, HashKvResponse, KeyValue, LeaseGrantRequest,
-    LeaseGrantResponse, LeaseKeepAliveResponse, LeaseLeasesResponse, LeaseRevokeRequest,
-    LeaseRevokeResponse, LeaseTimeToLiveResponse, PutRequest, PutResponse, RangeRequest,
-    RangeResponse, RequestOp, ResponseHeader, ResponseOp, SortOrder, SortTarget, TxnRequest,
-    TxnResponse, WriteRequest,
+    LeaseGrantResponse, LeaseKeepAliveResponse, LeaseLeasesResponse, LeaseRevokeResponse,
+    LeaseTimeToLiveResponse, PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp,
+    ResponseHeader, ResponseOp, SortOrder, SortTarget, TxnRequest, TxnResponse,
 };
 
-/// etcd's MaxLeaseTTL in seconds (§9.1): a grant above it is refused.
+use super::accounts::{Accounts, KeyFacts, PlannedPut, Refusal, Registry, UsageMap};
+use super::ops::QuotaOp;
+use super::space::{self, Alarms, SpaceStats, Verdict};
+use super::wire::{self, Raft};
+
+/// etcd's MaxLeaseTTL in seconds: a grant above it is refused.
 pub const LEASE_TTL_MAX_SECONDS: i64 = 9_000_000_000;
-/// etcd's minimum lease TTL with default timing (§9.1), kvd's `Config` default: grants below
+/// etcd's minimum lease TTL with default timing, kvd's `Config` default: grants below
 /// it are raised to it.
 pub const LEASE_TTL_MIN_SECONDS: i64 = 2;
 
-/// The admission limits the engine is opened with (`kvd::Config` fields of the same names).
+/// The limits the engine is opened with (`kvd::Config` fields of the same names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Maximum operations per txn level (etcd's `--max-txn-ops`).
     pub max_txn_ops: usize,
     /// Maximum encoded size of a write request (etcd's `--max-request-bytes`).
     pub max_request_bytes: usize,
+    /// etcd's `--quota-backend-bytes`: 0 for 2 GiB, negative for none.
+    pub quota_backend_bytes: i64,
 }
 
 impl Default for Limits {
@@ -53,9 +77,16 @@ impl Default for Limits {
         Limits {
             max_txn_ops: 128,
             max_request_bytes: 1_572_864,
+            quota_backend_bytes: 0,
         }
     }
 }
+
+/// The member id the engine raises its own alarms with (`Config::member_id` default).
+pub const ENGINE_MEMBER_ID: u64 = 0;
+
+/// The free space the filesystem guard reads until a sequence sets another figure.
+pub const FREE_SPACE_PLENTY_BYTES: u64 = 1 << 50;
 
 /// Execution reached a state whose outcome etcd leaves undefined (etcd 3.5+ panics there);
 /// sequences must not contain such a request.
@@ -94,6 +125,15 @@ struct Lease {
     deadline: Duration,
 }
 
+/// The engine's answer to a space check the model cannot decide ([`Verdict::Either`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpaceChoice {
+    /// The write fits (what a model without an engine assumes).
+    Accept,
+    /// The engine refused the write for space.
+    Refuse,
+}
+
 /// The model store.
 #[derive(Debug, Clone)]
 pub struct Model {
@@ -104,10 +144,25 @@ pub struct Model {
     /// The model clock: the time the engine's `ManualClock` shows.
     now: Duration,
     leases: BTreeMap<i64, Lease>,
+    alarms: Alarms,
+    /// What the engine's filesystem guard reads (None: unreadable).
+    free_space: Option<u64>,
+    /// The harness's measurement of the pages in use, until the next commit.
+    measured: Option<u64>,
+    /// The file length the harness read after the last operation.
+    file_len: Option<u64>,
+    /// The engine's answer for the next undecidable space check.
+    space_choice: SpaceChoice,
+    /// NOSPACE was raised and then cleared, and no write with a cost got through since.
+    disarmed_after_nospace: bool,
+    space_stats: SpaceStats,
+    accounts: Accounts,
+    /// See [`Model::other_limit_refusals`].
+    other_limit_refusals: Vec<String>,
 }
 
 /// The outcome of the compares of a txn and of the nested txns on its chosen branch, all
-/// evaluated against the state at the start of the txn (§4.3).
+/// evaluated against the state at the start of the txn.
 #[derive(Debug)]
 struct Path {
     succeeded: bool,
@@ -116,7 +171,7 @@ struct Path {
 }
 
 impl Model {
-    /// Returns a fresh store: revision 1, never compacted (§1.2).
+    /// Returns a fresh store: revision 1, never compacted, no alarm, plenty of free space.
     pub fn new(limits: Limits) -> Model {
         Model {
             limits,
@@ -125,6 +180,15 @@ impl Model {
             history: BTreeMap::new(),
             now: Duration::ZERO,
             leases: BTreeMap::new(),
+            alarms: Alarms::default(),
+            free_space: Some(FREE_SPACE_PLENTY_BYTES),
+            measured: None,
+            file_len: None,
+            space_choice: SpaceChoice::Accept,
+            disarmed_after_nospace: false,
+            space_stats: SpaceStats::default(),
+            accounts: Accounts::default(),
+            other_limit_refusals: Vec::new(),
         }
     }
 
@@ -171,7 +235,7 @@ impl Model {
         self.get(key, rev).cloned()
     }
 
-    /// Returns every change to a key of the range `key`/`end` (Range conventions, §2.1) with
+    /// Returns every change to a key of the range `key`/`end` (Range conventions) with
     /// a main revision in `from..=to`, in (revision, sub) order.
     pub fn changes(&self, key: &[u8], end: &[u8], from: i64, to: i64) -> Vec<Change> {
         let Some(bounds) = bounds(key, end) else {
@@ -196,10 +260,10 @@ impl Model {
 
     // ---- Requests --------------------------------------------------------------------------
 
-    /// A standalone Range (§2).
+    /// A standalone Range.
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, Error> {
         check_range(req)?;
-        // Future first, then compacted (§2.2); revision ≤ 0 reads the current revision.
+        // Future first, then compacted; revision ≤ 0 reads the current revision.
         if req.revision > self.current {
             return Err(Error::FutureRevision);
         }
@@ -214,17 +278,22 @@ impl Model {
         Ok(self.range_at(req, rev, self.current))
     }
 
-    /// A standalone Put (§3.1).
+    /// A standalone Put.
     pub fn put(&mut self, req: &PutRequest) -> Result<PutResponse, Error> {
+        let cost = space::put_cost(&req.key, &req.value);
+        self.admission_gate(cost)?;
         check_put(req)?;
-        self.check_size(WriteRequest::Put(req.clone()))?;
-        // A standalone Put checks the lease before the key the ignore flags need (§3.1).
+        self.check_size(Raft::Put(req))?;
+        self.apply_gate(cost)?;
+        // A standalone Put checks the lease before the key the ignore flags need.
         if req.lease != 0 && !self.lease_exists(req.lease) {
             return Err(Error::LeaseNotFound);
         }
         if (req.ignore_value || req.ignore_lease) && self.get(&req.key, self.current).is_none() {
             return Err(Error::KeyNotFound);
         }
+        let planned = [self.planned_put(req)];
+        self.check_limits(&planned)?;
         let mut w = Writer::new(self);
         let resp = w.put(req);
         w.finish();
@@ -232,17 +301,18 @@ impl Model {
         resp.map_err(|u| Error::InvalidArgument(format!("model bug: {u:?}")))
     }
 
-    /// A standalone DeleteRange (§3.2).
+    /// A standalone DeleteRange.
     pub fn delete_range(&mut self, req: &DeleteRangeRequest) -> Result<DeleteRangeResponse, Error> {
         check_delete(req)?;
-        self.check_size(WriteRequest::DeleteRange(req.clone()))?;
+        self.check_size(Raft::DeleteRange(req))?;
+        self.apply_gate(0)?;
         let mut w = Writer::new(self);
         let resp = w.delete(req);
         w.finish();
         Ok(resp)
     }
 
-    /// A Txn (§4). Panics if the txn is one whose outcome etcd leaves undefined; check with
+    /// A Txn. Panics if the txn is one whose outcome etcd leaves undefined; check with
     /// [`Model::txn_defined`] first.
     pub fn txn(&mut self, req: &TxnRequest) -> Result<TxnResponse, Error> {
         match self.try_txn(req) {
@@ -254,15 +324,18 @@ impl Model {
     /// Returns false if running `req` now would reach a state etcd leaves undefined: an
     /// `ignore_value`/`ignore_lease` Put that passed the pre-check (the key existed at the
     /// start of the txn) but whose key an earlier op of the same txn deleted (only possible
-    /// through the `range_end = "\0"` quirk of §4.1). etcd 3.5+ panics there.
+    /// through the `range_end = "\0"` quirk of the duplicate-key check). etcd 3.5+ panics
+    /// there.
     pub fn txn_defined(&self, req: &TxnRequest) -> bool {
         self.clone().try_txn(req).is_ok()
     }
 
-    /// A compaction (§5.1). The model keeps the history: reads below the compaction revision
-    /// are refused, reads at or above it are unchanged.
+    /// A compaction. The model keeps the history: reads below the compaction revision are
+    /// refused, reads at or above it are unchanged. The revisions the index would retain
+    /// matter only to `kv_bytes` ([`Model::key_facts`]).
     pub fn compact(&mut self, req: &CompactionRequest) -> Result<CompactionResponse, Error> {
-        self.check_size(WriteRequest::Compaction(*req))?;
+        self.check_size(Raft::Compaction(req))?;
+        self.apply_gate(0)?;
         if req.revision <= self.compact {
             return Err(Error::Compacted);
         }
@@ -275,8 +348,8 @@ impl Model {
         })
     }
 
-    /// HashKV (§11.3, 3.6 shape). The model cannot compute the hash: `hash` is 0 and the
-    /// harness compares every other field.
+    /// HashKV (etcd 3.6's shape, with `hash_revision`). The model cannot compute the hash:
+    /// `hash` is 0 and the harness compares every other field.
     pub fn hash_kv(&self, revision: i64) -> Result<HashKvResponse, Error> {
         if revision > self.current {
             return Err(Error::FutureRevision);
@@ -297,9 +370,9 @@ impl Model {
         })
     }
 
-    // ---- Leases (§9) -------------------------------------------------------------------------
+    // ---- Leases ------------------------------------------------------------------------------
 
-    /// LeaseGrant (§9.1). A grant with id 0 gets the id the engine chose, `chosen`; with
+    /// LeaseGrant. A grant with id 0 gets the id the engine chose, `chosen`; with
     /// `chosen = None` (the generator, which has no engine) it answers id 0 and records
     /// nothing, so later operations never name that lease.
     pub fn lease_grant(
@@ -307,10 +380,12 @@ impl Model {
         req: &LeaseGrantRequest,
         chosen: Option<i64>,
     ) -> Result<LeaseGrantResponse, Error> {
+        self.admission_gate(space::LEASE_GRANT_COST_BYTES)?;
         if req.ttl > LEASE_TTL_MAX_SECONDS {
             return Err(Error::LeaseTtlTooLarge);
         }
-        self.check_size(WriteRequest::LeaseGrant(*req))?;
+        self.check_size(Raft::LeaseGrant(req))?;
+        self.apply_gate(space::LEASE_GRANT_COST_BYTES)?;
         let ttl = req.ttl.max(LEASE_TTL_MIN_SECONDS);
         let id = match (req.id, chosen) {
             (0, None) => {
@@ -340,9 +415,10 @@ impl Model {
         })
     }
 
-    /// LeaseRevoke (§9.2): the lease's keys deleted in key order in one revision.
+    /// LeaseRevoke: the lease's keys deleted in key order in one revision.
     pub fn lease_revoke(&mut self, id: i64) -> Result<LeaseRevokeResponse, Error> {
-        self.check_size(WriteRequest::LeaseRevoke(LeaseRevokeRequest { id }))?;
+        self.check_size(Raft::LeaseRevoke(id))?;
+        self.apply_gate(0)?;
         if !self.lease_exists(id) {
             return Err(Error::LeaseNotFound);
         }
@@ -372,7 +448,7 @@ impl Model {
             .collect()
     }
 
-    /// LeaseKeepAlive (§9.4): a full TTL from now; TTL 0, no error, if unknown.
+    /// LeaseKeepAlive: a full TTL from now; TTL 0, no error, if unknown.
     pub fn lease_keep_alive(&mut self, id: i64) -> Result<LeaseKeepAliveResponse, Error> {
         let header = self.header();
         let now = self.now;
@@ -386,7 +462,7 @@ impl Model {
         Ok(LeaseKeepAliveResponse { header, id, ttl })
     }
 
-    /// LeaseTimeToLive (§9.5): whole seconds left (truncated), the granted TTL and, if asked,
+    /// LeaseTimeToLive: whole seconds left (truncated), the granted TTL and, if asked,
     /// the keys in key order; TTL -1 and granted 0 if unknown.
     pub fn lease_time_to_live(
         &self,
@@ -417,7 +493,7 @@ impl Model {
         })
     }
 
-    /// LeaseLeases (§9.6): every lease, soonest deadline first, ties by id.
+    /// LeaseLeases: every lease, soonest deadline first, ties by id.
     pub fn lease_leases(&self) -> Result<LeaseLeasesResponse, Error> {
         let mut leases: Vec<(Duration, i64)> = self
             .leases
@@ -432,10 +508,18 @@ impl Model {
     }
 
     /// Moves the clock forward by `by` and revokes every lease whose deadline is at or before
-    /// the new time, soonest deadline first (ties by id), one revoke each (§9.3). Returns the
-    /// revoked ids in that order.
+    /// the new time, soonest deadline first (ties by id), one revoke each. Returns the
+    /// revoked ids in that order. Under CORRUPT nothing expires until the alarm is cleared.
     pub fn advance_clock(&mut self, by: Duration) -> Vec<i64> {
         self.now = self.now.saturating_add(by);
+        self.expire_due()
+    }
+
+    /// Revokes every lease that is due, unless CORRUPT blocks the revokes.
+    fn expire_due(&mut self) -> Vec<i64> {
+        if self.alarms.corrupt() {
+            return Vec::new();
+        }
         let mut due: Vec<(Duration, i64)> = self
             .leases
             .iter()
@@ -449,12 +533,331 @@ impl Model {
         due.into_iter().map(|(_, id)| id).collect()
     }
 
-    /// A close and reopen: every lease gets its full TTL again from now (§9.3, LEASE-3).
+    /// A close and reopen: every lease gets its full TTL again from now (LEASE-3). Alarms,
+    /// the registry and the records survive.
     pub fn reopen(&mut self) {
         let now = self.now;
         for lease in self.leases.values_mut() {
             lease.deadline = deadline(now, lease.ttl);
         }
+    }
+
+    // ---- Space and alarms --------------------------------------------------------------------
+
+    /// Admission's alarm gate (Put, write Txn, LeaseGrant): CORRUPT refuses everything,
+    /// NOSPACE a write with a cost. Raises nothing.
+    fn admission_gate(&mut self, cost: u64) -> Result<(), Error> {
+        if self.alarms.corrupt() {
+            self.space_stats.refused_corrupt += 1;
+            return Err(Error::Corrupt);
+        }
+        if cost > 0 && self.alarms.nospace() {
+            self.space_stats.refused_latched += 1;
+            return Err(Error::NoSpace);
+        }
+        Ok(())
+    }
+
+    /// The gate at apply, for every write but Alarm: CORRUPT, then for a write with a cost
+    /// NOSPACE, the filesystem reserve and the space quota; a refusal for space raises
+    /// NOSPACE for the engine's member.
+    fn apply_gate(&mut self, cost: u64) -> Result<(), Error> {
+        if self.alarms.corrupt() {
+            self.space_stats.refused_corrupt += 1;
+            return Err(Error::Corrupt);
+        }
+        if cost == 0 {
+            return Ok(());
+        }
+        if self.alarms.nospace() {
+            self.space_stats.refused_latched += 1;
+            return Err(Error::NoSpace);
+        }
+        let quota = space::quota_in_force(self.limits.quota_backend_bytes);
+        if let Some(free) = self.free_space
+            && free < space::fs_reserve(quota).saturating_add(cost)
+        {
+            self.space_stats.refused_fs += 1;
+            return Err(self.raise_nospace());
+        }
+        let in_use_max = match (self.measured, self.file_len) {
+            (Some(m), Some(f)) => Some(m.min(f)),
+            (m, f) => m.or(f),
+        };
+        let verdict = space::verdict(quota, cost, self.live_bytes(), in_use_max);
+        let fits = match (verdict, self.space_choice) {
+            (Verdict::MustRefuse, _) => {
+                self.space_stats.refused_must += 1;
+                false
+            }
+            (Verdict::MustAccept, _) => {
+                if quota.is_some() {
+                    self.space_stats.accepted_must += 1;
+                }
+                if quota.is_some() && self.measured.is_some() && self.measured == in_use_max {
+                    self.space_stats.accepted_measured += 1;
+                }
+                true
+            }
+            (Verdict::Either, SpaceChoice::Refuse) => {
+                self.space_stats.refused_either += 1;
+                false
+            }
+            (Verdict::Either, SpaceChoice::Accept) => {
+                self.space_stats.accepted_either += 1;
+                true
+            }
+        };
+        if !fits {
+            return Err(self.raise_nospace());
+        }
+        if self.disarmed_after_nospace {
+            self.disarmed_after_nospace = false;
+            self.space_stats.accepted_after_disarm += 1;
+        }
+        Ok(())
+    }
+
+    fn raise_nospace(&mut self) -> Error {
+        self.alarms.activate(AlarmMember {
+            member_id: ENGINE_MEMBER_ID,
+            alarm: AlarmType::NoSpace,
+        });
+        Error::NoSpace
+    }
+
+    /// Sets the engine's answer for the next space check the model cannot decide; it holds
+    /// for one operation.
+    pub fn set_space_choice(&mut self, choice: SpaceChoice) {
+        self.space_choice = choice;
+    }
+
+    /// Records the harness's measurement of the pages in use (until the next commit).
+    pub fn set_measured(&mut self, in_use: u64) {
+        self.measured = Some(in_use);
+    }
+
+    /// Forgets the measurement: something may have committed since.
+    pub fn forget_measurement(&mut self) {
+        self.measured = None;
+    }
+
+    /// Records the database file's length (Status `db_size`), read after the last
+    /// operation: the pages in use lie within it.
+    pub fn set_file_len(&mut self, len: u64) {
+        self.file_len = Some(len);
+    }
+
+    /// Sets the free space the filesystem guard reads.
+    pub fn set_free_space(&mut self, free: Option<u64>) {
+        self.free_space = free;
+    }
+
+    /// Returns the free space the filesystem guard reads.
+    pub fn free_space(&self) -> Option<u64> {
+        self.free_space
+    }
+
+    /// Returns the quota in force.
+    pub fn space_quota(&self) -> Option<u64> {
+        space::quota_in_force(self.limits.quota_backend_bytes)
+    }
+
+    /// Returns the bytes of every live key and value: a lower bound of the pages in use.
+    pub fn live_bytes(&self) -> u64 {
+        self.live(b"\0", b"\0", self.current)
+            .iter()
+            .map(|kv| (kv.key.len() + kv.value.len()) as u64)
+            .sum()
+    }
+
+    /// Returns the active alarms, by member then type.
+    pub fn alarm_list(&self) -> Vec<AlarmMember> {
+        self.alarms.list(AlarmType::None)
+    }
+
+    /// Returns the space decisions counted so far.
+    pub fn space_stats(&self) -> &SpaceStats {
+        &self.space_stats
+    }
+
+    /// An Alarm request: Get lists, Activate adds (NONE: nothing), Deactivate removes; none
+    /// is gated. Clearing the last CORRUPT alarm lets the leases that fell due expire.
+    pub fn alarm(&mut self, req: &AlarmRequest) -> Result<AlarmResponse, Error> {
+        if req.action != AlarmAction::Get {
+            self.check_size(Raft::Alarm(req))?;
+        }
+        let member = AlarmMember {
+            member_id: req.member_id,
+            alarm: req.alarm,
+        };
+        let alarms = match req.action {
+            AlarmAction::Get => self.alarms.list(req.alarm),
+            AlarmAction::Activate if req.alarm == AlarmType::None => Vec::new(),
+            AlarmAction::Activate => {
+                self.alarms.activate(member);
+                vec![member]
+            }
+            AlarmAction::Deactivate => {
+                if self.alarms.deactivate(member) {
+                    if req.alarm == AlarmType::NoSpace && !self.alarms.nospace() {
+                        self.space_stats.disarms += 1;
+                        self.disarmed_after_nospace = true;
+                    }
+                    vec![member]
+                } else {
+                    Vec::new()
+                }
+            }
+        };
+        let header = self.header();
+        if req.action == AlarmAction::Deactivate && req.alarm == AlarmType::Corrupt {
+            self.expire_due();
+        }
+        Ok(AlarmResponse { header, alarms })
+    }
+
+    /// A defrag: allowed under every alarm, changes nothing the model sees.
+    pub fn defrag(&self) -> Result<ResponseHeader, Error> {
+        Ok(self.header())
+    }
+
+    // ---- Quota registry, records, consumption --------------------------------------------
+
+    /// What the recount needs of every key: the bytes of the Put revisions the index
+    /// retains, and whether it is alive. After compaction at C the index keeps every revision
+    /// above C and, of those at or below C, only the key's newest one, if it is a Put (a
+    /// generation deleted at or before C is gone, and a tombstone costs nothing). A Put
+    /// revision costs 256 + |key| + |value stored| (an `ignore_value` Put stores, and costs,
+    /// the value it keeps).
+    pub fn key_facts(&self) -> Vec<KeyFacts> {
+        let mut out = Vec::new();
+        for (key, history) in &self.history {
+            let newest_at_compact = history.iter().rposition(|e| e.rev <= self.compact);
+            let mut retained_bytes = 0;
+            for (i, e) in history.iter().enumerate() {
+                let Some(kv) = &e.kv else { continue };
+                if e.rev > self.compact || Some(i) == newest_at_compact {
+                    retained_bytes += space::put_cost(&kv.key, &kv.value);
+                }
+            }
+            let alive = self.get(key, self.current).is_some();
+            if retained_bytes > 0 || alive {
+                out.push(KeyFacts {
+                    key: key.clone(),
+                    retained_bytes,
+                    alive,
+                });
+            }
+        }
+        out
+    }
+
+    /// Returns the consumption table, recounted from the history and the records.
+    pub fn usage(&self) -> UsageMap {
+        self.accounts
+            .recount(&self.key_facts(), &self.accounts.registry)
+    }
+
+    /// Returns the registry, agents and records.
+    pub fn accounts(&self) -> &Accounts {
+        &self.accounts
+    }
+
+    /// The kv_bytes and key a Put adds, judged before the request.
+    fn planned_put(&self, p: &PutRequest) -> PlannedPut {
+        let prev = self.get(&p.key, self.current);
+        let value = match prev {
+            Some(kv) if p.ignore_value => kv.value.clone(),
+            _ => p.value.clone(),
+        };
+        PlannedPut {
+            key: p.key.clone(),
+            bytes: space::put_cost(&p.key, &value),
+            new_key: prev.is_none(),
+        }
+    }
+
+    /// The per-role limits on the Puts of one write. A refusal names the documented first
+    /// (role, resource) over its limit; the others over theirs are kept in
+    /// [`Model::other_limit_refusals`].
+    fn check_limits(&mut self, planned: &[PlannedPut]) -> Result<(), Error> {
+        if self.accounts.registry.is_empty() {
+            return Ok(());
+        }
+        match self.accounts.check_write(&self.usage(), planned) {
+            Ok(()) => Ok(()),
+            Err(mut over) => {
+                let first = over.remove(0);
+                self.other_limit_refusals = over;
+                Err(Error::QuotaExceeded(first))
+            }
+        }
+    }
+
+    /// Returns the refusals of the last write's limit check other than the one it answered:
+    /// the other (role, resource) pairs that were over their limits.
+    pub fn other_limit_refusals(&self) -> &[String] {
+        &self.other_limit_refusals
+    }
+
+    /// Forgets the last write's other limit refusals.
+    pub fn clear_other_limit_refusals(&mut self) {
+        self.other_limit_refusals.clear();
+    }
+
+    /// A registry or record request: gated by CORRUPT (cost 0), then the request's own
+    /// checks. Returns the rows a repair changed (none: nothing drifts in the model).
+    pub fn quota(&mut self, op: &QuotaOp) -> Result<usize, Error> {
+        self.apply_gate(0)?;
+        let usage = self.usage();
+        let refused = |r: Refusal| match r {
+            Refusal::Request(m) => Error::QuotaRequest(m),
+            Refusal::Limit(m) => Error::QuotaExceeded(m),
+        };
+        match op {
+            QuotaOp::UpdateQuota { configs, force } => {
+                let keys = self.key_facts();
+                let accounts = &self.accounts;
+                let usage_under = |registry: &Registry| accounts.recount(&keys, registry);
+                let registry = accounts
+                    .update_quota(configs, *force, self.space_quota(), &usage_under)
+                    .map_err(Error::QuotaRequest)?;
+                self.accounts.registry = registry;
+            }
+            QuotaOp::RegisterAgent {
+                id,
+                state,
+                resources,
+            } => {
+                let registered = *state == AgentState::Registered;
+                self.accounts
+                    .register_agent(id, registered, resources)
+                    .map_err(refused)?;
+            }
+            QuotaOp::Reserve {
+                id,
+                role,
+                agent,
+                resources,
+            } => self
+                .accounts
+                .reserve(&usage, id, role, agent, resources)
+                .map_err(refused)?,
+            QuotaOp::Unreserve(id) => self.accounts.unreserve(id).map_err(refused)?,
+            QuotaOp::Allocate {
+                id,
+                role,
+                agent,
+                resources,
+            } => self
+                .accounts
+                .allocate(&usage, id, role, agent, resources)
+                .map_err(refused)?,
+            QuotaOp::Release(id) => self.accounts.release(id).map_err(refused)?,
+            QuotaOp::Repair => {}
+        }
+        Ok(0)
     }
 
     // ---- Reads -----------------------------------------------------------------------------
@@ -475,7 +878,7 @@ impl Model {
             .and_then(|e| e.kv.as_ref())
     }
 
-    /// Returns the KeyValues alive at `rev` in the range `key`/`end` (§2.1), in key order.
+    /// Returns the KeyValues alive at `rev` in the range `key`/`end`, in key order.
     fn live(&self, key: &[u8], end: &[u8], rev: i64) -> Vec<KeyValue> {
         let Some(bounds) = bounds(key, end) else {
             return Vec::new();
@@ -486,7 +889,8 @@ impl Model {
             .collect()
     }
 
-    /// The Range algorithm of §2.3–2.4, reading at `rev` and answering with `header_rev`.
+    /// etcd's Range algorithm (count, filters, sort, limit), reading at `rev` and answering
+    /// with `header_rev`.
     fn range_at(&self, req: &RangeRequest, rev: i64, header_rev: i64) -> RangeResponse {
         let mut kvs = self.live(&req.key, &req.range_end, rev);
         let count = kvs.len() as i64;
@@ -506,7 +910,7 @@ impl Model {
             || req.min_create_revision != 0
             || req.max_create_revision != 0;
         // The fetch-everything decision looks at the requested order, before NONE is promoted
-        // to ASCEND below: that is the quirk of §2.4.
+        // to ASCEND below: that is etcd's quirk.
         if req.sort_order == SortOrder::None && !filtered && req.limit > 0 {
             let fetch = usize::try_from(req.limit).map_or(usize::MAX, |l| l.saturating_add(1));
             kvs.truncate(fetch);
@@ -554,9 +958,22 @@ impl Model {
         if let Err(e) = self.admit_txn(req) {
             return Ok(Err(e));
         }
+        if !req.is_read_only()
+            && let Err(e) = self.apply_gate(space::txn_cost(req))
+        {
+            return Ok(Err(e));
+        }
         let path = self.path(req);
         if let Err(e) = self.precheck(req, &path) {
             return Ok(Err(e));
+        }
+        if !req.is_read_only() {
+            let mut puts = Vec::new();
+            chosen_puts(req, &path, &mut puts);
+            let planned: Vec<PlannedPut> = puts.into_iter().map(|p| self.planned_put(p)).collect();
+            if let Err(e) = self.check_limits(&planned) {
+                return Ok(Err(e));
+            }
         }
         // Run on a copy so that an undefined outcome leaves the model untouched.
         let mut work = self.clone();
@@ -574,19 +991,23 @@ impl Model {
         }))
     }
 
-    /// The checks before anything runs: §4.1 validation, then the request size for a txn
-    /// that may write (§12).
-    fn admit_txn(&self, req: &TxnRequest) -> Result<(), Error> {
-        check_txn(req, self.limits.max_txn_ops as i64)?;
+    /// The checks before anything runs: for a txn that may write the alarm gate, then
+    /// validation (the op budget, keys, duplicate keys), then the request size.
+    fn admit_txn(&mut self, req: &TxnRequest) -> Result<(), Error> {
+        if !req.is_read_only() {
+            self.admission_gate(space::txn_cost(req))?;
+        }
+        check_txn_budget(req, self.limits.max_txn_ops)?;
         check_intervals(&req.success)?;
         check_intervals(&req.failure)?;
         if !req.is_read_only() {
-            self.check_size(WriteRequest::Txn(req.clone()))?;
+            self.check_size(Raft::Txn(req))?;
         }
         Ok(())
     }
 
-    /// Evaluates the compares of `req` and of the nested txns of its chosen branch (§4.3).
+    /// Evaluates the compares of `req` and of the nested txns of its chosen branch, all
+    /// against the state before the txn.
     fn path(&self, req: &TxnRequest) -> Path {
         let succeeded = req.compare.iter().all(|c| self.compare(c));
         let branch = if succeeded {
@@ -614,12 +1035,12 @@ impl Model {
         kvs.iter().all(|kv| compare_kv(c, kv))
     }
 
-    /// The apply-time pre-checks of §4.4 on the chosen branches: every Put first (for a txn
-    /// that may write), then every Range.
+    /// etcd's apply-time pre-checks on the chosen branches: every Put first (for a txn that
+    /// may write), then every Range.
     fn precheck(&self, req: &TxnRequest, path: &Path) -> Result<(), Error> {
         if !req.is_read_only() {
-            // Inside a txn each Put checks the key the ignore flags need, then its lease
-            // (§4.4), one Put after the other.
+            // Inside a txn each Put checks the key the ignore flags need, then its lease,
+            // one Put after the other.
             walk_chosen(req, path, &mut |op| match op {
                 RequestOp::Put(p)
                     if (p.ignore_value || p.ignore_lease)
@@ -634,7 +1055,8 @@ impl Model {
             })?;
         }
         // The revision check does not treat negative revisions as "current": that is the
-        // negative-revision quirk of §4.4.
+        // negative-revision quirk: a negative revision is compared with the compaction
+        // revision, where a standalone Range reads the current revision.
         walk_chosen(req, path, &mut |op| match op {
             RequestOp::Range(r) if r.revision != 0 && r.revision > self.current => {
                 Err(Error::FutureRevision)
@@ -646,8 +1068,9 @@ impl Model {
         })
     }
 
-    fn check_size(&self, req: WriteRequest) -> Result<(), Error> {
-        if req.encoded_len() > self.limits.max_request_bytes {
+    /// etcd's request-size limit, on the model's own protobuf encoding of the raft entry.
+    fn check_size(&self, req: Raft<'_>) -> Result<(), Error> {
+        if wire::raft_entry_len(req) > self.limits.max_request_bytes {
             return Err(Error::RequestTooLarge);
         }
         Ok(())
@@ -657,7 +1080,8 @@ impl Model {
 /// The bounds of a key range, for `BTreeMap::range`.
 type KeyBounds<'k> = (Bound<&'k [u8]>, Bound<&'k [u8]>);
 
-/// Returns the BTreeMap bounds of the range `key`/`end` (§2.1), or None if it is empty.
+/// Returns the BTreeMap bounds of the range `key`/`end` (empty end: the key alone; `"\0"`:
+/// everything from the key on), or None if it is empty.
 fn bounds<'k>(key: &'k [u8], end: &'k [u8]) -> Option<KeyBounds<'k>> {
     if end.is_empty() {
         Some((Bound::Included(key), Bound::Included(key)))
@@ -700,6 +1124,27 @@ fn walk_chosen(
     Ok(())
 }
 
+/// Collects the Puts of the chosen branches of `req`, nested ones included, in order.
+fn chosen_puts<'r>(req: &'r TxnRequest, path: &Path, out: &mut Vec<&'r PutRequest>) {
+    let branch = if path.succeeded {
+        &req.success
+    } else {
+        &req.failure
+    };
+    let mut nested = path.nested.iter();
+    for op in branch {
+        match op {
+            RequestOp::Put(p) => out.push(p),
+            RequestOp::Txn(t) => {
+                if let Some(p) = nested.next() {
+                    chosen_puts(t, p, out);
+                }
+            }
+            RequestOp::Range(_) | RequestOp::DeleteRange(_) => {}
+        }
+    }
+}
+
 fn cmp_by(target: SortTarget, a: &KeyValue, b: &KeyValue) -> Ordering {
     match target {
         SortTarget::Key => a.key.cmp(&b.key),
@@ -726,7 +1171,7 @@ fn compare_kv(c: &Compare, kv: &KeyValue) -> bool {
     }
 }
 
-// ---- Validation before admission (§3.1, §4.1) ---------------------------------------------
+// ---- Validation before admission ----------------------------------------------------------
 
 fn check_range(req: &RangeRequest) -> Result<(), Error> {
     if req.key.is_empty() {
@@ -755,17 +1200,20 @@ fn check_delete(req: &DeleteRangeRequest) -> Result<(), Error> {
     Ok(())
 }
 
-/// etcd's `checkTxnRequest`: the op count of this level against the budget, then compare
-/// keys, then every op in order; a nested txn gets the budget minus this level's count.
-fn check_txn(req: &TxnRequest, max_ops: i64) -> Result<(), Error> {
-    let ops = req
-        .compare
-        .len()
-        .max(req.success.len())
-        .max(req.failure.len()) as i64;
-    if ops > max_ops {
+/// etcd's Txn validation with `--max-txn-ops = budget`: a level may hold at most `budget`
+/// operations in its longest list (compares, success or failure); a nested txn has what this
+/// level left (`budget − this level's longest list`), so a parent with 2 operations under
+/// 128 allows a nested txn of 126. A level's count is checked before its compare keys, and
+/// both before the operations, in order (success, then failure); an empty key anywhere is
+/// refused.
+fn check_txn_budget(req: &TxnRequest, budget: usize) -> Result<(), Error> {
+    let longest = [req.compare.len(), req.success.len(), req.failure.len()]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+    let Some(left) = budget.checked_sub(longest) else {
         return Err(Error::TooManyTxnOps);
-    }
+    };
     if req.compare.iter().any(|c| c.key.is_empty()) {
         return Err(Error::KeyNotProvided);
     }
@@ -774,7 +1222,7 @@ fn check_txn(req: &TxnRequest, max_ops: i64) -> Result<(), Error> {
             RequestOp::Range(r) => check_range(r)?,
             RequestOp::Put(p) => check_put(p)?,
             RequestOp::DeleteRange(d) => check_delete(d)?,
-            RequestOp::Txn(t) => check_txn(t, max_ops - ops)?,
+            RequestOp::Txn(t) => check_txn_budget(t, left)?,
         }
     }
     Ok(())
@@ -786,7 +1234,7 @@ type Interval = (Bytes, Bytes);
 /// Returns true if the point `key` lies in one of the delete intervals, with etcd's
 /// interval-tree semantics: an empty `range_end` is the point `key`, anything else the
 /// half-open `[key, range_end)`, which is empty when `key ≥ range_end`. So `"\0"` covers
-/// nothing here (the quirk of §4.1), unlike at execution.
+/// nothing here (etcd's quirk), unlike at execution.
 fn intersects(dels: &[Interval], key: &[u8]) -> bool {
     dels.iter().any(|(begin, end)| {
         if end.is_empty() {
@@ -840,7 +1288,7 @@ fn check_intervals(ops: &[RequestOp]) -> Result<(BTreeSet<Bytes>, Vec<Interval>)
     Ok((puts, dels))
 }
 
-// ---- Execution (§1.3, §4.5) ---------------------------------------------------------------
+// ---- Execution ----------------------------------------------------------------------------
 
 /// One write transaction: every change is made at `begin + 1`; reads see the txn's own
 /// changes once there is one.
@@ -963,7 +1411,7 @@ impl<'m> Writer<'m> {
                     let Some(p) = nested.next() else {
                         return Err(Undefined("model bug: compare path shorter than the txn"));
                     };
-                    // Nested txn responses carry an all-zero header (§4.5).
+                    // Nested txn responses carry an all-zero header.
                     ResponseOp::Txn(TxnResponse {
                         header: ResponseHeader::default(),
                         succeeded: p.succeeded,

@@ -2,13 +2,13 @@
 //! every response, and at the end of a segment (before a Reopen, and at the end of the
 //! sequence) checks each watch's whole event list against the model's history.
 //!
-//! What a watch must see (§10, kvd's `WatchResponse` doc):
+//! What a watch must see (etcd's watch semantics, kvd's `WatchResponse` doc):
 //! - A refused create (empty range; negative start revision) gets one response, `created`
 //!   and `canceled`, watch id -1, the reason, the current revision in the header.
 //! - Any other create gets `created` first (header = the current revision, the id the stream
 //!   assigned: a per-stream counter from 0 for id 0, else the id asked for).
 //! - A start revision below the compaction revision at creation: then `canceled` with that
-//!   `compact_revision`, header revision 0, no events (§10.3).
+//!   `compact_revision`, header revision 0, no events.
 //! - Otherwise the events of every revision from the first wanted one (the start revision,
 //!   or the next revision for start 0 or a future start) to the last one, in (revision, sub)
 //!   order, in the key range, without the filtered kinds. A Put event carries the full new
