@@ -105,8 +105,13 @@ pub enum Error {
     LeaseExists,
     /// A grant asked for a TTL above the maximum.
     LeaseTtlTooLarge,
-    /// The write queue is full; retry later.
-    TooManyRequests,
+    /// The prepare queue (or the role's fair share of it) is full; retry later. Nothing of
+    /// the write was applied.
+    TooManyRequests {
+        /// When a retry is likely to find room, from the queue's drain rate (the server
+        /// sends it as `retry-after-ms` metadata and an HTTP `Retry-After`).
+        retry_after_ms: u64,
+    },
     /// The write needs space and the space quota, the filesystem reserve or an active
     /// NOSPACE alarm says there is none.
     NoSpace,
@@ -180,13 +185,24 @@ impl Error {
         matches!(self, Error::NoSpace)
     }
 
-    /// Returns true if the request was refused because the write queue is full.
+    /// Returns true if the request was refused because the prepare queue is full.
     ///
     /// ```
-    /// assert!(kvd::Error::TooManyRequests.is_too_many_requests());
+    /// let err = kvd::Error::TooManyRequests { retry_after_ms: 20 };
+    /// assert!(err.is_too_many_requests());
+    /// assert_eq!(err.retry_after_ms(), Some(20));
+    /// assert_eq!(err.to_string(), "etcdserver: too many requests");
     /// ```
     pub fn is_too_many_requests(&self) -> bool {
-        matches!(self, Error::TooManyRequests)
+        matches!(self, Error::TooManyRequests { .. })
+    }
+
+    /// Returns the retry hint of a refusal that has one (`TooManyRequests`).
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            Error::TooManyRequests { retry_after_ms } => Some(*retry_after_ms),
+            _ => None,
+        }
     }
 }
 
@@ -205,7 +221,7 @@ impl fmt::Display for Error {
             Error::LeaseNotFound => "etcdserver: requested lease not found",
             Error::LeaseExists => "etcdserver: lease already exists",
             Error::LeaseTtlTooLarge => "etcdserver: too large lease TTL",
-            Error::TooManyRequests => "etcdserver: too many requests",
+            Error::TooManyRequests { .. } => "etcdserver: too many requests",
             Error::NoSpace => "etcdserver: mvcc: database space exceeded",
             Error::Corrupt => "etcdserver: corrupt cluster",
             Error::InvalidArgument(what) => return write!(f, "kvd: invalid argument: {what}"),

@@ -40,7 +40,7 @@ pub use api::*;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{
     ApplyStats, AutoCompaction, CommitFailpoint, CommitStep, Completion, Config, DefragFailpoint,
-    Engine, WriteRequest, write_cost,
+    Engine, RoleQueue, WriteRequest, write_cost,
 };
 pub use error::{Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};

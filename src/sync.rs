@@ -24,6 +24,10 @@ pub use std::sync::{
     Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
 };
 
+/// An immutable shared name (a role): its reference count synchronises nothing a loom model
+/// checks, so it is the standard library's `Arc` under loom too (loom's has no `Ord`).
+pub type Name = std::sync::Arc<str>;
+
 /// Locks `mutex`, recovering the guard if a panicking thread poisoned it: the data behind
 /// our mutexes is kept consistent by the code that holds them, so poisoning carries no
 /// information we act on.

@@ -432,7 +432,10 @@ fn error_messages_are_etcds() {
             "etcdserver: duplicate key given in txn request",
         ),
         (Error::RequestTooLarge, "etcdserver: request is too large"),
-        (Error::TooManyRequests, "etcdserver: too many requests"),
+        (
+            Error::TooManyRequests { retry_after_ms: 5 },
+            "etcdserver: too many requests",
+        ),
     ];
     for (error, message) in cases {
         assert_eq!(error.to_string(), message);

@@ -12,3 +12,9 @@ pub mod publish;
 
 #[path = "../../src/engine/mailbox.rs"]
 pub mod mailbox;
+
+#[path = "../../src/clock.rs"]
+pub mod clock;
+
+#[path = "../../src/engine/prepare.rs"]
+pub mod prepare;

@@ -95,7 +95,12 @@ pub struct ServerConfig {
     pub max_request_bytes: usize,
     /// Largest number of operations in one Txn level (`--max-txn-ops`).
     pub max_txn_ops: usize,
+    /// The bound of the write prepare queue (`--prepare-queue-length`); at least 1.
+    pub prepare_queue_length: i64,
 }
+
+/// Default of `--prepare-queue-length` (etcd's gap between committed and applied entries).
+pub const PREPARE_QUEUE_LENGTH_DEFAULT: i64 = 5_000;
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug)]
@@ -135,9 +140,19 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
     if listen.is_empty() {
         return Err(ServerError::Config("--listen-client-urls is empty".into()));
     }
+    let prepare_queue_length = usize::try_from(config.prepare_queue_length)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| {
+            ServerError::Config(format!(
+                "--prepare-queue-length must be at least 1, got {}",
+                config.prepare_queue_length
+            ))
+        })?;
     let engine_config = Config {
         max_request_bytes: config.max_request_bytes,
         max_txn_ops: config.max_txn_ops,
+        prepare_queue_length,
         quota_backend_bytes: config.quota_backend_bytes,
         auto_compaction: config.auto_compaction,
         ..Config::default()

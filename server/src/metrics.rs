@@ -218,6 +218,36 @@ fn render_apply(out: &mut String, apply: &kvd::ApplyStats) {
             "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
         );
     }
+    let name = "kvd_prepare_queue_capacity";
+    let _ = writeln!(
+        out,
+        "# HELP {name} The bound of the write prepare queue (--prepare-queue-length).\n# TYPE {name} gauge\n{name} {}",
+        apply.queue_capacity
+    );
+    for (name, help, kind, value) in [
+        (
+            "kvd_prepare_queue_depth",
+            "Writes of the role in the prepare queue (admitted, not yet answered).",
+            "gauge",
+            (|q: &kvd::RoleQueue| q.queued as u64) as fn(&kvd::RoleQueue) -> u64,
+        ),
+        (
+            "kvd_too_many_requests_total",
+            "Writes of the role refused with too many requests since the server started.",
+            "counter",
+            |q: &kvd::RoleQueue| q.refused,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for role in &apply.roles {
+            let _ = writeln!(
+                out,
+                "{name}{{role=\"{}\"}} {}",
+                escape(&role.role),
+                value(role)
+            );
+        }
+    }
     let name = "kvd_group_commit_batches_total";
     let _ = writeln!(
         out,
@@ -513,6 +543,11 @@ mod tests {
                 queue_depth: 7,
                 queue_capacity: 5000,
                 batch_sizes: vec![(1, 3), (2, 1)],
+                roles: vec![kvd::RoleQueue {
+                    role: "greedy".into(),
+                    queued: 5,
+                    refused: 9,
+                }],
             },
         };
         let streams = StreamGauges {
@@ -531,6 +566,9 @@ mod tests {
             "kvd_current_revision 7",
             "kvd_compact_revision -1",
             "kvd_apply_queue_depth 7",
+            "kvd_prepare_queue_capacity 5000",
+            "kvd_prepare_queue_depth{role=\"greedy\"} 5",
+            "kvd_too_many_requests_total{role=\"greedy\"} 9",
             "kvd_group_commit_batches_total{requests_at_most=\"1\"} 3",
             "kvd_group_commit_batches_total{requests_at_most=\"+Inf\"} 1",
         ] {

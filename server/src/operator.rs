@@ -44,7 +44,7 @@ use crate::node::Node;
 use kvd::Engine;
 use kvd::quota::{QuotaConfig, RawQuotaConfig, SCALAR_MILLI_PER_UNIT, Scalar};
 use kvd::sync::Arc;
-use kvd::{AccountingRequest, AgentState, Counters, RecordKind, RoleUsage};
+use kvd::{AccountingRequest, AgentState, Counters, RecordKind, RoleQueue, RoleUsage};
 use kvd::{Error, StorageError};
 
 /// Mesos's prefix for a body that is not JSON.
@@ -89,14 +89,21 @@ pub(crate) enum Call {
 pub(crate) struct Refusal {
     pub(crate) code: StatusCode,
     pub(crate) message: String,
+    /// Seconds for a `Retry-After` header (a full prepare queue).
+    pub(crate) retry_after_secs: Option<u64>,
 }
 
 impl Refusal {
-    fn bad_request(message: String) -> Refusal {
+    fn new(code: StatusCode, message: String) -> Refusal {
         Refusal {
-            code: StatusCode::BAD_REQUEST,
+            code,
             message,
+            retry_after_secs: None,
         }
+    }
+
+    fn bad_request(message: String) -> Refusal {
+        Refusal::new(StatusCode::BAD_REQUEST, message)
     }
 
     /// Returns the refusal for an engine error (OPS-3).
@@ -104,6 +111,8 @@ impl Refusal {
         Refusal {
             code: http_code(err),
             message: err.to_string(),
+            // HTTP counts whole seconds: round the engine's hint up.
+            retry_after_secs: err.retry_after_ms().map(|ms| ms.div_ceil(1000).max(1)),
         }
     }
 }
@@ -115,6 +124,11 @@ impl IntoResponse for Refusal {
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
+        if let Some(secs) = self.retry_after_secs {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         response
     }
 }
@@ -127,7 +141,7 @@ fn http_code(err: &Error) -> StatusCode {
             StatusCode::BAD_REQUEST
         }
         Error::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        Error::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+        Error::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
         Error::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
         Error::Corrupt | Error::Closed => StatusCode::SERVICE_UNAVAILABLE,
         // Key and lease errors: no operator call produces them. Should one arrive, it refused
@@ -172,8 +186,9 @@ pub async fn api(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes)
 
 /// `GET /roles`: every role with a quota, consumption or a reservation.
 pub async fn roles(State(node): State<Arc<Node>>) -> Response {
-    match run(&node, Engine::roles).await {
-        Ok(roles) => json_response(&roles_json(&roles)),
+    let both = |engine: &Engine| Ok((engine.roles()?, engine.prepare_queue()?));
+    match run(&node, both).await {
+        Ok((roles, queue)) => json_response(&roles_json(&roles, &queue)),
         Err(refusal) => refusal.into_response(),
     }
 }
@@ -187,10 +202,10 @@ fn check_headers(headers: &HeaderMap) -> Result<(), Refusal> {
         ));
     };
     if media_type(content_type).as_deref() != Some(JSON_MEDIA_TYPE) {
-        return Err(Refusal {
-            code: StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            message: format!("Expecting 'Content-Type' of {JSON_MEDIA_TYPE}"),
-        });
+        return Err(Refusal::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("Expecting 'Content-Type' of {JSON_MEDIA_TYPE}"),
+        ));
     }
     let accepted = headers.get_all(header::ACCEPT).iter().all(|accept| {
         accept.to_str().is_ok_and(|ranges| {
@@ -203,10 +218,10 @@ fn check_headers(headers: &HeaderMap) -> Result<(), Refusal> {
         })
     });
     if !accepted {
-        return Err(Refusal {
-            code: StatusCode::NOT_ACCEPTABLE,
-            message: format!("Expecting 'Accept' to allow {JSON_MEDIA_TYPE}"),
-        });
+        return Err(Refusal::new(
+            StatusCode::NOT_ACCEPTABLE,
+            format!("Expecting 'Accept' to allow {JSON_MEDIA_TYPE}"),
+        ));
     }
     Ok(())
 }
@@ -449,14 +464,14 @@ where
     match node.call(move |engine| Ok(f(engine))).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(err)) => Err(Refusal::from_engine(&err)),
-        Err(status) => Err(Refusal {
-            code: if status.code() == tonic::Code::Unavailable {
+        Err(status) => {
+            let code = if status.code() == tonic::Code::Unavailable {
                 StatusCode::SERVICE_UNAVAILABLE
             } else {
                 StatusCode::INTERNAL_SERVER_ERROR
-            },
-            message: status.message().to_owned(),
-        }),
+            };
+            Err(Refusal::new(code, status.message().to_owned()))
+        }
     }
 }
 
@@ -586,8 +601,31 @@ fn config_json(config: &QuotaConfig) -> Value {
 
 /// The `/roles` answer. kvd has no frameworks and no weights: `frameworks` is
 /// always empty and `weight` is Mesos's default.
-fn roles_json(roles: &[RoleUsage]) -> Value {
-    let roles: Vec<Value> = roles.iter().map(role_json).collect();
+/// The `/roles` answer: every role with usage or a quota, and every role with writes in the
+/// prepare queue or refused by it, each with its `prepare_queue` figures.
+fn roles_json(roles: &[RoleUsage], queue: &[RoleQueue]) -> Value {
+    let mut all: BTreeMap<&str, (Option<&RoleUsage>, Option<&RoleQueue>)> = BTreeMap::new();
+    for role in roles {
+        all.entry(role.role.as_str()).or_default().0 = Some(role);
+    }
+    for q in queue {
+        all.entry(q.role.as_str()).or_default().1 = Some(q);
+    }
+    let roles: Vec<Value> = all
+        .into_iter()
+        .map(|(name, (usage, q))| {
+            let empty = RoleUsage {
+                role: name.to_owned(),
+                ..RoleUsage::default()
+            };
+            let mut value = role_json(usage.unwrap_or(&empty));
+            value["prepare_queue"] = json!({
+                "queued": q.map_or(0, |q| q.queued),
+                "refused": q.map_or(0, |q| q.refused),
+            });
+            value
+        })
+        .collect();
     json!({ "roles": roles })
 }
 
@@ -768,8 +806,21 @@ mod tests {
         }
         assert_eq!(http_code(&Error::Closed), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(
-            http_code(&Error::TooManyRequests),
+            http_code(&Error::TooManyRequests { retry_after_ms: 1 }),
             StatusCode::TOO_MANY_REQUESTS
         );
+    }
+
+    #[test]
+    fn a_full_queue_answers_429_with_retry_after_in_whole_seconds() {
+        for (ms, secs) in [(1, "1"), (1_000, "1"), (1_001, "2"), (4_500, "5")] {
+            let response = Refusal::from_engine(&Error::TooManyRequests { retry_after_ms: ms })
+                .into_response();
+            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+            let header = response.headers().get(header::RETRY_AFTER);
+            assert_eq!(header.and_then(|v| v.to_str().ok()), Some(secs), "{ms} ms");
+        }
+        let other = Refusal::from_engine(&Error::NoSpace).into_response();
+        assert!(other.headers().get(header::RETRY_AFTER).is_none());
     }
 }

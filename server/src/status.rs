@@ -5,8 +5,10 @@
 //!
 //! Invariants:
 //! - STATUS-1: the message of every etcd-facing error is the engine's `Display` text, which
-//!   is etcd's client-visible message verbatim (ERR-1); the code is etcd's
-//!  . etcd's Go client recognises errors by that text.
+//!   is etcd's client-visible message verbatim (ERR-1); the code is etcd's, except that
+//!   `too many requests` is `ResourceExhausted` (etcd sends it as `Unknown`, a plain Go
+//!   error), with its retry hint in the `retry-after-ms` metadata. etcd's Go client
+//!   recognises errors by their text.
 //! - STATUS-2: the mapping is one exhaustive `match` per error enum with no `_` arm, so a new
 //!   variant does not compile until someone decides its code.
 //! - STATUS-3: RPCs kvd does not serve answer `Unimplemented` with a message that starts with
@@ -18,9 +20,19 @@ use tonic::{Code, Status};
 
 use kvd::{Error, StorageError};
 
-/// Returns the gRPC status etcd answers for `err`.
+/// The metadata key of the retry hint of a `too many requests` refusal, in milliseconds.
+pub const RETRY_AFTER_MS_METADATA: &str = "retry-after-ms";
+
+/// Returns the gRPC status etcd answers for `err`, with the retry hint of a refusal that
+/// has one.
 pub fn from_error(err: &Error) -> Status {
-    Status::new(code_of(err), err.to_string())
+    let mut status = Status::new(code_of(err), err.to_string());
+    if let Some(ms) = err.retry_after_ms() {
+        status
+            .metadata_mut()
+            .insert(RETRY_AFTER_MS_METADATA, ms.into());
+    }
+    status
 }
 
 /// Returns the gRPC code of `err` (STATUS-2: no `_` arm).
@@ -38,10 +50,10 @@ fn code_of(err: &Error) -> Code {
         Error::LeaseNotFound => Code::NotFound,
         Error::LeaseExists => Code::FailedPrecondition,
         Error::LeaseTtlTooLarge => Code::OutOfRange,
-        // etcd returns this error as a plain Go error, not a gRPC status, so gRPC-go sends it
-        // with code Unknown; etcd's Go client then recognises it by its message
-        //. We send what etcd sends.
-        Error::TooManyRequests => Code::Unknown,
+        // etcd sends this one as a plain Go error, so gRPC-go answers `Unknown`; etcd's Go
+        // client recognises it by its text. kvd answers `ResourceExhausted`, the code a
+        // client can act on, with the same text and a retry hint (STATUS-1).
+        Error::TooManyRequests { .. } => Code::ResourceExhausted,
         Error::NoSpace | Error::QuotaExceeded(_) => Code::ResourceExhausted,
         Error::QuotaRequest(_) => Code::InvalidArgument,
         Error::Corrupt => Code::DataLoss,
@@ -102,6 +114,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_full_queue_carries_its_retry_hint() {
+        let status = from_error(&Error::TooManyRequests {
+            retry_after_ms: 250,
+        });
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        let hint = status.metadata().get(RETRY_AFTER_MS_METADATA);
+        assert_eq!(hint.and_then(|v| v.to_str().ok()), Some("250"));
+        assert!(from_error(&Error::NoSpace).metadata().is_empty());
+    }
+
+    #[test]
     fn etcd_errors_keep_their_code_and_message() {
         let cases = [
             (
@@ -145,8 +168,8 @@ mod tests {
                 "etcdserver: requested lease not found",
             ),
             (
-                Error::TooManyRequests,
-                Code::Unknown,
+                Error::TooManyRequests { retry_after_ms: 7 },
+                Code::ResourceExhausted,
                 "etcdserver: too many requests",
             ),
         ];

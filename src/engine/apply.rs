@@ -40,9 +40,10 @@ use super::Shared;
 use super::auto_compact::AutoCompactor;
 use super::commit::{self, AppliedBatch, CommitStep, Committer, FailpointCounter, Handover};
 use super::defrag::{self, DefragStep};
+use super::lanes::{Lanes, Queued};
 use super::mailbox::Mailbox;
 use super::proposal::{Answer, Completion, Proposal};
-use crate::accounting::Accounts;
+use crate::accounting::{AccountingRequest, Accounts};
 use crate::api::{
     AlarmAction, AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionRequest,
     CompactionResponse, DeleteRangeRequest, LeaseGrantRequest, LeaseGrantResponse,
@@ -85,9 +86,11 @@ struct PendingCompaction {
 /// The state of the apply thread.
 pub struct Applier {
     shared: Arc<Shared>,
+    /// What was taken from the mailbox and not yet applied, one lane per role (PREP-4).
+    lanes: Lanes,
     /// For finishing a batch inline (`commit::finish_inline`).
     committer: Committer,
-    proposals: Arc<Mailbox<Proposal>>,
+    proposals: Arc<Mailbox<Queued>>,
     commits: Arc<Mailbox<Handover>>,
     /// The revision of the last applied write, committed or not.
     current: i64,
@@ -157,7 +160,7 @@ impl Applier {
     pub fn new(
         shared: Arc<Shared>,
         committer: Committer,
-        proposals: Arc<Mailbox<Proposal>>,
+        proposals: Arc<Mailbox<Queued>>,
         commits: Arc<Mailbox<Handover>>,
         recovered_current: i64,
         applied_index: u64,
@@ -177,6 +180,7 @@ impl Applier {
             .map(|mode| AutoCompactor::new(mode, opened_at));
         Applier {
             shared,
+            lanes: Lanes::default(),
             committer,
             proposals,
             commits,
@@ -203,17 +207,19 @@ impl Applier {
     /// mailbox. An unfinished compaction resumes at the next open (COMPACT-2).
     pub fn run(mut self) {
         loop {
-            let wait = if self.compactions.is_empty() {
+            let wait = if self.compactions.is_empty() && self.lanes.is_empty() {
                 Some(IDLE_WAKE_INTERVAL)
             } else {
                 Some(Duration::ZERO)
             };
-            let taken = self
-                .proposals
-                .take(self.shared.config.batch_requests_max, wait);
-            let idle = taken.items.is_empty();
-            self.apply_taken(taken.items);
-            if taken.closed {
+            // Everything queued goes into the lanes (at most the prepare queue's length, by
+            // PREP-1), so a batch can take from every role that has work (PREP-4).
+            let taken = self.proposals.take(usize::MAX, wait);
+            self.lanes.stage(taken.items);
+            let batch = self.lanes.next_batch(self.shared.config.batch_requests_max);
+            let idle = batch.is_empty();
+            self.apply_taken(batch);
+            if taken.closed && self.lanes.is_empty() {
                 break;
             }
             self.refresh_stats(idle);
@@ -529,6 +535,11 @@ impl Applier {
                     let answer = req.apply(&mut accounts, quota, &index, b)?;
                     if answer.is_ok() {
                         a.applied_index += 1;
+                        if matches!(req, AccountingRequest::UpdateQuota { .. }) {
+                            // Admission charges queue slots to the new owners from now on.
+                            let owners = accounts.registry().keys().cloned().collect();
+                            *sync::write(&shared.owners) = Arc::new(owners);
+                        }
                     }
                     Ok(answer)
                 });

@@ -32,12 +32,14 @@ mod apply;
 mod auto_compact;
 mod commit;
 mod defrag;
+mod lanes;
 mod mailbox;
+mod prepare;
 mod proposal;
 mod publish;
 mod recover;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -59,12 +61,12 @@ use crate::lease::{LEASE_TTL_MAX_SECONDS, LEASE_TTL_MIN_SECONDS_DEFAULT, LEASES_
 use crate::mvcc::hash::HashState;
 use crate::mvcc::write::Change;
 use crate::mvcc::{Index, read, validate};
-use crate::quota::{QuotaConfig, RawQuotaConfig};
+use crate::quota::{self, QuotaConfig, RawQuotaConfig, STAR_ROLE};
 use crate::space::{self, FreeSpace, SpaceTracker, StatvfsFreeSpace};
 use crate::storage::faults::Faults;
 use crate::storage::wal::WAL_FILE_BYTES_DEFAULT;
 use crate::storage::{CommitSync, Store, StoreOptions};
-use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, RwLock, Weak};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Name, Ordering, RwLock, Weak};
 use crate::watch::{Hub, WATCH_STALLED_RETRY, WATCH_SYNC_INTERVAL, WatchSource, WatchStream};
 use apply::Applier;
 pub use auto_compact::AutoCompaction;
@@ -72,18 +74,21 @@ pub use commit::{CommitFailpoint, CommitStep};
 use commit::{Committer, Handover};
 pub use defrag::DefragFailpoint;
 use defrag::DefragState;
+use lanes::Queued;
 use mailbox::Mailbox;
+use prepare::PrepareQueue;
+pub use prepare::RoleQueue;
+use proposal::Proposal;
 pub use proposal::{Completion, WriteRequest, write_cost};
-use proposal::{InFlight, Proposal, holding};
 pub use publish::Published;
 
 /// etcd's default `--max-request-bytes`.
 pub const MAX_REQUEST_BYTES_DEFAULT: usize = 1_572_864;
 /// etcd's default `--max-txn-ops`.
 pub const MAX_TXN_OPS_DEFAULT: usize = 128;
-/// Default bound of the queue of admitted, not yet applied writes (etcd's
+/// Default bound of the prepare queue of admitted, not yet answered writes (etcd's
 /// maxGapBetweenApplyAndCommitIndex).
-pub const PROPOSAL_QUEUE_LEN_DEFAULT: usize = 5_000;
+pub const PREPARE_QUEUE_LENGTH_DEFAULT: usize = 5_000;
 /// Default largest number of requests applied in one commit.
 pub const BATCH_REQUESTS_MAX_DEFAULT: usize = 1_024;
 /// Default number of history records a compaction step examines (etcd's batch limit).
@@ -95,7 +100,7 @@ pub const WATCH_PROGRESS_NOTIFY_INTERVAL_DEFAULT: Duration = Duration::from_secs
 /// How many times HashKV restarts when a compaction lands while it hashes.
 const HASH_RESTARTS_MAX: usize = 8;
 
-const _: () = assert!(BATCH_REQUESTS_MAX_DEFAULT <= PROPOSAL_QUEUE_LEN_DEFAULT);
+const _: () = assert!(BATCH_REQUESTS_MAX_DEFAULT <= PREPARE_QUEUE_LENGTH_DEFAULT);
 
 /// Settings of an [`Engine`].
 ///
@@ -109,9 +114,10 @@ pub struct Config {
     pub max_request_bytes: usize,
     /// Largest number of operations in one Txn level (`--max-txn-ops`).
     pub max_txn_ops: usize,
-    /// Writes admitted but not yet applied, at most; past that a write gets
-    /// `TooManyRequests`.
-    pub proposal_queue_len: usize,
+    /// Writes admitted and not yet answered, at most (`--prepare-queue-length`), shared
+    /// fairly between roles (`engine::prepare`); past it a write gets `TooManyRequests`
+    /// with a retry hint.
+    pub prepare_queue_length: usize,
     /// Requests applied in one commit, at most.
     pub batch_requests_max: usize,
     /// History records a compaction step examines per commit.
@@ -154,7 +160,7 @@ impl Default for Config {
         Config {
             max_request_bytes: MAX_REQUEST_BYTES_DEFAULT,
             max_txn_ops: MAX_TXN_OPS_DEFAULT,
-            proposal_queue_len: PROPOSAL_QUEUE_LEN_DEFAULT,
+            prepare_queue_length: PREPARE_QUEUE_LENGTH_DEFAULT,
             batch_requests_max: BATCH_REQUESTS_MAX_DEFAULT,
             compaction_batch_records: COMPACTION_BATCH_RECORDS_DEFAULT,
             cache_size_bytes: CACHE_SIZE_BYTES_DEFAULT,
@@ -180,7 +186,7 @@ impl Config {
         let positive = [
             ("max_request_bytes", self.max_request_bytes),
             ("max_txn_ops", self.max_txn_ops),
-            ("proposal_queue_len", self.proposal_queue_len),
+            ("prepare_queue_length", self.prepare_queue_length),
             ("batch_requests_max", self.batch_requests_max),
             ("compaction_batch_records", self.compaction_batch_records),
         ];
@@ -221,8 +227,11 @@ struct Shared {
     defrag: DefragState,
     /// Tells the watch sync thread to stop.
     stopping: Arc<AtomicBool>,
-    /// Writes admitted and not yet answered (PROP-2).
-    in_flight: Arc<InFlight>,
+    /// Writes admitted and not yet answered, by role (PROP-2, PREP-1..3).
+    prepare: Arc<PrepareQueue>,
+    /// The roles with a registry entry, for charging a write's queue slot to its owner at
+    /// admission; replaced by the apply thread after every quota update.
+    owners: RwLock<Arc<BTreeSet<String>>>,
     config: Config,
 }
 
@@ -258,11 +267,13 @@ pub struct ApplyStats {
     /// Writes admitted and not yet answered now (queued, being applied or being made
     /// durable).
     pub queue_depth: usize,
-    /// The bound of that queue (`Config::proposal_queue_len`).
+    /// The bound of that queue (`Config::prepare_queue_length`).
     pub queue_capacity: usize,
     /// Commits by batch size: `(at most this many requests, commits)`, the last bucket
     /// open-ended.
     pub batch_sizes: Vec<(u64, u64)>,
+    /// The roles with writes in the queue or refused since open ([`Engine::prepare_queue`]).
+    pub roles: Vec<RoleQueue>,
 }
 
 impl ReadState {
@@ -343,7 +354,9 @@ pub struct Engine {
 #[derive(Debug)]
 struct Running {
     shared: Arc<Shared>,
-    proposals: Arc<Mailbox<Proposal>>,
+    proposals: Arc<Mailbox<Queued>>,
+    /// The role of writes without a key and of defrag steps.
+    star: Name,
     apply_thread: JoinHandle<()>,
     commit_thread: JoinHandle<()>,
     watch_thread: JoinHandle<()>,
@@ -384,6 +397,8 @@ impl Engine {
         // pages in use never exceed the file.
         let in_use = store.file_size()?;
         let accounts = Accounts::load(&store.snapshot()?, &recovered.index)?;
+        let owners: BTreeSet<String> = accounts.registry().keys().cloned().collect();
+        let (prepare_queue_length, clock) = (config.prepare_queue_length, config.clock.clone());
         let reads = Arc::new(ReadState {
             store,
             index: RwLock::new(recovered.index),
@@ -413,7 +428,8 @@ impl Engine {
             accounts: Mutex::new(accounts),
             defrag: DefragState::default(),
             stopping,
-            in_flight: Arc::new(InFlight::default()),
+            prepare: Arc::new(PrepareQueue::new(prepare_queue_length, clock.clone())),
+            owners: RwLock::new(Arc::new(owners)),
             config,
         });
         let proposals = Arc::new(Mailbox::new());
@@ -443,6 +459,7 @@ impl Engine {
             running: Some(Running {
                 shared,
                 proposals,
+                star: Name::from(STAR_ROLE),
                 apply_thread,
                 commit_thread,
                 watch_thread,
@@ -499,7 +516,7 @@ impl Engine {
         if let Err(e) = admitted {
             return done(Err(e));
         }
-        self.enqueue(done, |done| Proposal::Put(req, done));
+        self.enqueue(Proposal::Put(req, done));
     }
 
     /// Deletes a key or a range (etcd's DeleteRange).
@@ -524,7 +541,7 @@ impl Engine {
         if let Err(e) = validate::check_delete(&req) {
             return done(Err(e));
         }
-        self.enqueue(done, |done| Proposal::DeleteRange(req, done));
+        self.enqueue(Proposal::DeleteRange(req, done));
     }
 
     /// Runs a transaction (etcd's Txn). A read-only one is served in the caller's thread.
@@ -564,7 +581,7 @@ impl Engine {
         if let Err(e) = admitted {
             return done(Err(e));
         }
-        self.enqueue(done, |done| Proposal::Txn(req, done));
+        self.enqueue(Proposal::Txn(req, done));
     }
 
     /// Compacts the history at `req.revision` (etcd's Compact); with `physical` the call
@@ -586,7 +603,7 @@ impl Engine {
     /// Submits a Compact; `done` receives the answer as with [`Engine::submit_put`] (with
     /// `physical`, after the superseded records are deleted).
     pub fn submit_compact(&self, req: CompactionRequest, done: Completion<CompactionResponse>) {
-        self.enqueue(done, |done| Proposal::Compaction(req, done));
+        self.enqueue(Proposal::Compaction(req, done));
     }
 
     /// Hashes the history visible at `revision` (0 = current), as etcd's HashKV.
@@ -682,10 +699,24 @@ impl Engine {
             .map(|(i, n)| (1u64 << i, n.load(Ordering::Relaxed)))
             .collect();
         Ok(ApplyStats {
-            queue_depth: running.shared.in_flight.load(),
-            queue_capacity: running.shared.config.proposal_queue_len,
+            queue_depth: running.shared.prepare.depth(),
+            queue_capacity: running.shared.prepare.capacity(),
             batch_sizes,
+            roles: running.shared.prepare.roles(),
         })
+    }
+
+    /// Returns every role with writes in the prepare queue now or refused since open, with
+    /// those figures, sorted by role (`/roles`, the metrics).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// engine.put(kvd::PutRequest::new("k", "v")).unwrap();
+    /// assert!(engine.prepare_queue().unwrap().is_empty(), "answered writes left the queue");
+    /// ```
+    pub fn prepare_queue(&self) -> Result<Vec<RoleQueue>> {
+        Ok(self.shared()?.prepare.roles())
     }
 
     /// Grants a lease (etcd's LeaseGrant). A TTL below the minimum is raised to it.
@@ -710,7 +741,7 @@ impl Engine {
         if req.ttl > LEASE_TTL_MAX_SECONDS {
             return done(Err(Error::LeaseTtlTooLarge));
         }
-        self.enqueue(done, |done| Proposal::LeaseGrant(req, done));
+        self.enqueue(Proposal::LeaseGrant(req, done));
     }
 
     /// Revokes a lease and deletes its keys in one revision (etcd's LeaseRevoke).
@@ -733,7 +764,7 @@ impl Engine {
     /// Submits a LeaseRevoke; `done` receives the answer as with [`Engine::submit_put`].
     pub fn submit_lease_revoke(&self, id: i64, done: Completion<LeaseRevokeResponse>) {
         let req = LeaseRevokeRequest { id };
-        self.enqueue(done, |done| Proposal::LeaseRevoke(req, done));
+        self.enqueue(Proposal::LeaseRevoke(req, done));
     }
 
     /// Renews a lease to its full TTL (etcd's LeaseKeepAlive); TTL 0 if it does not exist.
@@ -816,7 +847,7 @@ impl Engine {
             let alarms = crate::sync::lock(&shared.alarms).list(req.alarm);
             return Ok(AlarmResponse { header, alarms });
         }
-        wait(|done| self.enqueue(done, |done| Proposal::Alarm(req, done)))
+        wait(|done| self.enqueue(Proposal::Alarm(req, done)))
     }
 
     /// Rewrites the database into a fresh, densely packed file while writes go on, pausing
@@ -836,7 +867,10 @@ impl Engine {
         defrag::run(&running.shared, |step| {
             running
                 .proposals
-                .push(Proposal::Defrag(step))
+                .push(Queued {
+                    role: running.star.clone(),
+                    proposal: Proposal::Defrag(step),
+                })
                 .map_err(|_| Error::Closed)
         })
     }
@@ -1030,7 +1064,7 @@ impl Engine {
     /// assert_eq!(engine.apply_accounting(kvd::AccountingRequest::Repair).unwrap(), 0);
     /// ```
     pub fn apply_accounting(&self, request: AccountingRequest) -> Result<usize> {
-        wait(|done| self.enqueue(done, |done| Proposal::Accounting(request, done)))
+        wait(|done| self.enqueue(Proposal::Accounting(request, done)))
     }
 
     /// Returns the revisions, sizes and applied index.
@@ -1115,25 +1149,32 @@ impl Engine {
     /// The rest of admission, once per request: the queue bound (PROP-2; etcd checks the
     /// apply backlog before the request size), then the size limit; then queues the
     /// proposal `wrap` makes of `done`. A refusal goes to `done` at once.
-    fn enqueue<T: Send + 'static>(
-        &self,
-        done: Completion<T>,
-        wrap: impl FnOnce(Completion<T>) -> Proposal,
-    ) {
+    fn enqueue(&self, proposal: Proposal) {
         let Some(running) = &self.running else {
-            return done(Err(Error::Closed));
+            return proposal.refuse(Error::Closed);
         };
-        let config = &running.shared.config;
-        let Some(slot) = running.shared.in_flight.admit(config.proposal_queue_len) else {
-            return done(Err(Error::TooManyRequests));
+        let shared = &running.shared;
+        // The slot is charged to the owner of the first written key (PREP-2).
+        let owners = crate::sync::read(&shared.owners).clone();
+        let role = proposal
+            .first_written_key()
+            .map_or(STAR_ROLE, |key| quota::charged_role(key, &*owners));
+        let slot = match PrepareQueue::admit(&shared.prepare, role) {
+            Ok(slot) => slot,
+            Err(full) => {
+                return proposal.refuse(Error::TooManyRequests {
+                    retry_after_ms: full.retry_after_ms,
+                });
+            }
         };
+        let role = slot.role().clone();
         // The completion releases the slot before it answers, refusal or not.
-        let proposal = wrap(holding(slot, done));
-        if proposal.encoded_len() > config.max_request_bytes {
+        let proposal = proposal.holding(slot);
+        if proposal.encoded_len() > shared.config.max_request_bytes {
             return proposal.refuse(Error::RequestTooLarge);
         }
-        if let Err(proposal) = running.proposals.push(proposal) {
-            proposal.refuse(Error::Closed);
+        if let Err(queued) = running.proposals.push(Queued { role, proposal }) {
+            queued.proposal.refuse(Error::Closed);
         }
     }
 }

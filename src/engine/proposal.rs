@@ -10,8 +10,8 @@
 //!   commit that holds it, or with the storage error if that commit failed. It is dropped
 //!   uncalled only if the engine stops before applying it; the callers' own channels then
 //!   report `Closed`.
-//! - PROP-2: a proposal counts against the queue bound (`Config::proposal_queue_len`) from
-//!   admission until its completion ran.
+//! - PROP-2: a proposal counts against the prepare queue (`Config::prepare_queue_length`,
+//!   `engine::prepare`) from admission until its completion ran.
 //!
 //! Contact points: `Engine` builds proposals; `engine::apply` consumes them;
 //! `engine::commit` delivers the answers.
@@ -20,12 +20,13 @@ use crate::accounting::AccountingRequest;
 use crate::api::{
     AlarmRequest, AlarmResponse, CompactionRequest, CompactionResponse, DeleteRangeRequest,
     DeleteRangeResponse, LeaseGrantRequest, LeaseGrantResponse, LeaseRevokeRequest,
-    LeaseRevokeResponse, PutRequest, PutResponse, TxnRequest, TxnResponse, raft_entry_len,
+    LeaseRevokeResponse, PutRequest, PutResponse, RequestOp, TxnRequest, TxnResponse,
+    raft_entry_len,
 };
 use crate::engine::defrag::DefragStep;
+use crate::engine::prepare::Slot;
 use crate::error::{Error, Result};
 use crate::space;
-use crate::sync::{Arc, AtomicUsize, Ordering};
 
 /// Receives the result of one write. Called exactly once (PROP-1), on the engine's commit
 /// thread or in the caller's thread for a refusal at admission: it must not block.
@@ -156,6 +157,22 @@ impl Proposal {
         }
     }
 
+    /// Returns the proposal with its completion wrapped so that it holds `slot` until it ran
+    /// (PROP-2).
+    pub fn holding(self, slot: Slot) -> Proposal {
+        match self {
+            Proposal::Put(r, done) => Proposal::Put(r, holding(slot, done)),
+            Proposal::DeleteRange(r, done) => Proposal::DeleteRange(r, holding(slot, done)),
+            Proposal::Txn(r, done) => Proposal::Txn(r, holding(slot, done)),
+            Proposal::Compaction(r, done) => Proposal::Compaction(r, holding(slot, done)),
+            Proposal::LeaseGrant(r, done) => Proposal::LeaseGrant(r, holding(slot, done)),
+            Proposal::LeaseRevoke(r, done) => Proposal::LeaseRevoke(r, holding(slot, done)),
+            Proposal::Alarm(r, done) => Proposal::Alarm(r, holding(slot, done)),
+            Proposal::Accounting(r, done) => Proposal::Accounting(r, holding(slot, done)),
+            Proposal::Defrag(step) => Proposal::Defrag(step),
+        }
+    }
+
     /// Returns the size etcd would check against `--max-request-bytes` (API-2), as
     /// [`WriteRequest::encoded_len`] does; 0 for a defrag step.
     pub fn encoded_len(&self) -> usize {
@@ -185,6 +202,18 @@ impl Proposal {
             | Proposal::Alarm(..)
             | Proposal::Accounting(..)
             | Proposal::Defrag(_) => 0,
+        }
+    }
+
+    /// Returns the first key the write would write, whose owner the write's prepare-queue
+    /// slot is charged to (PREP-2): a Put's or DeleteRange's key, a Txn's first written key
+    /// (success branch first, nested Txns in order); `None` for writes without a key.
+    pub fn first_written_key(&self) -> Option<&[u8]> {
+        match self {
+            Proposal::Put(p, _) => Some(&p.key),
+            Proposal::DeleteRange(d, _) => Some(&d.key),
+            Proposal::Txn(t, _) => first_written_in(t),
+            _ => None,
         }
     }
 
@@ -240,51 +269,20 @@ impl std::fmt::Debug for Answer {
     }
 }
 
-/// The count of admitted writes whose completion has not run yet (PROP-2).
-#[derive(Debug, Default)]
-pub struct InFlight {
-    count: AtomicUsize,
-}
-
-impl InFlight {
-    /// Returns the writes in flight now.
-    pub fn load(&self) -> usize {
-        self.count.load(Ordering::Relaxed)
-    }
-
-    /// Counts one more write if fewer than `capacity` are in flight; returns the slot that
-    /// uncounts it when dropped, or `None` if the queue is full.
-    pub fn admit(self: &Arc<Self>, capacity: usize) -> Option<Slot> {
-        let mut current = self.count.load(Ordering::Relaxed);
-        loop {
-            if current >= capacity {
-                return None;
-            }
-            match self.count.compare_exchange_weak(
-                current,
-                current + 1,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Some(Slot(self.clone())),
-                Err(seen) => current = seen,
-            }
-        }
-    }
-}
-
-/// One write's place in the in-flight count; released when dropped.
-#[derive(Debug)]
-pub struct Slot(Arc<InFlight>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.count.fetch_sub(1, Ordering::AcqRel);
-    }
+fn first_written_in(txn: &TxnRequest) -> Option<&[u8]> {
+    txn.success
+        .iter()
+        .chain(&txn.failure)
+        .find_map(|op| match op {
+            RequestOp::Put(p) => Some(&p.key[..]),
+            RequestOp::DeleteRange(d) => Some(&d.key[..]),
+            RequestOp::Txn(t) => first_written_in(t),
+            RequestOp::Range(_) => None,
+        })
 }
 
 /// Wraps `done` so that the write holds `slot` until its completion ran (PROP-2).
-pub fn holding<T: 'static>(slot: Slot, done: Completion<T>) -> Completion<T> {
+fn holding<T: 'static>(slot: Slot, done: Completion<T>) -> Completion<T> {
     Box::new(move |result| {
         drop(slot);
         done(result);

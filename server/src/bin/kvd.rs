@@ -104,6 +104,17 @@ mod cli {
         #[arg(long, value_name = "N", default_value_t = MAX_TXN_OPS_DEFAULT)]
         max_txn_ops: usize,
 
+        /// Writes admitted and not yet committed, at most, shared fairly between the roles
+        /// that own them; past it a write gets "etcdserver: too many requests" with a retry
+        /// hint. Zero or negative is refused (Velero ignores such a value silently).
+        #[arg(
+            long,
+            value_name = "N",
+            default_value_t = kvd_server::PREPARE_QUEUE_LENGTH_DEFAULT,
+            allow_negative_numbers = true
+        )]
+        prepare_queue_length: i64,
+
         /// Automatic compaction mode: 'periodic' (keep the history of the last RETENTION,
         /// a duration like '1h' or a number of hours) or 'revision' (keep the last RETENTION
         /// revisions).
@@ -320,6 +331,7 @@ mod cli {
             quota_backend_bytes: flags.quota_backend_bytes,
             max_request_bytes: flags.max_request_bytes,
             max_txn_ops: flags.max_txn_ops,
+            prepare_queue_length: flags.prepare_queue_length,
         };
         match kvd_server::run(config, print_urls) {
             Ok(()) => ExitCode::SUCCESS,

@@ -483,7 +483,8 @@ fn agents_reservations_and_allocations_show_in_roles() {
                "quota": {"role": "ml/team", "guarantee": {}, "limit": {},
                          "consumed": {"cpus": 1, "mem": 512}},
                "allocated": {}, "offered": {}, "reserved": {"cpus": 1, "mem": 512},
-               "resources": {}, "frameworks": []})
+               "resources": {}, "frameworks": [],
+               "prepare_queue": {"queued": 0, "refused": 0}})
     );
     // The allocation draws 4 cpus from r1 (same role and agent), so consumption grows by 2:
     // consumed = allocated + unallocated reservations.
@@ -497,7 +498,8 @@ fn agents_reservations_and_allocations_show_in_roles() {
                "quota": {"role": "ml", "guarantee": {"cpus": 2}, "limit": {"cpus": 8},
                          "consumed": {"cpus": 7, "mem": 512}},
                "allocated": {"cpus": 6}, "offered": {}, "reserved": {"cpus": 5, "mem": 512},
-               "resources": {"cpus": 6}, "frameworks": []})
+               "resources": {"cpus": 6}, "frameworks": [],
+               "prepare_queue": {"queued": 0, "refused": 0}})
     );
     assert_eq!(
         refused(

@@ -90,6 +90,35 @@ fn unsupported_urls_are_refused_at_startup() {
 }
 
 #[test]
+fn a_prepare_queue_of_no_slots_is_refused_at_startup() {
+    for value in ["0", "-5"] {
+        let dir = tempfile::tempdir().unwrap();
+        let output = Command::new(common::kvd_binary())
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--listen-client-urls", "http://127.0.0.1:0"])
+            .args(["--prepare-queue-length", value])
+            .output()
+            .unwrap();
+        assert!(
+            !output.status.success(),
+            "--prepare-queue-length {value} was accepted"
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(&format!(
+                "--prepare-queue-length must be at least 1, got {value}"
+            )),
+            "{stderr}"
+        );
+        assert!(
+            !dir.path().join("data").join("kvd.redb").exists(),
+            "nothing opened"
+        );
+    }
+}
+
+#[test]
 fn every_flag_has_help() {
     let output = Command::new(common::kvd_binary())
         .arg("--help")
@@ -106,6 +135,7 @@ fn every_flag_has_help() {
         "--auto-compaction-retention",
         "--max-request-bytes",
         "--max-txn-ops",
+        "--prepare-queue-length",
         "--name",
         "--log-level",
     ] {
