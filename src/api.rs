@@ -419,12 +419,13 @@ impl Compare {
     }
 
     pub(crate) fn encoded_len(&self) -> usize {
+        // The operand is a oneof member, which protobuf writes even when it is zero.
         let (target, operand) = match &self.target {
-            CompareTarget::Version(v) => (0, int_field(4, *v)),
-            CompareTarget::Create(v) => (1, int_field(5, *v)),
-            CompareTarget::Mod(v) => (2, int_field(6, *v)),
+            CompareTarget::Version(v) => (0, oneof_int_field(4, *v)),
+            CompareTarget::Create(v) => (1, oneof_int_field(5, *v)),
+            CompareTarget::Mod(v) => (2, oneof_int_field(6, *v)),
             CompareTarget::Value(v) => (3, 1 + varint_len(v.len() as u64) + v.len()),
-            CompareTarget::Lease(v) => (4, int_field(8, *v)),
+            CompareTarget::Lease(v) => (4, oneof_int_field(8, *v)),
         };
         int_field(1, self.result as i64)
             + int_field(2, target)
@@ -1014,6 +1015,11 @@ fn message_field(field: u32, len: usize) -> usize {
     tag_len(field) + varint_len(len as u64) + len
 }
 
+/// The length of an int64 member of a oneof: written even when zero (unlike a plain field).
+fn oneof_int_field(field: u32, value: i64) -> usize {
+    tag_len(field) + varint_len(value as u64)
+}
+
 fn int_field(field: u32, value: i64) -> usize {
     // Protobuf encodes a negative int64 as a ten-byte varint of its two's complement.
     if value == 0 {
@@ -1025,4 +1031,30 @@ fn int_field(field: u32, value: i64) -> usize {
 
 fn bool_field(field: u32, value: bool) -> usize {
     if value { tag_len(field) + 1 } else { 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_compare_operand_is_counted_as_protobuf_writes_it() {
+        // A oneof member is written even when zero: Version(0) and Version(1) are both a
+        // one-byte tag and a one-byte varint.
+        let targets: [fn(i64) -> CompareTarget; 4] = [
+            CompareTarget::Version,
+            CompareTarget::Create,
+            CompareTarget::Mod,
+            CompareTarget::Lease,
+        ];
+        for target in targets {
+            let zero = Compare::new("k", CompareResult::Equal, target(0));
+            let one = Compare::new("k", CompareResult::Equal, target(1));
+            assert_eq!(zero.encoded_len(), one.encoded_len(), "{:?}", zero.target);
+        }
+        // result 0 (Equal) is a plain field: not written. target Version is 0: not written.
+        // key "k": 3 bytes; operand: 2 bytes.
+        let c = Compare::new("k", CompareResult::Equal, CompareTarget::Version(0));
+        assert_eq!(c.encoded_len(), 3 + 2);
+    }
 }

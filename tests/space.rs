@@ -306,6 +306,27 @@ fn defrag_under_load_keeps_every_acknowledged_write_and_shrinks_the_file() {
 }
 
 #[test]
+fn defrag_of_a_store_never_written_leaves_it_readable_and_writable() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), Config::default()).unwrap();
+    engine.defrag().unwrap();
+    // The new file has every table the old one had, the empty history included.
+    assert!(
+        engine
+            .range(&RangeRequest::key("k"))
+            .unwrap()
+            .kvs
+            .is_empty()
+    );
+    let put = engine.put(PutRequest::new("k", "v")).unwrap();
+    assert_eq!(put.header.revision, 2);
+    engine.close().unwrap();
+    let engine = Engine::open(dir.path(), Config::default()).unwrap();
+    assert_eq!(engine.range(&RangeRequest::key("k")).unwrap().kvs.len(), 1);
+    engine.close().unwrap();
+}
+
+#[test]
 fn defrag_interrupted_at_each_step_loses_nothing() {
     for failpoint in [
         DefragFailpoint::AfterCopy,

@@ -155,7 +155,9 @@ impl Accounts {
         if let [(key, cost, new_key)] = puts {
             // One Put, the common case: no maps to build.
             let owner = self.owner(key);
-            for r in chain(owner) {
+            // Ancestors first: role-name order, as the multi-Put path below reports.
+            let roles: Vec<&str> = chain(owner).collect();
+            for &r in roles.iter().rev() {
                 let Some(config) = self.registry.get(r) else {
                     continue;
                 };

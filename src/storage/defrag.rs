@@ -209,13 +209,16 @@ impl Target {
     }
 
     /// Replaces the meta table and every row table with the snapshot's, then commits
-    /// durably.
+    /// durably. Also creates the history table, which the copy opens only for records: a
+    /// store defragmented before its first write has none to copy, and every table the
+    /// store opens must exist in the new file.
     fn replace_small_tables(
         &mut self,
         snapshot: &Snapshot,
         row_tables: &[super::RowTable],
     ) -> Result<(), StorageError> {
         let txn = self.begin()?;
+        txn.open_table(HISTORY).map_err(storage_error)?;
         copy_table(&txn, snapshot, META)?;
         for table in row_tables {
             copy_table(&txn, snapshot, table.definition())?;
