@@ -313,12 +313,8 @@ impl<S: Source> Builder<S> {
             Kind::Settle => Op::SettleWatches,
             Kind::Quota => Op::Quota(self.quota()),
             Kind::Alarm => Op::Alarm(self.alarm()),
-            // A defrag before the first write leaves the engine without its history table
-            // (every read then fails with a storage error): an open finding, see
-            // `docs/design/model.md`. Sequences defrag only once something was written.
-            Kind::Defrag if self.model.current_revision() > 1 => Op::Defrag,
+            Kind::Defrag => Op::Defrag,
             Kind::Range
-            | Kind::Defrag
             | Kind::Burst
             | Kind::Measure
             | Kind::FreeSpaceEpisode
