@@ -214,6 +214,11 @@ mod cli {
         #[arg(long, value_name = "N", default_value_t = 100)]
         max_errors: u64,
 
+        /// Requests per second across all clients, at most, on a fixed schedule (latency
+        /// counts from each request's due time); 0 sends as fast as the clients can.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        rate: u64,
+
         /// Print the report as one JSON line.
         #[arg(long)]
         json: bool,
@@ -275,6 +280,7 @@ mod cli {
             preload: flags.preload || (workload == Workload::Range && !flags.no_preload),
             seed: flags.seed,
             max_errors: flags.max_errors.max(1),
+            rate: flags.rate,
             progress: !flags.quiet,
         };
         let report = match loadgen::run(config) {

@@ -7,7 +7,8 @@
 //!
 //! Invariants:
 //! - BENCH-1: every loop is bounded in count and in time: the run stops after `total`
-//!   requests or after `duration`, whichever comes first; each request has a deadline
+//!   requests or after `duration`, whichever comes first (with a `rate`, a request due
+//!   after the deadline is not sent); each request has a deadline
 //!   ([`REQUEST_TIMEOUT`]); the preload writes each key of the key space once; the run stops
 //!   early after `max_errors` failed requests.
 //! - BENCH-2: counts add up: `requests = succeeded + errors`, and the latency histogram holds
@@ -117,6 +118,9 @@ pub struct BenchConfig {
     pub seed: u64,
     /// Stop after this many failed requests.
     pub max_errors: u64,
+    /// Requests per second across all clients, at most (requests start on a fixed
+    /// schedule); 0 sends as fast as the clients can.
+    pub rate: u64,
     /// Print a progress line on stderr every [`PROGRESS_INTERVAL`].
     pub progress: bool,
 }
@@ -254,17 +258,28 @@ struct Shared {
     errors: AtomicU64,
     keys_returned: AtomicU64,
     stop: AtomicBool,
+    started: Instant,
     deadline: Instant,
     first_error: Mutex<Option<String>>,
 }
 
 impl Shared {
-    /// Takes a ticket for one more request, or `false` when the run is over (BENCH-1).
-    fn next_ticket(&self) -> bool {
+    /// Takes a ticket for one more request, or `None` when the run is over (BENCH-1); with
+    /// a rate, the ticket says when its request is due.
+    fn next_ticket(&self) -> Option<Instant> {
         if self.stop.load(Ordering::Relaxed) || Instant::now() >= self.deadline {
-            return false;
+            return None;
         }
-        self.tickets.fetch_add(1, Ordering::Relaxed) < self.config.total
+        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
+        if ticket >= self.config.total {
+            return None;
+        }
+        let due = match self.config.rate {
+            0 => self.started,
+            rate => self.started + Duration::from_secs_f64(ticket as f64 / rate as f64),
+        };
+        // A request due after the deadline is not sent (BENCH-1 bounds the run in time).
+        (due < self.deadline).then_some(due)
     }
 
     fn failed(&self, error: String) {
@@ -308,6 +323,7 @@ async fn run_async(config: BenchConfig) -> Result<Report, BenchError> {
         errors: AtomicU64::new(0),
         keys_returned: AtomicU64::new(0),
         stop: AtomicBool::new(false),
+        started,
         deadline: started + config.duration,
         first_error: Mutex::new(None),
         config,
@@ -460,8 +476,15 @@ fn put_op(key: Bytes, value: Bytes) -> RequestOp {
 async fn client(shared: &Shared, mut kv: KvClient<Channel>, index: u64) -> Histogram {
     let mut rng = Rng::new(shared.config.seed, index);
     let mut latencies = Histogram::default();
-    while shared.next_ticket() {
-        let started = Instant::now();
+    while let Some(due) = shared.next_ticket() {
+        // A paced run measures from the request's due time, so a late start counts (no
+        // coordinated omission); an unpaced one from the send.
+        let started = if shared.config.rate == 0 {
+            Instant::now()
+        } else {
+            tokio::time::sleep_until(due.into()).await;
+            due
+        };
         let outcome = one_request(shared, &mut kv, &mut rng).await;
         let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         match outcome {
@@ -606,6 +629,7 @@ mod tests {
             preload: true,
             seed: 1,
             max_errors: 10,
+            rate: 0,
             progress: false,
         };
         assert!(good.validate().is_ok());

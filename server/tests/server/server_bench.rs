@@ -139,6 +139,36 @@ fn put_range_and_txn_workloads_report_consistent_counts() {
 }
 
 #[test]
+fn a_paced_run_sends_no_more_than_its_schedule() {
+    let server = common::start_kvd(&[]);
+    // 4 requests per second for at most 5 s: tickets 0..=19 are due before the deadline,
+    // later ones are not sent, whatever --total says (BENCH-1).
+    let output = Command::new(common::kvd_binary())
+        .args(["bench", "put", "--endpoints", &server.endpoint])
+        .args([
+            "--rate",
+            "4",
+            "--duration",
+            "5s",
+            "--total",
+            "1000",
+            "--clients",
+            "2",
+        ])
+        .args(["--conns", "1", "--json", "--quiet"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let requests = number(&report, "requests");
+    assert!(
+        (1..=20).contains(&requests),
+        "{requests} requests in {report}"
+    );
+    assert_counts(&report, requests);
+}
+
+#[test]
 fn an_unreachable_endpoint_is_a_clear_error() {
     let [port, _] = common::free_ports();
     let output = Command::new(common::kvd_binary())
