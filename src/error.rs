@@ -122,6 +122,10 @@ pub enum Error {
     QuotaExceeded(String),
     /// A quota registry or record request was refused; the text is Mesos's message.
     QuotaRequest(String),
+    /// An allocation asked to be prepared while the allocation prepare queue is full, or its
+    /// role holds its fair share of it; retry after `PREPARE_QUEUE_RETRY_AFTER`. The text
+    /// starts with `kvd: prepare queue is full` and gives the count and the limit.
+    PrepareQueueFull(String),
     /// A request argument is out of its domain; the text says which.
     InvalidArgument(String),
     /// The engine is closed.
@@ -204,6 +208,16 @@ impl Error {
             _ => None,
         }
     }
+
+    /// Returns true if an allocation was refused because the allocation prepare queue is
+    /// full (or its role holds its share of it).
+    ///
+    /// ```
+    /// assert!(kvd::Error::PrepareQueueFull("kvd: prepare queue is full".into()).is_prepare_queue_full());
+    /// ```
+    pub fn is_prepare_queue_full(&self) -> bool {
+        matches!(self, Error::PrepareQueueFull(_))
+    }
 }
 
 impl fmt::Display for Error {
@@ -226,6 +240,7 @@ impl fmt::Display for Error {
             Error::Corrupt => "etcdserver: corrupt cluster",
             Error::InvalidArgument(what) => return write!(f, "kvd: invalid argument: {what}"),
             Error::QuotaExceeded(what) | Error::QuotaRequest(what) => what,
+            Error::PrepareQueueFull(what) => what,
             Error::Closed => "kvd: engine is closed",
             Error::Storage(e) => return e.fmt(f),
         };

@@ -3,6 +3,12 @@
 //!
 //! Every value starts with a format byte (1). Strings are a big-endian u32 length and UTF-8
 //! bytes; a quantity map is a u32 count of (string name, big-endian i64 milli-units).
+//!
+//! An allocation row has two formats: format 1 is a running allocation (the only kind
+//! before the prepare queue, so every older row is one, and a file that never prepares an
+//! allocation stays readable by older builds); format 2 is format 1's fields followed by
+//! one state byte (1 = preparing). A running allocation is always written as format 1. A
+//! setting row is the format byte and a big-endian u64.
 
 use std::collections::BTreeMap;
 
@@ -11,6 +17,10 @@ use crate::error::StorageError;
 use crate::quota::{QuotaConfig, ResourceLimits, ResourceQuantities, Scalar};
 
 const FORMAT: u8 = 1;
+/// The allocation row format that carries a state byte after format 1's fields.
+const ALLOCATION_FORMAT_STATE: u8 = 2;
+/// The state byte of a preparing allocation.
+const STATE_PREPARING: u8 = 1;
 
 fn corrupted(what: &str) -> StorageError {
     StorageError::Corrupted(format!("accounting row: {what}"))
@@ -69,6 +79,12 @@ impl<'a> Reader<'a> {
             );
         }
         Ok(q)
+    }
+
+    fn u64(&mut self) -> Result<u64, StorageError> {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(self.take(8)?);
+        Ok(u64::from_be_bytes(b))
     }
 
     fn format(&mut self) -> Result<(), StorageError> {
@@ -190,9 +206,14 @@ pub fn decode_reservation(value: &[u8]) -> Result<Reservation, StorageError> {
     Ok(reservation)
 }
 
-/// Encodes an allocation.
+/// Encodes an allocation: format 1 if running, format 2 with its state byte if preparing.
 pub fn encode_allocation(allocation: &Allocation) -> Vec<u8> {
-    let mut out = vec![FORMAT];
+    let format = if allocation.preparing {
+        ALLOCATION_FORMAT_STATE
+    } else {
+        FORMAT
+    };
+    let mut out = vec![format];
     put_string(&mut out, &allocation.role);
     put_string(&mut out, &allocation.agent);
     put_quantities(&mut out, &allocation.resources);
@@ -205,25 +226,55 @@ pub fn encode_allocation(allocation: &Allocation) -> Vec<u8> {
         put_string(&mut out, id);
         put_quantities(&mut out, amounts);
     }
+    if allocation.preparing {
+        out.push(STATE_PREPARING);
+    }
     out
 }
 
-/// Decodes an allocation.
+/// Decodes an allocation of either format.
 pub fn decode_allocation(value: &[u8]) -> Result<Allocation, StorageError> {
     let mut r = Reader { bytes: value };
-    r.format()?;
+    let format = r.u8()?;
+    if format != FORMAT && format != ALLOCATION_FORMAT_STATE {
+        return Err(corrupted("unknown format"));
+    }
     let (role, agent, resources) = (r.string()?, r.string()?, r.quantities()?);
     let mut drawn = BTreeMap::new();
     for _ in 0..r.u32()? {
         drawn.insert(r.string()?, r.quantities()?);
     }
+    let preparing = match format {
+        FORMAT => false,
+        _ => match r.u8()? {
+            STATE_PREPARING => true,
+            _ => return Err(corrupted("unknown allocation state")),
+        },
+    };
     r.end()?;
     Ok(Allocation {
         role,
         agent,
         resources,
         drawn,
+        preparing,
     })
+}
+
+/// Encodes a setting's value.
+pub fn encode_setting(value: u64) -> Vec<u8> {
+    let mut out = vec![FORMAT];
+    out.extend_from_slice(&value.to_be_bytes());
+    out
+}
+
+/// Decodes a setting's value.
+pub fn decode_setting(value: &[u8]) -> Result<u64, StorageError> {
+    let mut r = Reader { bytes: value };
+    r.format()?;
+    let setting = r.u64()?;
+    r.end()?;
+    Ok(setting)
 }
 
 #[cfg(test)]
@@ -248,5 +299,54 @@ mod tests {
                 "prefix of {len} bytes decoded"
             );
         }
+    }
+
+    fn allocation(preparing: bool) -> Allocation {
+        let mut resources = ResourceQuantities::default();
+        resources.add_resource("cpus", Scalar::from_units(3));
+        let mut drawn = ResourceQuantities::default();
+        drawn.add_resource("cpus", Scalar::from_units(1));
+        Allocation {
+            role: "ml".into(),
+            agent: "a1".into(),
+            resources,
+            drawn: [("r1".to_owned(), drawn)].into(),
+            preparing,
+        }
+    }
+
+    #[test]
+    fn allocation_rows_of_both_formats_round_trip_and_old_rows_decode_as_running() {
+        // A row as builds before the prepare queue wrote it, byte by byte.
+        let mut old = vec![1];
+        for s in ["ml", "a1"] {
+            old.extend_from_slice(&(s.len() as u32).to_be_bytes());
+            old.extend_from_slice(s.as_bytes());
+        }
+        let cpus = |out: &mut Vec<u8>, milli: i64| {
+            out.extend_from_slice(&1u32.to_be_bytes());
+            out.extend_from_slice(&4u32.to_be_bytes());
+            out.extend_from_slice(b"cpus");
+            out.extend_from_slice(&milli.to_be_bytes());
+        };
+        cpus(&mut old, 3000);
+        old.extend_from_slice(&1u32.to_be_bytes());
+        old.extend_from_slice(&2u32.to_be_bytes());
+        old.extend_from_slice(b"r1");
+        cpus(&mut old, 1000);
+        assert_eq!(decode_allocation(&old), Ok(allocation(false)));
+        // Running allocations are still written in the old format.
+        assert_eq!(encode_allocation(&allocation(false)), old);
+        let preparing = encode_allocation(&allocation(true));
+        assert_eq!(preparing[0], 2);
+        assert_eq!(decode_allocation(&preparing), Ok(allocation(true)));
+        for len in 0..preparing.len() {
+            assert!(decode_allocation(&preparing[..len]).is_err(), "{len} bytes");
+        }
+        let mut bad_state = preparing.clone();
+        *bad_state.last_mut().unwrap() = 7;
+        assert!(decode_allocation(&bad_state).is_err());
+        assert_eq!(decode_setting(&encode_setting(42)), Ok(42));
+        assert!(decode_setting(&encode_setting(42)[..8]).is_err());
     }
 }

@@ -44,8 +44,13 @@ impl Accounts {
             }
         }
         for a in self.allocations.values() {
+            let counter = if a.preparing {
+                Counters::of_offered
+            } else {
+                Counters::of_allocated
+            };
             for (name, value) in a.resources.iter() {
-                add(&a.role, name, Counters::of_allocated(value.milli()));
+                add(&a.role, name, counter(value.milli()));
             }
         }
         usage.retain(|_, c| !c.is_zero());
@@ -91,10 +96,12 @@ impl Accounts {
         }
     }
 
-    fn consumed(&self, role: &str, resource: &str) -> i64 {
+    /// Returns the counters of `role` and `resource` (zero if it has none).
+    fn counters(&self, role: &str, resource: &str) -> Counters {
         self.usage
             .get(&(role.to_owned(), resource.to_owned()))
-            .map_or(0, Counters::consumed)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Charges a Put of `cost` bytes to the owner of `key`; `new_key` if it was not alive.
@@ -124,8 +131,8 @@ impl Accounts {
         self.charge(&owner, KV_BYTES, delta, -1);
     }
 
-    /// Checks that charging `amounts` (resource → milli-units) to `role` keeps it and every
-    /// ancestor within their limits (ACCT-4).
+    /// Checks that charging `amounts` (resource → milli-units) to `role` keeps what it and
+    /// every ancestor hold (consumed + offered) within their limits (ACCT-4).
     pub fn check_limits(&self, role: &str, amounts: &BTreeMap<&str, i64>) -> Result<(), Error> {
         for r in chain(role) {
             let Some(config) = self.registry.get(r) else {
@@ -138,9 +145,9 @@ impl Accounts {
                 let Some(limit) = config.limits.get(resource) else {
                     continue;
                 };
-                let consumed = self.consumed(r, resource);
-                if consumed.saturating_add(*amount) > limit.milli() {
-                    return Err(exceeded(r, resource, consumed, *amount, limit));
+                let counters = self.counters(r, resource);
+                if counters.held().saturating_add(*amount) > limit.milli() {
+                    return Err(exceeded(r, resource, &counters, *amount, limit));
                 }
             }
         }
@@ -165,9 +172,9 @@ impl Accounts {
                 let keys = if *new_key { MILLI } else { 0 };
                 for (resource, amount) in [(KV_BYTES, bytes), (KV_KEYS, keys)] {
                     if let Some(limit) = config.limits.get(resource) {
-                        let consumed = self.consumed(r, resource);
-                        if amount > 0 && consumed.saturating_add(amount) > limit.milli() {
-                            return Err(exceeded(r, resource, consumed, amount, limit));
+                        let counters = self.counters(r, resource);
+                        if amount > 0 && counters.held().saturating_add(amount) > limit.milli() {
+                            return Err(exceeded(r, resource, &counters, amount, limit));
                         }
                     }
                 }
@@ -205,9 +212,9 @@ impl Accounts {
             let Some(limit) = config.limits.get(resource) else {
                 continue;
             };
-            let consumed = self.consumed(role, resource);
-            if *amount > 0 && consumed.saturating_add(*amount) > limit.milli() {
-                return Err(exceeded(role, resource, consumed, *amount, limit));
+            let counters = self.counters(role, resource);
+            if *amount > 0 && counters.held().saturating_add(*amount) > limit.milli() {
+                return Err(exceeded(role, resource, &counters, *amount, limit));
             }
         }
         Ok(())
@@ -215,11 +222,16 @@ impl Accounts {
 }
 
 /// Returns the refusal of a charge of `amount` to `role` that its `limit` on `resource` does
-/// not allow (ACCT-4); the message names all five.
-fn exceeded(role: &str, resource: &str, consumed: i64, amount: i64, limit: Scalar) -> Error {
+/// not allow (ACCT-4); the message names the role, the resource, the consumption, what
+/// preparing allocations hold (only when they hold some), the request and the limit.
+fn exceeded(role: &str, resource: &str, held: &Counters, amount: i64, limit: Scalar) -> Error {
+    let offered = match held.offered {
+        0 => String::new(),
+        milli => format!(" + offered {}", show(milli)),
+    };
     Error::QuotaExceeded(format!(
-        "kvd: quota exceeded for role '{role}': {resource} consumption {} + request {} > limit {limit}",
-        show(consumed),
+        "kvd: quota exceeded for role '{role}': {resource} consumption {}{offered} + request {} > limit {limit}",
+        show(held.consumed()),
         show(amount)
     ))
 }

@@ -18,12 +18,20 @@
 //!   stored: open rebuilds them from the index and the records (ACCT-1), which costs one pass
 //!   over the keys and spares every batch a usage-row insert per role and resource (the
 //!   benchmark measured 36% with 1,000 roles when they were stored).
-//! - ACCT-3: `consumed = allocated + reserved - reserved_in_use`; offered is shown, not
-//!   counted.
-//! - ACCT-4: a write that would take its role or an ancestor past a limit is refused before
-//!   it changes anything; deletes are never refused.
+//! - ACCT-3: `consumed = allocated + reserved - reserved_in_use`; `offered` is what
+//!   preparing allocations hold, shown apart from consumed. A role *holds* `consumed +
+//!   offered`; nothing is counted in both.
+//! - ACCT-4: a write or a record that would take what its role or an ancestor holds
+//!   (`consumed + offered + request`) past a limit is refused before it changes anything;
+//!   deletes, releases and STARTs are never refused for quota (a START moves an
+//!   allocation's resources from `offered` to `allocated`, which leaves what the role holds
+//!   as it was).
 //! - ACCT-5: a registry change that gives a role its first entry (or removes its last) moves
 //!   the consumption of the keys whose owner changes, before the limit check sees it.
+//! - ACCT-6 (the allocation prepare queue, `prepare`): with a queue length `N > 0` at most
+//!   `N` allocations are admitted preparing at once, each role within its fair share; the
+//!   count is exact at every commit, because the check runs in the apply thread inside the
+//!   write transaction that admits.
 //!
 //! Contact points: `engine::apply` calls the charge, check and record operations inside its
 //! batch; `quota` (the pure Mesos core) validates updates and formats values.
@@ -31,11 +39,12 @@
 //! Files: this one holds the types, the tables and [`Accounts`] with its load; `ledger`
 //! the usage counters (charges, limit checks, recount, drift, repair); `registry` the quota
 //! updates and the consumption they move; `records` agents, reservations and allocations
-//! (one code path for both kinds of record); `requests` the operator request type and its
-//! dispatch; `codec` the rows.
+//! (one code path for both kinds of record); `prepare` the allocation prepare queue;
+//! `requests` the operator request type and its dispatch; `codec` the rows.
 
 pub(crate) mod codec;
 mod ledger;
+mod prepare;
 mod records;
 mod registry;
 mod requests;
@@ -47,6 +56,7 @@ use crate::mvcc::index::Index;
 use crate::quota::{self, QuotaConfig, Registry, ResourceQuantities};
 use crate::storage::{RowTable, Snapshot};
 
+pub use prepare::{PREPARE_ACTIVE_WINDOW, PREPARE_QUEUE_RETRY_AFTER, PrepareQueueStatus};
 pub use records::RecordKind;
 pub use requests::AccountingRequest;
 
@@ -60,14 +70,19 @@ pub const REGISTRY_TABLE: RowTable = RowTable::new("quota_registry");
 pub const AGENTS_TABLE: RowTable = RowTable::new("agents");
 /// Reservations: id → role, agent, resources.
 pub const RESERVATIONS_TABLE: RowTable = RowTable::new("reservations");
-/// Allocations: id → role, agent, resources, what they drew from reservations.
+/// Allocations: id → role, agent, resources, what they drew from reservations, and whether
+/// they are preparing.
 pub const ALLOCATIONS_TABLE: RowTable = RowTable::new("allocations");
+/// Settings the operator changes at run time: name → value (the allocation prepare queue
+/// length).
+pub const SETTINGS_TABLE: RowTable = RowTable::new("settings");
 /// Every table of this module, for the engine to register.
-pub const TABLES: [RowTable; 4] = [
+pub const TABLES: [RowTable; 5] = [
     REGISTRY_TABLE,
     AGENTS_TABLE,
     RESERVATIONS_TABLE,
     ALLOCATIONS_TABLE,
+    SETTINGS_TABLE,
 ];
 
 /// Milli-units per byte or key of the built-in resources (1 byte = 1 unit).
@@ -82,7 +97,8 @@ pub struct Counters {
     pub reserved: i64,
     /// The part of `reserved` that allocations drew on.
     pub reserved_in_use: i64,
-    /// Offered: shown, not counted.
+    /// Offered: what preparing allocations hold; checked against limits with the
+    /// consumption, shown apart from it.
     pub offered: i64,
 }
 
@@ -111,9 +127,23 @@ impl Counters {
         }
     }
 
-    /// Returns what counts against limits (ACCT-3).
+    /// Counters with only `offered` set.
+    pub fn of_offered(milli: i64) -> Counters {
+        Counters {
+            offered: milli,
+            ..Counters::default()
+        }
+    }
+
+    /// Returns the consumption: allocations plus unallocated reservations (ACCT-3).
     pub fn consumed(&self) -> i64 {
         self.allocated + self.reserved - self.reserved_in_use
+    }
+
+    /// Returns what the role holds, what limits are checked against: the consumption plus
+    /// what preparing allocations hold (ACCT-3, ACCT-4).
+    pub fn held(&self) -> i64 {
+        self.consumed() + self.offered
     }
 
     fn is_zero(&self) -> bool {
@@ -173,6 +203,8 @@ pub struct Allocation {
     pub resources: ResourceQuantities,
     /// What it drew from each reservation, by reservation id.
     pub drawn: BTreeMap<String, ResourceQuantities>,
+    /// Preparing (its resources count as `offered`) until START; else running (`allocated`).
+    pub preparing: bool,
 }
 
 /// One role as the operator API shows it.
@@ -194,6 +226,7 @@ pub struct Accounts {
     agents: BTreeMap<String, Agent>,
     reservations: BTreeMap<String, Reservation>,
     allocations: BTreeMap<String, Allocation>,
+    prepare: prepare::PrepareQueue,
 }
 
 /// Returns `role` and its ancestors, deepest first.
@@ -225,6 +258,14 @@ impl Accounts {
                 .allocations
                 .insert(codec::decode_id(&key)?, codec::decode_allocation(&value)?);
         }
+        let mut length = None;
+        for (key, value) in snapshot.rows(SETTINGS_TABLE)? {
+            // A setting this build does not know cannot change what it does.
+            if key == prepare::PREPARE_QUEUE_LENGTH_KEY {
+                length = Some(codec::decode_setting(&value)?);
+            }
+        }
+        accounts.prepare = prepare::PrepareQueue::new(length, accounts.count_preparing());
         accounts.usage = accounts.recount(index);
         Ok(accounts)
     }

@@ -4,8 +4,14 @@
 //! charge, write the row (ACCT-2, ACCT-4). They differ in one step: an allocation draws
 //! first on its role's unallocated reservations on the same agent, and only the rest counts
 //! as new consumption (ACCT-3).
+//!
+//! An allocation may be placed *preparing*: it draws on reservations as a running one does,
+//! but its resources count as `offered` instead of `allocated`, and it takes a slot of the
+//! prepare queue (ACCT-6, `prepare`). START turns it into a running one (`offered` to
+//! `allocated`, nothing else moves), RELEASE ends either kind.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use super::{
     AGENTS_TABLE, ALLOCATIONS_TABLE, Accounts, Agent, AgentState, Allocation, Counters,
@@ -53,7 +59,10 @@ impl Accounts {
     }
 
     /// Places a reservation or an allocation of `resources` for `role` on `agent`, checked
-    /// against the limits of the role and its ancestors; on a refusal nothing changes.
+    /// against the limits of the role and its ancestors; a `prepare`d allocation is also
+    /// checked against the prepare queue at `now` (engine clock). On a refusal nothing
+    /// changes.
+    #[allow(clippy::too_many_arguments)]
     pub fn record(
         &mut self,
         kind: RecordKind,
@@ -61,12 +70,19 @@ impl Accounts {
         role: &str,
         agent: &str,
         resources: ResourceQuantities,
+        prepare: bool,
+        now: Duration,
         batch: &mut WriteBatch<'_>,
     ) -> Result<(), Error> {
         let exists = match kind {
             RecordKind::Reservation => self.reservations.contains_key(id),
             RecordKind::Allocation => self.allocations.contains_key(id),
         };
+        if prepare && kind == RecordKind::Reservation {
+            return Err(Error::QuotaRequest(
+                "Only an allocation can be prepared".into(),
+            ));
+        }
         self.check_record(id, role, agent, exists)?;
         let drawn = match kind {
             RecordKind::Reservation => BTreeMap::new(),
@@ -82,6 +98,9 @@ impl Accounts {
             })
             .collect();
         self.check_limits(role, &added)?;
+        if prepare {
+            self.prepare.check(role, now)?;
+        }
         match kind {
             RecordKind::Reservation => {
                 self.charge_each(role, &resources, Counters::of_reserved, 1);
@@ -97,23 +116,61 @@ impl Accounts {
             }
             RecordKind::Allocation => {
                 self.move_in_use(role, &drawn, 1, batch)?;
-                self.charge_each(role, &resources, Counters::of_allocated, 1);
+                let counter = if prepare {
+                    Counters::of_offered
+                } else {
+                    Counters::of_allocated
+                };
+                self.charge_each(role, &resources, counter, 1);
                 let allocation = Allocation {
                     role: role.to_owned(),
                     agent: agent.to_owned(),
                     resources,
                     drawn,
+                    preparing: prepare,
                 };
                 let row = codec::encode_allocation(&allocation);
                 batch.put_row(ALLOCATIONS_TABLE, id.as_bytes(), &row)?;
                 self.allocations.insert(id.to_owned(), allocation);
+                if prepare {
+                    self.prepare.admitted(role, now);
+                }
             }
         }
         Ok(())
     }
 
-    /// Removes a reservation no allocation draws on, or an allocation (giving back what it
-    /// drew from reservations).
+    /// Turns a preparing allocation into a running one: its resources move from `offered`
+    /// to `allocated`, in the row and the counters. Never refused for quota (ACCT-4): what
+    /// the role holds stays as it was.
+    pub fn start(&mut self, id: &str, batch: &mut WriteBatch<'_>) -> Result<(), Error> {
+        let Some(allocation) = self.allocations.get(id) else {
+            return Err(Error::QuotaRequest(format!("Unknown allocation '{id}'")));
+        };
+        if !allocation.preparing {
+            return Err(Error::QuotaRequest(format!(
+                "Allocation '{id}' is not preparing"
+            )));
+        }
+        let started = Allocation {
+            preparing: false,
+            ..allocation.clone()
+        };
+        batch.put_row(
+            ALLOCATIONS_TABLE,
+            id.as_bytes(),
+            &codec::encode_allocation(&started),
+        )?;
+        let (role, resources) = (started.role.clone(), started.resources.clone());
+        self.charge_each(&role, &resources, Counters::of_offered, -1);
+        self.charge_each(&role, &resources, Counters::of_allocated, 1);
+        self.prepare.ended(&role);
+        self.allocations.insert(id.to_owned(), started);
+        Ok(())
+    }
+
+    /// Removes a reservation no allocation draws on, or an allocation, preparing or running
+    /// (giving back what it drew from reservations, and its prepare queue slot).
     pub fn remove(
         &mut self,
         kind: RecordKind,
@@ -137,8 +194,13 @@ impl Accounts {
             RecordKind::Allocation => {
                 let allocation = self.allocations.get(id).ok_or_else(unknown)?.clone();
                 self.move_in_use(&allocation.role, &allocation.drawn, -1, batch)?;
-                let resources = &allocation.resources;
-                self.charge_each(&allocation.role, resources, Counters::of_allocated, -1);
+                let (resources, role) = (&allocation.resources, &allocation.role);
+                if allocation.preparing {
+                    self.charge_each(role, resources, Counters::of_offered, -1);
+                    self.prepare.ended(role);
+                } else {
+                    self.charge_each(role, resources, Counters::of_allocated, -1);
+                }
                 batch.delete_row(ALLOCATIONS_TABLE, id.as_bytes())?;
                 self.allocations.remove(id);
             }

@@ -63,11 +63,13 @@ impl Accounts {
             }
         }
         let moved = self.moved_usage(&tentative, index);
+        // What a role holds: preparing allocations count, since START makes them consumption
+        // without a check (ACCT-4).
         let consumption = |role: &str| {
             let mut quantities = ResourceQuantities::default();
             for ((r, resource), counters) in &moved {
                 if r == role
-                    && let Some(value) = Scalar::from_milli(counters.consumed())
+                    && let Some(value) = Scalar::from_milli(counters.held())
                 {
                     quantities.add_resource(resource, value);
                 }

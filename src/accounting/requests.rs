@@ -3,6 +3,7 @@
 //! refused request changes nothing).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use super::records::{RecordKind, parse_resources};
 use super::{Accounts, AgentState};
@@ -42,6 +43,19 @@ pub enum AccountingRequest {
         agent: String,
         /// The resources.
         resources: BTreeMap<String, f64>,
+        /// Place the allocation preparing (its resources count as offered, and it takes a
+        /// prepare queue slot) rather than running. Only allocations can be prepared.
+        prepare: bool,
+    },
+    /// Turn a preparing allocation into a running one (START).
+    Start {
+        /// The allocation id.
+        id: String,
+    },
+    /// Set the allocation prepare queue length (UPDATE_PREPARE_QUEUE); 0 turns it off.
+    UpdatePrepareQueue {
+        /// At most this many allocations preparing at once.
+        allocation_prepare_queue_length: u64,
     },
     /// Remove a reservation (UNRESERVE_RESOURCES) or an allocation (RELEASE).
     Remove {
@@ -72,19 +86,22 @@ impl AccountingRequest {
                 agent,
                 resources,
                 ..
-            } => id.len() + role.len() + agent.len() + names(&mut resources.keys()),
-            AccountingRequest::Remove { id, .. } => id.len(),
+            } => id.len() + role.len() + agent.len() + names(&mut resources.keys()) + 2,
+            AccountingRequest::Remove { id, .. } | AccountingRequest::Start { id } => id.len(),
+            AccountingRequest::UpdatePrepareQueue { .. } => 10,
             AccountingRequest::Repair => 0,
         }
     }
 
-    /// Applies the request to `accounts` in `batch`, returning the rows a repair changed
-    /// (else 0). ACCT-2: on a refusal nothing changed; a storage error is the outer error.
+    /// Applies the request to `accounts` in `batch` at `now` (engine clock, for the prepare
+    /// queue's fair share), returning the rows a repair changed (else 0). ACCT-2: on a
+    /// refusal nothing changed; a storage error is the outer error.
     pub fn apply(
         &self,
         accounts: &mut Accounts,
         quota_bytes: Option<u64>,
         index: &Index,
+        now: Duration,
         batch: &mut WriteBatch<'_>,
     ) -> Result<Result<usize, Error>, StorageError> {
         let result = match self {
@@ -104,8 +121,18 @@ impl AccountingRequest {
                 role,
                 agent,
                 resources,
+                prepare,
             } => parse_resources(resources)
-                .and_then(|resources| accounts.record(*kind, id, role, agent, resources, batch))
+                .and_then(|resources| {
+                    accounts.record(*kind, id, role, agent, resources, *prepare, now, batch)
+                })
+                .map(|()| 0),
+            AccountingRequest::Start { id } => accounts.start(id, batch).map(|()| 0),
+            AccountingRequest::UpdatePrepareQueue {
+                allocation_prepare_queue_length,
+            } => accounts
+                .set_prepare_queue_length(*allocation_prepare_queue_length, batch)
+                .map_err(Error::Storage)
                 .map(|()| 0),
             AccountingRequest::Remove { kind, id } => accounts.remove(*kind, id, batch).map(|()| 0),
             AccountingRequest::Repair => Ok(accounts.repair(index)),

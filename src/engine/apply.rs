@@ -20,7 +20,9 @@
 //!   also run only after a barrier.
 //! - APPLY-3: apply is deterministic given its inputs: the same requests in the same order
 //!   give the same history bytes. It reads no randomness; it reads the engine's `Clock` only
-//!   for lease deadlines (memory only, reset on restart) and to generate expiry revokes and
+//!   for lease deadlines (memory only, reset on restart), for the allocation prepare queue's
+//!   fair share (which roles had an allocation admitted in the last 10 s; memory only; a
+//!   replicated log would carry the time in the entry), and to generate expiry revokes and
 //!   auto-compactions, which then go through apply like client requests (a replicated log
 //!   would carry them as entries); the filesystem's free space comes from the injected
 //!   `FreeSpace`, read at most once per batch.
@@ -451,8 +453,13 @@ impl Applier {
         if index.len() > ACCT_CHECK_KEYS_MAX {
             return;
         }
-        let drift = sync::lock(&self.shared.accounts).drift(&index);
+        let accounts = sync::lock(&self.shared.accounts);
+        let drift = accounts.drift(&index);
         debug_assert!(drift.is_empty(), "ACCT-1: counters drifted: {drift:?}");
+        debug_assert!(
+            accounts.prepare_queue_agrees(),
+            "ACCT-6: prepare queue counts differ from the allocation records"
+        );
     }
 
     /// Sorts a committed batch's outcomes into the answers delivered with it and the ones
@@ -532,7 +539,9 @@ impl Applier {
                     let index = sync::read(&shared.reads.index);
                     let mut accounts = sync::lock(&shared.accounts);
                     let quota = space::quota_bytes(shared.config.quota_backend_bytes);
-                    let answer = req.apply(&mut accounts, quota, &index, b)?;
+                    // The prepare queue's fair share looks at recent admissions (APPLY-3).
+                    let now = shared.config.clock.now();
+                    let answer = req.apply(&mut accounts, quota, &index, now, b)?;
                     if answer.is_ok() {
                         a.applied_index += 1;
                         if matches!(req, AccountingRequest::UpdateQuota { .. }) {

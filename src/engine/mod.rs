@@ -46,7 +46,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use std::thread::JoinHandle;
 
-use crate::accounting::{self, AccountingRequest, Accounts, AgentState, RecordKind, RoleUsage};
+use crate::accounting::{
+    self, AccountingRequest, Accounts, AgentState, PrepareQueueStatus, RecordKind, RoleUsage,
+};
 use crate::alarm::{ALARMS_TABLE, Alarms};
 use crate::api::{
     AlarmAction, AlarmRequest, AlarmResponse, AlarmType, CompactionRequest, CompactionResponse,
@@ -153,6 +155,11 @@ pub struct Config {
     pub commit_failpoint: Option<CommitFailpoint>,
     /// etcd's `--auto-compaction-mode` and `--auto-compaction-retention`; `None` is off.
     pub auto_compaction: Option<AutoCompaction>,
+    /// The allocation prepare queue length set at start (`--allocation-prepare-queue-length`):
+    /// `Some(n)` replaces the persisted length at open (0 turns the queue off); `None` keeps
+    /// the persisted one (off if it was never set). [`Engine::prepare_queue_replaced`] says
+    /// whether it replaced one.
+    pub allocation_prepare_queue_length: Option<u64>,
 }
 
 impl Default for Config {
@@ -177,6 +184,7 @@ impl Default for Config {
             defrag_failpoint: None,
             commit_failpoint: None,
             auto_compaction: None,
+            allocation_prepare_queue_length: None,
         }
     }
 }
@@ -351,9 +359,20 @@ pub struct Engine {
     running: Option<Running>,
 }
 
+/// What `Config::allocation_prepare_queue_length` did at open: the persisted length it
+/// replaced (`None` if none was ever set) and the length now in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrepareQueueReplaced {
+    /// The length persisted before this open, if any.
+    pub previous: Option<u64>,
+    /// The length set at open, now persisted.
+    pub length: u64,
+}
+
 #[derive(Debug)]
 struct Running {
     shared: Arc<Shared>,
+    prepare_queue_replaced: Option<PrepareQueueReplaced>,
     proposals: Arc<Mailbox<Queued>>,
     /// The role of writes without a key and of defrag steps.
     star: Name,
@@ -396,7 +415,12 @@ impl Engine {
         // Conservative until the apply thread's first measurement (SPACE-3, SPACE-4): the
         // pages in use never exceed the file.
         let in_use = store.file_size()?;
-        let accounts = Accounts::load(&store.snapshot()?, &recovered.index)?;
+        let mut accounts = Accounts::load(&store.snapshot()?, &recovered.index)?;
+        let prepare_queue_replaced = configure_prepare_queue(
+            &store,
+            &mut accounts,
+            config.allocation_prepare_queue_length,
+        )?;
         let owners: BTreeSet<String> = accounts.registry().keys().cloned().collect();
         let (prepare_queue_length, clock) = (config.prepare_queue_length, config.clock.clone());
         let reads = Arc::new(ReadState {
@@ -458,6 +482,7 @@ impl Engine {
         Ok(Engine {
             running: Some(Running {
                 shared,
+                prepare_queue_replaced,
                 proposals,
                 star: Name::from(STAR_ROLE),
                 apply_thread,
@@ -983,7 +1008,7 @@ impl Engine {
         agent: &str,
         resources: BTreeMap<String, f64>,
     ) -> Result<()> {
-        self.record(RecordKind::Reservation, id, role, agent, resources)
+        self.record(RecordKind::Reservation, id, role, agent, resources, false)
     }
 
     /// Removes a reservation that no allocation draws on (UNRESERVE_RESOURCES).
@@ -1000,16 +1025,53 @@ impl Engine {
         agent: &str,
         resources: BTreeMap<String, f64>,
     ) -> Result<()> {
-        self.record(RecordKind::Allocation, id, role, agent, resources)
+        self.record(RecordKind::Allocation, id, role, agent, resources, false)
     }
 
-    /// Removes an allocation (RELEASE).
+    /// Places an allocation *preparing* (ALLOCATE with `prepare`): checked and drawn as
+    /// [`Engine::allocate`], but its resources count as the role's `offered` until
+    /// [`Engine::start_allocation`], and it takes a slot of the allocation prepare queue.
+    /// Refused with [`Error::PrepareQueueFull`] when the queue is full or the role holds its
+    /// fair share of it.
+    ///
+    /// ```
+    /// # use std::collections::BTreeMap;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let config = kvd::Config { allocation_prepare_queue_length: Some(1), ..kvd::Config::default() };
+    /// let engine = kvd::Engine::open(dir.path(), config).unwrap();
+    /// engine.register_agent("a1", kvd::AgentState::Registered, BTreeMap::new()).unwrap();
+    /// let cpus = BTreeMap::from([("cpus".to_owned(), 1.0)]);
+    /// engine.prepare_allocation("x1", "ml", "a1", cpus.clone()).unwrap();
+    /// let full = engine.prepare_allocation("x2", "ml", "a1", cpus.clone()).unwrap_err();
+    /// assert!(full.is_prepare_queue_full());
+    /// engine.start_allocation("x1").unwrap();
+    /// engine.prepare_allocation("x2", "ml", "a1", cpus).unwrap();
+    /// ```
+    pub fn prepare_allocation(
+        &self,
+        id: &str,
+        role: &str,
+        agent: &str,
+        resources: BTreeMap<String, f64>,
+    ) -> Result<()> {
+        self.record(RecordKind::Allocation, id, role, agent, resources, true)
+    }
+
+    /// Turns a preparing allocation into a running one (START): its resources move from
+    /// `offered` to `allocated` in one transaction, and its prepare queue slot is free.
+    /// Never refused for quota.
+    pub fn start_allocation(&self, id: &str) -> Result<()> {
+        self.apply_accounting(AccountingRequest::Start { id: id.to_owned() })
+            .map(drop)
+    }
+
+    /// Removes an allocation, preparing or running (RELEASE).
     pub fn release(&self, id: &str) -> Result<()> {
         self.remove_record(RecordKind::Allocation, id)
     }
 
-    /// Places a record of `kind`: the one path behind [`Engine::reserve`] and
-    /// [`Engine::allocate`].
+    /// Places a record of `kind`, an allocation `prepare`d or not: the one path behind
+    /// [`Engine::reserve`], [`Engine::allocate`] and [`Engine::prepare_allocation`].
     pub fn record(
         &self,
         kind: RecordKind,
@@ -1017,6 +1079,7 @@ impl Engine {
         role: &str,
         agent: &str,
         resources: BTreeMap<String, f64>,
+        prepare: bool,
     ) -> Result<()> {
         let request = AccountingRequest::Record {
             kind,
@@ -1024,6 +1087,7 @@ impl Engine {
             role: role.to_owned(),
             agent: agent.to_owned(),
             resources,
+            prepare,
         };
         self.apply_accounting(request).map(drop)
     }
@@ -1036,6 +1100,29 @@ impl Engine {
             id: id.to_owned(),
         };
         self.apply_accounting(request).map(drop)
+    }
+
+    /// Sets the allocation prepare queue length at run time (UPDATE_PREPARE_QUEUE), persisted
+    /// in the transaction that sets it; 0 turns the queue off. Lowering it below the number
+    /// preparing cancels nothing: new entries are refused until the number falls.
+    pub fn update_prepare_queue(&self, allocation_prepare_queue_length: u64) -> Result<()> {
+        self.apply_accounting(AccountingRequest::UpdatePrepareQueue {
+            allocation_prepare_queue_length,
+        })
+        .map(drop)
+    }
+
+    /// Returns the allocation prepare queue: its length and what is preparing, by role.
+    /// Reads the state the apply thread left, so it never waits behind writes.
+    pub fn allocation_prepare_queue(&self) -> Result<PrepareQueueStatus> {
+        Ok(crate::sync::lock(&self.shared()?.accounts).prepare_queue())
+    }
+
+    /// Returns what `Config::allocation_prepare_queue_length` did at open: `None` if it was
+    /// not set (the persisted length was kept), else the length it replaced and the new one.
+    pub fn prepare_queue_replaced(&self) -> Result<Option<PrepareQueueReplaced>> {
+        let running = self.running.as_ref().ok_or(Error::Closed)?;
+        Ok(running.prepare_queue_replaced)
     }
 
     /// Returns the differences between the consumption counters and a full recount from the
@@ -1177,6 +1264,24 @@ impl Engine {
             queued.proposal.refuse(Error::Closed);
         }
     }
+}
+
+/// Applies the allocation prepare queue length the configuration sets at open, if any:
+/// writes its settings row in one durable commit (before any write of the apply thread)
+/// unless it is already the persisted one, and returns what it replaced.
+fn configure_prepare_queue(
+    store: &Store,
+    accounts: &mut Accounts,
+    configured: Option<u64>,
+) -> Result<Option<PrepareQueueReplaced>> {
+    let Some(length) = configured else {
+        return Ok(None);
+    };
+    let previous = accounts.stored_prepare_queue_length();
+    if previous != Some(length) {
+        store.write(|batch| accounts.set_prepare_queue_length(length, batch))?;
+    }
+    Ok(Some(PrepareQueueReplaced { previous, length }))
 }
 
 /// Runs `submit` with a completion that hands the answer to this thread, and waits for it:
