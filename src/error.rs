@@ -201,10 +201,19 @@ impl Error {
         matches!(self, Error::TooManyRequests { .. })
     }
 
-    /// Returns the retry hint of a refusal that has one (`TooManyRequests`).
+    /// Returns the retry hint of a refusal that has one: `TooManyRequests`, and
+    /// `PrepareQueueFull` (`PREPARE_QUEUE_RETRY_AFTER`, Velero's requeue interval).
+    ///
+    /// ```
+    /// let err = kvd::Error::PrepareQueueFull("kvd: prepare queue is full".into());
+    /// assert_eq!(err.retry_after_ms(), Some(5_000));
+    /// ```
     pub fn retry_after_ms(&self) -> Option<u64> {
         match self {
             Error::TooManyRequests { retry_after_ms } => Some(*retry_after_ms),
+            Error::PrepareQueueFull(_) => {
+                u64::try_from(crate::accounting::PREPARE_QUEUE_RETRY_AFTER.as_millis()).ok()
+            }
             _ => None,
         }
     }

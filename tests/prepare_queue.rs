@@ -70,11 +70,17 @@ fn assert_refused_unchanged(
     refused: impl FnOnce() -> kvd::Result<()>,
     message: &str,
 ) {
-    let before = (engine.roles().unwrap(), engine.allocation_prepare_queue().unwrap());
+    let before = (
+        engine.roles().unwrap(),
+        engine.allocation_prepare_queue().unwrap(),
+    );
     let err = refused().unwrap_err();
     assert!(err.is_prepare_queue_full(), "{err}");
     assert_eq!(err.to_string(), message);
-    let after = (engine.roles().unwrap(), engine.allocation_prepare_queue().unwrap());
+    let after = (
+        engine.roles().unwrap(),
+        engine.allocation_prepare_queue().unwrap(),
+    );
     assert_eq!(before, after, "a refused ALLOCATE changed something");
 }
 
@@ -453,7 +459,10 @@ fn the_count_is_exact_under_concurrent_allocates_from_several_roles() {
     let engine = Arc::try_unwrap(engine).unwrap();
     engine.close().unwrap();
     let engine = Engine::open(dir.path(), config(None)).unwrap();
-    assert_eq!(engine.allocation_prepare_queue().unwrap().by_role, outstanding);
+    assert_eq!(
+        engine.allocation_prepare_queue().unwrap().by_role,
+        outstanding
+    );
 }
 
 #[test]

@@ -219,6 +219,7 @@ async fn metrics_text(State(shared): State<Shared>) -> Response {
                 leases: engine.lease_leases()?.leases.len(),
                 roles: engine.roles()?,
                 apply: engine.apply_stats()?,
+                allocation_prepare_queue: engine.allocation_prepare_queue()?,
             })
         })
         .await

@@ -97,6 +97,9 @@ pub struct ServerConfig {
     pub max_txn_ops: usize,
     /// The bound of the write prepare queue (`--prepare-queue-length`); at least 1.
     pub prepare_queue_length: i64,
+    /// The allocation prepare queue length (`--allocation-prepare-queue-length`): `Some`
+    /// replaces the persisted one, `None` keeps it.
+    pub allocation_prepare_queue_length: Option<u64>,
 }
 
 /// Default of `--prepare-queue-length` (etcd's gap between committed and applied entries).
@@ -155,6 +158,7 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
         prepare_queue_length,
         quota_backend_bytes: config.quota_backend_bytes,
         auto_compaction: config.auto_compaction,
+        allocation_prepare_queue_length: config.allocation_prepare_queue_length,
         ..Config::default()
     };
     if kvd::space_quota_bytes(config.quota_backend_bytes).is_some_and(|q| q > QUOTA_BYTES_WARN) {
@@ -165,6 +169,7 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
         );
     }
     let engine = Engine::open(&config.data_dir, engine_config).map_err(ServerError::Engine)?;
+    log_prepare_queue(&engine);
     // SRV-4: the engine holds the directory's lock from here on.
     let identity = identity::load_or_create(&config.data_dir).map_err(ServerError::Identity)?;
     let engine = Arc::new(engine);
@@ -183,6 +188,26 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
     let closed = close_engine(engine);
     served?;
     closed
+}
+
+/// Logs the allocation prepare queue length in force, and whether the flag replaced the
+/// persisted one.
+fn log_prepare_queue(engine: &Engine) {
+    let length = engine
+        .allocation_prepare_queue()
+        .map(|q| q.length)
+        .unwrap_or(0);
+    match engine.prepare_queue_replaced() {
+        Ok(Some(replaced)) => tracing::info!(
+            previous = ?replaced.previous,
+            allocation_prepare_queue_length = replaced.length,
+            "--allocation-prepare-queue-length replaced the persisted allocation prepare queue length"
+        ),
+        _ => tracing::info!(
+            allocation_prepare_queue_length = length,
+            "allocation prepare queue length kept from the data directory (0 is off)"
+        ),
+    }
 }
 
 /// Returns the `host:port` to bind for a client URL; only `http://` is served.

@@ -115,6 +115,8 @@ pub struct EngineGauges {
     pub roles: Vec<RoleUsage>,
     /// The write queue and the group-commit batch sizes.
     pub apply: kvd::ApplyStats,
+    /// The allocation prepare queue: its length and the allocations preparing.
+    pub allocation_prepare_queue: kvd::PrepareQueueStatus,
 }
 
 /// The long-lived gRPC streams open at scrape time.
@@ -197,6 +199,28 @@ fn render_engine(out: &mut String, engine: Option<&EngineGauges>) {
         );
     }
     render_apply(out, &engine.apply);
+    render_allocation_prepare_queue(out, &engine.allocation_prepare_queue);
+}
+
+/// The allocation prepare queue: allocations preparing and the queue length.
+fn render_allocation_prepare_queue(out: &mut String, queue: &kvd::PrepareQueueStatus) {
+    for (name, help, value) in [
+        (
+            "kvd_allocation_prepare_queue_depth",
+            "Allocations preparing (admitted with prepare, not yet started or released).",
+            queue.preparing,
+        ),
+        (
+            "kvd_allocation_prepare_queue_capacity",
+            "The allocation prepare queue length (0 when the queue is off).",
+            queue.length,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+        );
+    }
 }
 
 /// The writes in flight (admitted, not yet answered) and the commits by batch size.
@@ -549,6 +573,11 @@ mod tests {
                     refused: 9,
                 }],
             },
+            allocation_prepare_queue: kvd::PrepareQueueStatus {
+                length: 8,
+                preparing: 3,
+                by_role: BTreeMap::new(),
+            },
         };
         let streams = StreamGauges {
             watch: 1,
@@ -569,6 +598,8 @@ mod tests {
             "kvd_prepare_queue_capacity 5000",
             "kvd_prepare_queue_depth{role=\"greedy\"} 5",
             "kvd_too_many_requests_total{role=\"greedy\"} 9",
+            "kvd_allocation_prepare_queue_depth 3",
+            "kvd_allocation_prepare_queue_capacity 8",
             "kvd_group_commit_batches_total{requests_at_most=\"1\"} 3",
             "kvd_group_commit_batches_total{requests_at_most=\"+Inf\"} 1",
         ] {

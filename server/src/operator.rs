@@ -1,7 +1,8 @@
 //! The operator API on the client port: Mesos's v1 operator calls for quota on
 //! `POST /api/v1` (`UPDATE_QUOTA`, `GET_QUOTA`), kvd's calls for agents, reservations,
-//! allocations and consumption reconciliation on the same endpoint, and Mesos's `GET /roles`
-//! (`docs/api.md` is the reference with examples).
+//! allocations (preparing ones, `START`, and the allocation prepare queue length,
+//! `UPDATE_PREPARE_QUEUE`) and consumption reconciliation on the same endpoint, and Mesos's
+//! `GET /roles` (`docs/api.md` is the reference with examples).
 //!
 //! Owns: the JSON shapes of these requests and answers, the decoding of a request and the
 //! messages for a malformed one, and the HTTP code of every engine error an operator call can
@@ -17,7 +18,8 @@
 //! - OPS-3: every engine error becomes an HTTP answer through one exhaustive `match` with no
 //!   `_` arm ([`http_code`]). A refused request (`QuotaRequest`, `QuotaExceeded`) is a 400
 //!   whose plain-text body is the engine's message verbatim: Mesos's text for UPDATE_QUOTA,
-//!   which operators and clients match.
+//!   which operators and clients match. A full allocation prepare queue is a 429 with
+//!   `Retry-After` (the engine's `PREPARE_QUEUE_RETRY_AFTER`, Velero's requeue interval).
 //! - OPS-4: a scalar is printed as Mesos prints it (QUOTA-2: three decimals, then fifteen
 //!   significant digits), as a JSON integer when that is whole (`{"value":1}`), else as the
 //!   shortest decimal that reads back as it (`1.2345` was stored as `1.235` and prints
@@ -28,7 +30,8 @@
 //!
 //! Contact points: `server::http` routes `POST /api/v1` to [`api`] and `GET /roles` to
 //! [`roles`]; the engine's quota methods (`Engine::update_quota`, `get_quota`, `roles`,
-//! `register_agent`, `reserve`, `unreserve`, `allocate`, `release`, `consumption_drift`,
+//! `register_agent`, `reserve`, `unreserve`, `allocate`, `prepare_allocation`,
+//! `start_allocation`, `release`, `update_prepare_queue`, `consumption_drift`,
 //! `repair_consumption`) do the work; `server::metrics` renders the same registry and
 //! consumption as Prometheus gauges.
 
@@ -58,14 +61,16 @@ const ROOT_PATH: &str = "Call";
 /// The only media type the API reads and writes.
 const JSON_MEDIA_TYPE: &str = "application/json";
 /// The call types `POST /api/v1` serves, as the unknown-type message lists them.
-const CALL_TYPES: [&str; 8] = [
+const CALL_TYPES: [&str; 10] = [
     "GET_QUOTA",
     "UPDATE_QUOTA",
     "REGISTER_AGENT",
     "RESERVE_RESOURCES",
     "UNRESERVE_RESOURCES",
     "ALLOCATE",
+    "START",
     "RELEASE",
+    "UPDATE_PREPARE_QUEUE",
     "RECONCILE_CONSUMPTION",
 ];
 /// Whole doubles below this are exact integers (2^53).
@@ -120,7 +125,8 @@ impl Refusal {
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         let mut response = (self.code, self.message).into_response();
-        response.headers_mut().insert(
+        let headers = response.headers_mut();
+        headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
@@ -141,7 +147,7 @@ fn http_code(err: &Error) -> StatusCode {
             StatusCode::BAD_REQUEST
         }
         Error::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        Error::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+        Error::TooManyRequests { .. } | Error::PrepareQueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
         Error::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
         Error::Corrupt | Error::Closed => StatusCode::SERVICE_UNAVAILABLE,
         // Key and lease errors: no operator call produces them. Should one arrive, it refused
@@ -256,8 +262,18 @@ fn decode_value(value: &Value) -> Result<Call, Refusal> {
         "REGISTER_AGENT" => decode_agent(&required(&call, &field)?),
         "RESERVE_RESOURCES" => decode_record(RecordKind::Reservation, &required(&call, &field)?),
         "ALLOCATE" => decode_record(RecordKind::Allocation, &required(&call, &field)?),
+        "START" => required(&call, &field)?
+            .required_string("id")
+            .map(|id| Call::Write(AccountingRequest::Start { id: id.to_owned() })),
         "UNRESERVE_RESOURCES" => decode_removal(RecordKind::Reservation, &required(&call, &field)?),
         "RELEASE" => decode_removal(RecordKind::Allocation, &required(&call, &field)?),
+        "UPDATE_PREPARE_QUEUE" => required(&call, &field)?
+            .required_u64("allocation_prepare_queue_length")
+            .map(|allocation_prepare_queue_length| {
+                Call::Write(AccountingRequest::UpdatePrepareQueue {
+                    allocation_prepare_queue_length,
+                })
+            }),
         "RECONCILE_CONSUMPTION" => match call.object(&field).map_err(convert)? {
             Some(f) => f.bool("repair").map(|repair| Call::ReconcileConsumption {
                 repair: repair.unwrap_or(false),
@@ -321,14 +337,21 @@ fn decode_agent(fields: &Fields<'_>) -> Result<Call, String> {
     }))
 }
 
-/// Decodes RESERVE_RESOURCES or ALLOCATE: the id, role, agent and resources of a record.
+/// Decodes RESERVE_RESOURCES or ALLOCATE: the id, role, agent and resources of a record,
+/// and for ALLOCATE whether it is `prepare`d (RESERVE_RESOURCES ignores the field, as any
+/// unknown field).
 fn decode_record(kind: RecordKind, fields: &Fields<'_>) -> Result<Call, String> {
+    let prepare = match kind {
+        RecordKind::Allocation => fields.bool("prepare")?.unwrap_or(false),
+        RecordKind::Reservation => false,
+    };
     Ok(Call::Write(AccountingRequest::Record {
         kind,
         id: fields.required_string("id")?.to_owned(),
         role: fields.required_string("role")?.to_owned(),
         agent: fields.required_string("agent_id")?.to_owned(),
         resources: fields.scalars("resources")?,
+        prepare,
     }))
 }
 
@@ -382,6 +405,24 @@ impl<'a> Fields<'a> {
     fn required_string(&self, name: &str) -> Result<&'a str, String> {
         self.string(name)?
             .ok_or_else(|| format!("Missing required fields: {}", self.field_path(name)))
+    }
+
+    /// Returns the required non-negative integer `name`: a JSON number, or a string holding
+    /// one (protobuf's JSON form of a 64-bit integer).
+    fn required_u64(&self, name: &str) -> Result<u64, String> {
+        let path = self.field_path(name);
+        let parsed = match self.get(name) {
+            None => return Err(format!("Missing required fields: {path}")),
+            Some(Value::Number(n)) => n.as_u64(),
+            Some(Value::String(s)) => s.trim().parse::<u64>().ok(),
+            Some(other) => return Err(wrong_type("number", other, &path)),
+        };
+        parsed.ok_or_else(|| {
+            format!(
+                "Failed to parse {} as a non-negative integer for field '{path}'",
+                self.get(name).map_or_else(String::new, Value::to_string)
+            )
+        })
     }
 
     fn bool(&self, name: &str) -> Result<Option<bool>, String> {
@@ -758,6 +799,84 @@ mod tests {
         };
         assert_eq!(configs[0].limits["mem"], 2.0);
         assert!(configs[0].limits["cpus"].is_infinite());
+    }
+
+    #[test]
+    fn prepare_queue_calls_decode() {
+        let allocate = |prepare: &str| {
+            decode(&format!(
+                r#"{{"type":"ALLOCATE","allocate":{{"id":"x","role":"r","agent_id":"a"{prepare}}}}}"#
+            ))
+        };
+        let record = |prepare| {
+            Ok(Call::Write(AccountingRequest::Record {
+                kind: RecordKind::Allocation,
+                id: "x".into(),
+                role: "r".into(),
+                agent: "a".into(),
+                resources: BTreeMap::new(),
+                prepare,
+            }))
+        };
+        assert_eq!(allocate(""), record(false));
+        assert_eq!(allocate(r#","prepare":true"#), record(true));
+        assert_eq!(
+            decode(r#"{"type":"START","start":{"id":"x"}}"#),
+            Ok(Call::Write(AccountingRequest::Start { id: "x".into() }))
+        );
+        for length in ["4", r#""4""#] {
+            assert_eq!(
+                decode(&format!(
+                    r#"{{"type":"UPDATE_PREPARE_QUEUE","update_prepare_queue":{{"allocation_prepare_queue_length":{length}}}}}"#
+                )),
+                Ok(Call::Write(AccountingRequest::UpdatePrepareQueue {
+                    allocation_prepare_queue_length: 4
+                }))
+            );
+        }
+        let field = "update_prepare_queue.allocation_prepare_queue_length";
+        for (length, message) in [
+            (
+                "-1",
+                format!("Failed to parse -1 as a non-negative integer for field '{field}'"),
+            ),
+            (
+                "1.5",
+                format!("Failed to parse 1.5 as a non-negative integer for field '{field}'"),
+            ),
+            (
+                "true",
+                format!("Expecting a JSON number for field '{field}', found a JSON boolean"),
+            ),
+        ] {
+            assert_eq!(
+                decode(&format!(
+                    r#"{{"type":"UPDATE_PREPARE_QUEUE","update_prepare_queue":{{"allocation_prepare_queue_length":{length}}}}}"#
+                )),
+                Err(format!("{CONVERT_PREFIX}{message}"))
+            );
+        }
+        assert_eq!(
+            decode(r#"{"type":"UPDATE_PREPARE_QUEUE","update_prepare_queue":{}}"#),
+            Err(format!("{CONVERT_PREFIX}Missing required fields: {field}"))
+        );
+        assert_eq!(
+            decode(r#"{"type":"START"}"#),
+            Err("Failed to validate master::Call: Expecting 'start' to be present".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_full_prepare_queue_is_a_429_with_retry_after() {
+        let refusal = Refusal::from_engine(&Error::PrepareQueueFull(
+            "kvd: prepare queue is full".into(),
+        ));
+        assert_eq!(refusal.code, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refusal.retry_after_secs, Some(5));
+        let response = refusal.into_response();
+        assert_eq!(response.headers()[header::RETRY_AFTER], "5");
+        let quota = Refusal::from_engine(&Error::QuotaExceeded("x".into())).into_response();
+        assert!(quota.headers().get(header::RETRY_AFTER).is_none());
     }
 
     #[test]

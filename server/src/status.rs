@@ -54,7 +54,10 @@ fn code_of(err: &Error) -> Code {
         // client recognises it by its text. kvd answers `ResourceExhausted`, the code a
         // client can act on, with the same text and a retry hint (STATUS-1).
         Error::TooManyRequests { .. } => Code::ResourceExhausted,
-        Error::NoSpace | Error::QuotaExceeded(_) => Code::ResourceExhausted,
+        // No gRPC call allocates; should one, a full prepare queue is a resource to retry.
+        Error::NoSpace | Error::QuotaExceeded(_) | Error::PrepareQueueFull(_) => {
+            Code::ResourceExhausted
+        }
         Error::QuotaRequest(_) => Code::InvalidArgument,
         Error::Corrupt => Code::DataLoss,
         // etcd's "server stopped" is Unavailable: the client may try another endpoint.

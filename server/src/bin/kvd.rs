@@ -125,6 +125,12 @@ mod cli {
         #[arg(long, value_name = "RETENTION", default_value = "0")]
         auto_compaction_retention: String,
 
+        /// Most allocations preparing at once (ALLOCATE with "prepare"), across all roles,
+        /// each role within its fair share; 0 turns the queue off. Persisted: a start
+        /// without the flag keeps the last value set (by a flag or UPDATE_PREPARE_QUEUE).
+        #[arg(long, value_name = "N", allow_negative_numbers = true)]
+        allocation_prepare_queue_length: Option<i64>,
+
         /// Log level: debug, info, warn or error. Debug logs one line per gRPC request.
         #[arg(long, value_name = "LEVEL", default_value = "info")]
         log_level: tracing::Level,
@@ -328,7 +334,20 @@ mod cli {
                 return ExitCode::FAILURE;
             }
         };
+        let allocation_prepare_queue_length = match flags.allocation_prepare_queue_length {
+            None => None,
+            Some(n) => match u64::try_from(n) {
+                Ok(n) => Some(n),
+                Err(_) => {
+                    eprintln!(
+                        "kvd: --allocation-prepare-queue-length must be 0 (off) or more, not {n}"
+                    );
+                    return ExitCode::FAILURE;
+                }
+            },
+        };
         let config = kvd_server::ServerConfig {
+            allocation_prepare_queue_length,
             auto_compaction,
             data_dir: flags.data_dir,
             name: flags.name,

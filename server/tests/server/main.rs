@@ -13,6 +13,8 @@
 //! - `server_lease_watch`: the Lease and Watch services over the wire.
 //! - `server_nospace`: the NOSPACE story through etcdctl, and `snapshot save`.
 //! - `server_operator`: the quota operator API over HTTP and its enforcement on the etcd API.
+//! - `server_prepare_queue`: the allocation prepare queue over HTTP (ALLOCATE with
+//!   `prepare`, START, UPDATE_PREPARE_QUEUE, 429 with `Retry-After`, the flag).
 //! - `server_process`: the kvd process (signals, restart, a shared data directory, flag
 //!   errors, the HTTP routes).
 //! - `server_wire`: bad and unusual input over the wire, and the shape of the answers.
@@ -31,5 +33,6 @@ mod server_bench;
 mod server_lease_watch;
 mod server_nospace;
 mod server_operator;
+mod server_prepare_queue;
 mod server_process;
 mod server_wire;
