@@ -490,3 +490,41 @@ fn the_prepare_flag_travels_in_the_one_record_request() {
         .unwrap();
     assert_eq!(engine.allocation_prepare_queue().unwrap().length, 7);
 }
+
+#[test]
+fn the_worked_example_of_quota_md_with_a_preparing_allocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir, None);
+    let ml = RawQuotaConfig {
+        guarantees: cpus(2.0),
+        ..limit("ml", 8.0)
+    };
+    engine.update_quota(vec![ml], false).unwrap();
+    engine.reserve("r1", "ml", "a1", cpus(4.0)).unwrap();
+    let team = BTreeMap::from([("cpus".to_owned(), 1.0), ("mem".to_owned(), 512.0)]);
+    engine.reserve("r2", "ml/team", "a1", team).unwrap();
+    engine
+        .prepare_allocation("p1", "ml", "a1", cpus(6.0))
+        .unwrap();
+    let c = counters(&engine, "ml");
+    assert_eq!(
+        (
+            c.offered,
+            c.reserved,
+            c.reserved_in_use,
+            c.consumed(),
+            c.held()
+        ),
+        (6_000, 5_000, 4_000, 1_000, 7_000)
+    );
+    assert_eq!(
+        engine
+            .allocate("x2", "ml", "a1", cpus(2.0))
+            .unwrap_err()
+            .to_string(),
+        "kvd: quota exceeded for role 'ml': cpus consumption 1 + offered 6 + request 2 > limit 8"
+    );
+    engine.start_allocation("p1").unwrap();
+    let c = counters(&engine, "ml");
+    assert_eq!((c.allocated, c.offered, c.consumed()), (6_000, 0, 7_000));
+}
