@@ -123,9 +123,9 @@ pub enum Error {
     /// A quota registry or record request was refused; the text is Mesos's message.
     QuotaRequest(String),
     /// An allocation asked to be prepared while the allocation prepare queue is full, or its
-    /// role holds its fair share of it; retry after `PREPARE_QUEUE_RETRY_AFTER`. The text
+    /// role holds its fair share of it; retry after `ALLOCATION_RETRY_AFTER`. The text
     /// starts with `kvd: prepare queue is full` and gives the count and the limit.
-    PrepareQueueFull(String),
+    AllocationPrepareQueueFull(String),
     /// A request argument is out of its domain; the text says which.
     InvalidArgument(String),
     /// The engine is closed.
@@ -202,17 +202,17 @@ impl Error {
     }
 
     /// Returns the retry hint of a refusal that has one: `TooManyRequests`, and
-    /// `PrepareQueueFull` (`PREPARE_QUEUE_RETRY_AFTER`, Velero's requeue interval).
+    /// `AllocationPrepareQueueFull` (`ALLOCATION_RETRY_AFTER`, Velero's requeue interval).
     ///
     /// ```
-    /// let err = kvd::Error::PrepareQueueFull("kvd: prepare queue is full".into());
+    /// let err = kvd::Error::AllocationPrepareQueueFull("kvd: prepare queue is full".into());
     /// assert_eq!(err.retry_after_ms(), Some(5_000));
     /// ```
     pub fn retry_after_ms(&self) -> Option<u64> {
         match self {
             Error::TooManyRequests { retry_after_ms } => Some(*retry_after_ms),
-            Error::PrepareQueueFull(_) => {
-                u64::try_from(crate::accounting::PREPARE_QUEUE_RETRY_AFTER.as_millis()).ok()
+            Error::AllocationPrepareQueueFull(_) => {
+                u64::try_from(crate::accounting::ALLOCATION_RETRY_AFTER.as_millis()).ok()
             }
             _ => None,
         }
@@ -222,10 +222,10 @@ impl Error {
     /// full (or its role holds its share of it).
     ///
     /// ```
-    /// assert!(kvd::Error::PrepareQueueFull("kvd: prepare queue is full".into()).is_prepare_queue_full());
+    /// assert!(kvd::Error::AllocationPrepareQueueFull("kvd: prepare queue is full".into()).is_allocation_prepare_queue_full());
     /// ```
-    pub fn is_prepare_queue_full(&self) -> bool {
-        matches!(self, Error::PrepareQueueFull(_))
+    pub fn is_allocation_prepare_queue_full(&self) -> bool {
+        matches!(self, Error::AllocationPrepareQueueFull(_))
     }
 }
 
@@ -249,7 +249,7 @@ impl fmt::Display for Error {
             Error::Corrupt => "etcdserver: corrupt cluster",
             Error::InvalidArgument(what) => return write!(f, "kvd: invalid argument: {what}"),
             Error::QuotaExceeded(what) | Error::QuotaRequest(what) => what,
-            Error::PrepareQueueFull(what) => what,
+            Error::AllocationPrepareQueueFull(what) => what,
             Error::Closed => "kvd: engine is closed",
             Error::Storage(e) => return e.fmt(f),
         };

@@ -34,14 +34,14 @@ pub mod sync;
 mod watch;
 
 pub use accounting::{
-    AccountingRequest, AgentState, Counters, KV_BYTES, KV_KEYS, PREPARE_ACTIVE_WINDOW,
-    PREPARE_QUEUE_RETRY_AFTER, PrepareQueueStatus, RecordKind, RoleUsage,
+    ALLOCATION_ACTIVE_WINDOW, ALLOCATION_RETRY_AFTER, AccountingRequest, AgentState,
+    AllocationPrepareQueue, Counters, KV_BYTES, KV_KEYS, RecordKind, RoleUsage,
 };
 pub use api::*;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{
-    ApplyStats, AutoCompaction, CommitFailpoint, CommitStep, Completion, Config, DefragFailpoint,
-    Engine, PrepareQueueReplaced, RoleQueue, WriteRequest, write_cost,
+    AllocationPrepareQueueReplaced, ApplyStats, AutoCompaction, CommitFailpoint, CommitStep,
+    Completion, Config, DefragFailpoint, Engine, RoleQueue, WriteRequest, write_cost,
 };
 pub use error::{Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use kvd::quota::RawQuotaConfig;
 use kvd::{
-    AccountingRequest, AgentState, Config, Counters, Engine, Error, ManualClock,
-    PREPARE_ACTIVE_WINDOW, PrepareQueueReplaced, RecordKind,
+    ALLOCATION_ACTIVE_WINDOW, AccountingRequest, AgentState, AllocationPrepareQueueReplaced,
+    Config, Counters, Engine, Error, ManualClock, RecordKind,
 };
 
 fn config(length: Option<u64>) -> Config {
@@ -75,7 +75,7 @@ fn assert_refused_unchanged(
         engine.allocation_prepare_queue().unwrap(),
     );
     let err = refused().unwrap_err();
-    assert!(err.is_prepare_queue_full(), "{err}");
+    assert!(err.is_allocation_prepare_queue_full(), "{err}");
     assert_eq!(err.to_string(), message);
     let after = (
         engine.roles().unwrap(),
@@ -217,11 +217,14 @@ fn offered_is_shown_checked_against_limits_and_moves_to_allocated_on_start() {
 fn the_queue_length_survives_restarts_and_a_start_flag_replaces_it() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(&dir, Some(3));
-    let replaced = PrepareQueueReplaced {
+    let replaced = AllocationPrepareQueueReplaced {
         previous: None,
         length: 3,
     };
-    assert_eq!(engine.prepare_queue_replaced().unwrap(), Some(replaced));
+    assert_eq!(
+        engine.allocation_prepare_queue_replaced().unwrap(),
+        Some(replaced)
+    );
     engine.update_quota(vec![limit("ml", 10.0)], false).unwrap();
     engine
         .prepare_allocation("x1", "ml", "a1", cpus(2.0))
@@ -231,7 +234,7 @@ fn the_queue_length_survives_restarts_and_a_start_flag_replaces_it() {
 
     // Without the flag: the persisted length, and the preparing allocation still offered.
     let engine = open(&dir, None);
-    assert_eq!(engine.prepare_queue_replaced().unwrap(), None);
+    assert_eq!(engine.allocation_prepare_queue_replaced().unwrap(), None);
     let queue = engine.allocation_prepare_queue().unwrap();
     assert_eq!((queue.length, queue.preparing), (3, 1));
     assert_eq!(engine.roles().unwrap(), roles);
@@ -246,17 +249,20 @@ fn the_queue_length_survives_restarts_and_a_start_flag_replaces_it() {
         engine
             .prepare_allocation("x2", "other", "a1", cpus(1.0))
             .unwrap_err()
-            .is_prepare_queue_full()
+            .is_allocation_prepare_queue_full()
     );
     engine.close().unwrap();
 
     // With the flag: it replaces the persisted length, and says so.
     let engine = open(&dir, Some(5));
-    let replaced = PrepareQueueReplaced {
+    let replaced = AllocationPrepareQueueReplaced {
         previous: Some(1),
         length: 5,
     };
-    assert_eq!(engine.prepare_queue_replaced().unwrap(), Some(replaced));
+    assert_eq!(
+        engine.allocation_prepare_queue_replaced().unwrap(),
+        Some(replaced)
+    );
     assert_eq!(engine.allocation_prepare_queue().unwrap().length, 5);
     engine.start_allocation("x1").unwrap();
     engine.close().unwrap();
@@ -354,7 +360,7 @@ fn fair_share_follows_the_roles_active_on_the_engine_clock() {
          (its share of 6 among 3 active roles)",
     );
     // Once b's and c's admissions are out of the window, a is alone again: half of 6.
-    clock.advance(PREPARE_ACTIVE_WINDOW - Duration::from_secs(4));
+    clock.advance(ALLOCATION_ACTIVE_WINDOW - Duration::from_secs(4));
     engine
         .prepare_allocation("a5", "a", "a1", cpus(1.0))
         .unwrap();
@@ -362,7 +368,7 @@ fn fair_share_follows_the_roles_active_on_the_engine_clock() {
         engine
             .prepare_allocation("a6", "a", "a1", cpus(1.0))
             .unwrap_err()
-            .is_prepare_queue_full()
+            .is_allocation_prepare_queue_full()
     );
     // The first request of another role finds room.
     engine
@@ -414,7 +420,7 @@ fn the_count_is_exact_under_concurrent_allocates_from_several_roles() {
                                 mine.push(id);
                                 admitted += 1;
                             }
-                            Err(e) if e.is_prepare_queue_full() => refused += 1,
+                            Err(e) if e.is_allocation_prepare_queue_full() => refused += 1,
                             Err(e) => panic!("{id}: {e}"),
                         },
                         2 if !mine.is_empty() => {

@@ -197,7 +197,7 @@ fn log_prepare_queue(engine: &Engine) {
         .allocation_prepare_queue()
         .map(|q| q.length)
         .unwrap_or(0);
-    match engine.prepare_queue_replaced() {
+    match engine.allocation_prepare_queue_replaced() {
         Ok(Some(replaced)) => tracing::info!(
             previous = ?replaced.previous,
             allocation_prepare_queue_length = replaced.length,

@@ -116,7 +116,7 @@ pub struct EngineGauges {
     /// The write queue and the group-commit batch sizes.
     pub apply: kvd::ApplyStats,
     /// The allocation prepare queue: its length and the allocations preparing.
-    pub allocation_prepare_queue: kvd::PrepareQueueStatus,
+    pub allocation_prepare_queue: kvd::AllocationPrepareQueue,
 }
 
 /// The long-lived gRPC streams open at scrape time.
@@ -203,7 +203,7 @@ fn render_engine(out: &mut String, engine: Option<&EngineGauges>) {
 }
 
 /// The allocation prepare queue: allocations preparing and the queue length.
-fn render_allocation_prepare_queue(out: &mut String, queue: &kvd::PrepareQueueStatus) {
+fn render_allocation_prepare_queue(out: &mut String, queue: &kvd::AllocationPrepareQueue) {
     for (name, help, value) in [
         (
             "kvd_allocation_prepare_queue_depth",
@@ -573,7 +573,7 @@ mod tests {
                     refused: 9,
                 }],
             },
-            allocation_prepare_queue: kvd::PrepareQueueStatus {
+            allocation_prepare_queue: kvd::AllocationPrepareQueue {
                 length: 8,
                 preparing: 3,
                 by_role: BTreeMap::new(),

@@ -19,7 +19,7 @@
 //!   `_` arm ([`http_code`]). A refused request (`QuotaRequest`, `QuotaExceeded`) is a 400
 //!   whose plain-text body is the engine's message verbatim: Mesos's text for UPDATE_QUOTA,
 //!   which operators and clients match. A full allocation prepare queue is a 429 with
-//!   `Retry-After` (the engine's `PREPARE_QUEUE_RETRY_AFTER`, Velero's requeue interval).
+//!   `Retry-After` (the engine's `ALLOCATION_RETRY_AFTER`, Velero's requeue interval).
 //! - OPS-4: a scalar is printed as Mesos prints it (QUOTA-2: three decimals, then fifteen
 //!   significant digits), as a JSON integer when that is whole (`{"value":1}`), else as the
 //!   shortest decimal that reads back as it (`1.2345` was stored as `1.235` and prints
@@ -147,7 +147,9 @@ fn http_code(err: &Error) -> StatusCode {
             StatusCode::BAD_REQUEST
         }
         Error::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        Error::TooManyRequests { .. } | Error::PrepareQueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
+        Error::TooManyRequests { .. } | Error::AllocationPrepareQueueFull(_) => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
         Error::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
         Error::Corrupt | Error::Closed => StatusCode::SERVICE_UNAVAILABLE,
         // Key and lease errors: no operator call produces them. Should one arrive, it refused
@@ -868,7 +870,7 @@ mod tests {
 
     #[test]
     fn a_full_prepare_queue_is_a_429_with_retry_after() {
-        let refusal = Refusal::from_engine(&Error::PrepareQueueFull(
+        let refusal = Refusal::from_engine(&Error::AllocationPrepareQueueFull(
             "kvd: prepare queue is full".into(),
         ));
         assert_eq!(refusal.code, StatusCode::TOO_MANY_REQUESTS);

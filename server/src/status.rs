@@ -55,7 +55,7 @@ fn code_of(err: &Error) -> Code {
         // client can act on, with the same text and a retry hint (STATUS-1).
         Error::TooManyRequests { .. } => Code::ResourceExhausted,
         // No gRPC call allocates; should one, a full prepare queue is a resource to retry.
-        Error::NoSpace | Error::QuotaExceeded(_) | Error::PrepareQueueFull(_) => {
+        Error::NoSpace | Error::QuotaExceeded(_) | Error::AllocationPrepareQueueFull(_) => {
             Code::ResourceExhausted
         }
         Error::QuotaRequest(_) => Code::InvalidArgument,

@@ -56,7 +56,7 @@ use crate::mvcc::index::Index;
 use crate::quota::{self, QuotaConfig, Registry, ResourceQuantities};
 use crate::storage::{RowTable, Snapshot};
 
-pub use prepare::{PREPARE_ACTIVE_WINDOW, PREPARE_QUEUE_RETRY_AFTER, PrepareQueueStatus};
+pub use prepare::{ALLOCATION_ACTIVE_WINDOW, ALLOCATION_RETRY_AFTER, AllocationPrepareQueue};
 pub use records::RecordKind;
 pub use requests::AccountingRequest;
 

@@ -6,7 +6,7 @@
 //!
 //! The rule (`docs/design/load-soothing.md`, "The allocation prepare queue"): with a queue
 //! length `N > 0`, a role is *active* while it has an allocation preparing or had one
-//! admitted in the last [`PREPARE_ACTIVE_WINDOW`] of engine clock. An admission is refused
+//! admitted in the last [`ALLOCATION_ACTIVE_WINDOW`] of engine clock. An admission is refused
 //! when `N` allocations are preparing, or when its role already holds its share:
 //! `max(1, N / active roles)`, counting the requesting role as active, and `max(1, N / 2)`
 //! for a role that is the only active one, so that the first request of any other role finds
@@ -36,18 +36,18 @@ use crate::error::{Error, StorageError};
 use crate::storage::WriteBatch;
 
 /// A role stays active this long after its last admission (engine clock).
-pub const PREPARE_ACTIVE_WINDOW: Duration = Duration::from_secs(10);
+pub const ALLOCATION_ACTIVE_WINDOW: Duration = Duration::from_secs(10);
 
 /// How long a client refused by a full prepare queue should wait before it retries
 /// (Velero's requeue interval); the operator API sends it as `Retry-After`.
-pub const PREPARE_QUEUE_RETRY_AFTER: Duration = Duration::from_secs(5);
+pub const ALLOCATION_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// The key of the queue length's row in the settings table.
 pub(super) const PREPARE_QUEUE_LENGTH_KEY: &[u8] = b"allocation_prepare_queue_length";
 
 /// The prepare queue as the engine shows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PrepareQueueStatus {
+pub struct AllocationPrepareQueue {
     /// The queue length: at most this many allocations preparing at once; 0 is off.
     pub length: u64,
     /// Allocations preparing now, across all roles.
@@ -102,7 +102,7 @@ impl PrepareQueue {
         }
         let total = self.total();
         if total >= limit {
-            return Err(Error::PrepareQueueFull(format!(
+            return Err(Error::AllocationPrepareQueueFull(format!(
                 "kvd: prepare queue is full: {total} allocations preparing, limit {limit}"
             )));
         }
@@ -120,7 +120,7 @@ impl PrepareQueue {
         };
         let held = self.preparing.get(role).copied().unwrap_or(0);
         if held >= share {
-            return Err(Error::PrepareQueueFull(format!(
+            return Err(Error::AllocationPrepareQueueFull(format!(
                 "kvd: prepare queue is full: {held} allocations preparing for role '{role}', \
                  limit {share} ({why})"
             )));
@@ -133,7 +133,7 @@ impl PrepareQueue {
         let recent = self
             .admitted_at
             .iter()
-            .filter(|(_, at)| now.saturating_sub(**at) < PREPARE_ACTIVE_WINDOW)
+            .filter(|(_, at)| now.saturating_sub(**at) < ALLOCATION_ACTIVE_WINDOW)
             .map(|(r, _)| r);
         let mut active: Vec<&String> = self.preparing.keys().chain(recent).collect();
         active.sort();
@@ -146,7 +146,7 @@ impl PrepareQueue {
     pub(super) fn admitted(&mut self, role: &str, now: Duration) {
         *self.preparing.entry(role.to_owned()).or_default() += 1;
         self.admitted_at
-            .retain(|_, at| now.saturating_sub(*at) < PREPARE_ACTIVE_WINDOW);
+            .retain(|_, at| now.saturating_sub(*at) < ALLOCATION_ACTIVE_WINDOW);
         let at = self.admitted_at.entry(role.to_owned()).or_default();
         *at = (*at).max(now);
         debug_assert!(
@@ -170,8 +170,8 @@ impl PrepareQueue {
 
 impl Accounts {
     /// Returns the prepare queue's length and what is preparing now.
-    pub fn prepare_queue(&self) -> PrepareQueueStatus {
-        PrepareQueueStatus {
+    pub fn allocation_prepare_queue(&self) -> AllocationPrepareQueue {
+        AllocationPrepareQueue {
             length: self.prepare.length(),
             preparing: self.prepare.total(),
             by_role: self.prepare.preparing().clone(),
@@ -265,9 +265,9 @@ mod tests {
             q.ended(role);
         }
         assert_eq!(q.active_roles("a", Duration::from_secs(9)), 3);
-        assert_eq!(q.active_roles("a", PREPARE_ACTIVE_WINDOW), 1);
-        q.admitted("b", PREPARE_ACTIVE_WINDOW);
-        assert_eq!(q.active_roles("a", PREPARE_ACTIVE_WINDOW), 2);
+        assert_eq!(q.active_roles("a", ALLOCATION_ACTIVE_WINDOW), 1);
+        q.admitted("b", ALLOCATION_ACTIVE_WINDOW);
+        assert_eq!(q.active_roles("a", ALLOCATION_ACTIVE_WINDOW), 2);
         // Pruned once out of the window, so the map stays as small as the active set.
         assert_eq!(q.admitted_at.len(), 1);
         // A preparing allocation keeps its role active whatever the time.

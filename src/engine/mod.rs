@@ -47,7 +47,7 @@ use bytes::Bytes;
 use std::thread::JoinHandle;
 
 use crate::accounting::{
-    self, AccountingRequest, Accounts, AgentState, PrepareQueueStatus, RecordKind, RoleUsage,
+    self, AccountingRequest, Accounts, AgentState, AllocationPrepareQueue, RecordKind, RoleUsage,
 };
 use crate::alarm::{ALARMS_TABLE, Alarms};
 use crate::api::{
@@ -103,6 +103,9 @@ pub const WATCH_PROGRESS_NOTIFY_INTERVAL_DEFAULT: Duration = Duration::from_secs
 const HASH_RESTARTS_MAX: usize = 8;
 
 const _: () = assert!(BATCH_REQUESTS_MAX_DEFAULT <= PREPARE_QUEUE_LENGTH_DEFAULT);
+// Both prepare queues call a role active for the same window after its last admission.
+const _: () =
+    assert!(accounting::ALLOCATION_ACTIVE_WINDOW.as_nanos() == prepare::ACTIVE_WINDOW.as_nanos());
 
 /// Settings of an [`Engine`].
 ///
@@ -157,7 +160,7 @@ pub struct Config {
     pub auto_compaction: Option<AutoCompaction>,
     /// The allocation prepare queue length set at start (`--allocation-prepare-queue-length`):
     /// `Some(n)` replaces the persisted length at open (0 turns the queue off); `None` keeps
-    /// the persisted one (off if it was never set). [`Engine::prepare_queue_replaced`] says
+    /// the persisted one (off if it was never set). [`Engine::allocation_prepare_queue_replaced`] says
     /// whether it replaced one.
     pub allocation_prepare_queue_length: Option<u64>,
 }
@@ -362,7 +365,7 @@ pub struct Engine {
 /// What `Config::allocation_prepare_queue_length` did at open: the persisted length it
 /// replaced (`None` if none was ever set) and the length now in force.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PrepareQueueReplaced {
+pub struct AllocationPrepareQueueReplaced {
     /// The length persisted before this open, if any.
     pub previous: Option<u64>,
     /// The length set at open, now persisted.
@@ -372,7 +375,7 @@ pub struct PrepareQueueReplaced {
 #[derive(Debug)]
 struct Running {
     shared: Arc<Shared>,
-    prepare_queue_replaced: Option<PrepareQueueReplaced>,
+    allocation_prepare_queue_replaced: Option<AllocationPrepareQueueReplaced>,
     proposals: Arc<Mailbox<Queued>>,
     /// The role of writes without a key and of defrag steps.
     star: Name,
@@ -416,7 +419,7 @@ impl Engine {
         // pages in use never exceed the file.
         let in_use = store.file_size()?;
         let mut accounts = Accounts::load(&store.snapshot()?, &recovered.index)?;
-        let prepare_queue_replaced = configure_prepare_queue(
+        let allocation_prepare_queue_replaced = configure_prepare_queue(
             &store,
             &mut accounts,
             config.allocation_prepare_queue_length,
@@ -482,7 +485,7 @@ impl Engine {
         Ok(Engine {
             running: Some(Running {
                 shared,
-                prepare_queue_replaced,
+                allocation_prepare_queue_replaced,
                 proposals,
                 star: Name::from(STAR_ROLE),
                 apply_thread,
@@ -1031,7 +1034,7 @@ impl Engine {
     /// Places an allocation *preparing* (ALLOCATE with `prepare`): checked and drawn as
     /// [`Engine::allocate`], but its resources count as the role's `offered` until
     /// [`Engine::start_allocation`], and it takes a slot of the allocation prepare queue.
-    /// Refused with [`Error::PrepareQueueFull`] when the queue is full or the role holds its
+    /// Refused with [`Error::AllocationPrepareQueueFull`] when the queue is full or the role holds its
     /// fair share of it.
     ///
     /// ```
@@ -1043,7 +1046,7 @@ impl Engine {
     /// let cpus = BTreeMap::from([("cpus".to_owned(), 1.0)]);
     /// engine.prepare_allocation("x1", "ml", "a1", cpus.clone()).unwrap();
     /// let full = engine.prepare_allocation("x2", "ml", "a1", cpus.clone()).unwrap_err();
-    /// assert!(full.is_prepare_queue_full());
+    /// assert!(full.is_allocation_prepare_queue_full());
     /// engine.start_allocation("x1").unwrap();
     /// engine.prepare_allocation("x2", "ml", "a1", cpus).unwrap();
     /// ```
@@ -1114,15 +1117,17 @@ impl Engine {
 
     /// Returns the allocation prepare queue: its length and what is preparing, by role.
     /// Reads the state the apply thread left, so it never waits behind writes.
-    pub fn allocation_prepare_queue(&self) -> Result<PrepareQueueStatus> {
-        Ok(crate::sync::lock(&self.shared()?.accounts).prepare_queue())
+    pub fn allocation_prepare_queue(&self) -> Result<AllocationPrepareQueue> {
+        Ok(crate::sync::lock(&self.shared()?.accounts).allocation_prepare_queue())
     }
 
     /// Returns what `Config::allocation_prepare_queue_length` did at open: `None` if it was
     /// not set (the persisted length was kept), else the length it replaced and the new one.
-    pub fn prepare_queue_replaced(&self) -> Result<Option<PrepareQueueReplaced>> {
+    pub fn allocation_prepare_queue_replaced(
+        &self,
+    ) -> Result<Option<AllocationPrepareQueueReplaced>> {
         let running = self.running.as_ref().ok_or(Error::Closed)?;
-        Ok(running.prepare_queue_replaced)
+        Ok(running.allocation_prepare_queue_replaced)
     }
 
     /// Returns the differences between the consumption counters and a full recount from the
@@ -1273,7 +1278,7 @@ fn configure_prepare_queue(
     store: &Store,
     accounts: &mut Accounts,
     configured: Option<u64>,
-) -> Result<Option<PrepareQueueReplaced>> {
+) -> Result<Option<AllocationPrepareQueueReplaced>> {
     let Some(length) = configured else {
         return Ok(None);
     };
@@ -1281,7 +1286,7 @@ fn configure_prepare_queue(
     if previous != Some(length) {
         store.write(|batch| accounts.set_prepare_queue_length(length, batch))?;
     }
-    Ok(Some(PrepareQueueReplaced { previous, length }))
+    Ok(Some(AllocationPrepareQueueReplaced { previous, length }))
 }
 
 /// Runs `submit` with a completion that hands the answer to this thread, and waits for it:
