@@ -7,9 +7,10 @@
 //!   trusted as an oracle.
 //! - `random_sequences` runs seeded random sequences through engine and model
 //!   (`tests/model/harness.rs` and `tests/model/watch.rs` say what is compared), space
-//!   quota, alarms, the quota registry and records included. Defaults: 8 seeds × 1,500 ops
-//!   (12,000), and it asserts that restarts, NOSPACE, limit refusals and the rest were
-//!   exercised. For longer runs set `KVD_MODEL_SEEDS` (a count `N` for seeds 0..N,
+//!   quota, alarms, the quota registry and records, and bursts into the write prepare queue
+//!   included. Defaults: 8 seeds × 1,500 ops (12,000), and it asserts that restarts,
+//!   NOSPACE, limit refusals, queue refusals, bursts with every Put admitted and the rest
+//!   were exercised. For longer runs set `KVD_MODEL_SEEDS` (a count `N` for seeds 0..N,
 //!   a range `A..B`, or a list `A,B,C`) and `KVD_MODEL_OPS`. A failure names its seed and op
 //!   index; it replays with `KVD_MODEL_SEEDS=<seed>..<seed+1> KVD_MODEL_OPS=<index+1>` (a
 //!   watch failure found at the end of a segment replays the same way, since the watches of
@@ -343,6 +344,22 @@ fn random_sequences() {
         total.recounts,
         total.rows_max,
     );
+    let q = &total.queue;
+    println!(
+        "  prepare queue: {} bursts ({} not sent: timing-dependent), {} Puts, {} refused ({} at \
+         the bound, {} for the role's share), {} admitted beside others, {} bursts all \
+         admitted, {} of several roles; {} reports compared",
+        q.bursts,
+        q.skipped,
+        q.writes,
+        q.refused,
+        q.refused_at_bound,
+        q.refused_for_share,
+        q.admitted_beside_others,
+        q.all_admitted,
+        q.multi_role,
+        q.reports,
+    );
     assert!(total.ops >= seeds.len() * ops * 9 / 10, "{total:?}");
     // Every category is exercised, or the run proves less than it claims.
     if ops >= 1000 && seeds.len() >= 8 {
@@ -366,6 +383,12 @@ fn random_sequences() {
                 total.quota_request_refused,
             ),
             ("registry and record requests applied", total.quota_applied),
+            ("prepare queue bursts", q.bursts),
+            ("prepare queue refusals", q.refused),
+            ("prepare queue refusals at the bound", q.refused_at_bound),
+            ("prepare queue refusals for a share", q.refused_for_share),
+            ("bursts with every Put admitted", q.all_admitted),
+            ("bursts of several roles", q.multi_role),
         ];
         for (what, count) in exercised {
             assert!(count > 0, "no {what} in this run: {total:?}");
@@ -617,6 +640,15 @@ fn model_random_sequences_exercise_every_reply() {
                 Reply::MeasureSpace => "measure".to_owned(),
                 Reply::SetFreeSpace => "free space".to_owned(),
                 Reply::Quota(Ok(_)) => "quota ok".to_owned(),
+                Reply::QueueBurst(None) => "queue burst not sent".to_owned(),
+                Reply::QueueBurst(Some(answers))
+                    if answers
+                        .iter()
+                        .any(|a| matches!(a, Err(Error::TooManyRequests { .. }))) =>
+                {
+                    "queue refusal".to_owned()
+                }
+                Reply::QueueBurst(Some(_)) => "queue burst admitted".to_owned(),
                 Reply::Put(Err(e))
                 | Reply::DeleteRange(Err(e))
                 | Reply::Txn(Err(e))
@@ -684,6 +716,8 @@ fn model_random_sequences_exercise_every_reply() {
         "Corrupt",
         "QuotaExceeded",
         "QuotaRequest",
+        "queue refusal",
+        "queue burst admitted",
     ] {
         assert!(
             seen.contains(want),
@@ -3032,4 +3066,285 @@ fn independent_recount_reports_a_corrupted_counter() {
         [Drift::Entry { role, .. }] if role == "ml"
     ));
     engine.close().unwrap();
+}
+
+// ---- The write prepare queue --------------------------------------------------------------
+
+/// A queue burst: for each (role, n), `n` Puts of new keys under `/<role>/` (`""`: keys of
+/// no role's namespace, which belong to `*`), named after `tag`, one role after the other.
+fn queue_burst(tag: &str, groups: &[(&str, usize)]) -> Op {
+    let mut puts = Vec::new();
+    for (role, n) in groups {
+        for k in 0..*n {
+            let key = if role.is_empty() {
+                format!("{tag}{k}")
+            } else {
+                format!("/{role}/{tag}{k}")
+            };
+            puts.push(PutRequest::new(key, "q"));
+        }
+    }
+    Op::QueueBurst(puts)
+}
+
+/// Which Puts of a burst's reply were admitted (every other one must be a queue refusal).
+fn admitted(reply: &Reply) -> Vec<bool> {
+    let Reply::QueueBurst(Some(answers)) = reply else {
+        panic!("a burst that was sent: {reply:?}")
+    };
+    answers
+        .iter()
+        .map(|a| match a {
+            Ok(_) => true,
+            Err(Error::TooManyRequests { retry_after_ms: 0 }) => false,
+            Err(e) => panic!("an admission or a queue refusal: {e:?}"),
+        })
+        .collect()
+}
+
+fn yes_no(admitted: usize, refused: usize) -> Vec<bool> {
+    [vec![true; admitted], vec![false; refused]].concat()
+}
+
+/// Registers `a`, `x` and `t` (a write of `*`).
+fn queue_roles() -> Op {
+    let limit = [("kv_keys", 100.0)];
+    update(
+        ["a", "x", "t"]
+            .iter()
+            .map(|r| raw_config(r, &[], &limit))
+            .collect(),
+        false,
+    )
+}
+
+#[test]
+fn queue_refusals_follow_the_share_and_the_bound() {
+    let limits = Limits {
+        prepare_queue_length: 8,
+        ..Limits::default()
+    };
+    let ops = vec![
+        queue_roles(),
+        advance_ms(11_000),
+        // 2: `*` went idle: `a` alone holds at most half of 8.
+        queue_burst("p", &[("a", 6)]),
+        // 3: `a` is active (others 1): 8 / 2.
+        queue_burst("p", &[("x", 5)]),
+        // 4: `a` and `x` are active: 8 / 3.
+        queue_burst("p", &[("t", 3)]),
+        put("k1", "v"),
+        // 6-7: every role 9 s old, still active: `a` beside `x`, `t` and `*` gets 8 / 4.
+        advance_ms(9_000),
+        queue_burst("r", &[("a", 3)]),
+        // 8-9: all idle: `a` alone gets 4, `x` beside it 4, and `t` finds the queue full.
+        advance_ms(11_000),
+        queue_burst("s", &[("a", 4), ("x", 4), ("t", 2)]),
+        // 10-11: all idle again: `*` alone, then `x` beside it; all admitted.
+        advance_ms(11_000),
+        queue_burst("u", &[("", 3), ("x", 1)]),
+        // 12-13: a reopened engine knows no role: `a` alone again, not beside `*` and `x`.
+        Op::Reopen,
+        queue_burst("v", &[("a", 5)]),
+    ];
+    let (r, trace) = check_traced("queue shares and bound", limits, ops.clone());
+    assert_eq!(
+        (trace.coverage.queue.bursts, trace.coverage.queue.skipped),
+        (7, 0)
+    );
+    assert_eq!(
+        admitted(&r[2]),
+        yes_no(4, 2),
+        "PREP-2: a lone role gets half"
+    );
+    assert_eq!(admitted(&r[3]), yes_no(4, 1), "beside one active role");
+    assert_eq!(admitted(&r[4]), yes_no(2, 1), "beside two");
+    assert_eq!(admitted(&r[7]), yes_no(2, 1), "beside three, 9 s after");
+    assert_eq!(
+        admitted(&r[9]),
+        [yes_no(8, 0), yes_no(0, 2)].concat(),
+        "PREP-1: the third role finds the queue full"
+    );
+    assert_eq!(admitted(&r[11]), yes_no(4, 0));
+    assert_eq!(
+        admitted(&r[13]),
+        yes_no(4, 1),
+        "the reopened queue forgot the roles"
+    );
+    let mut model = Model::new(limits);
+    for op in &ops {
+        model.apply(op);
+    }
+    let stats = model.queue_stats();
+    assert_eq!((stats.refused_bound, stats.refused_share), (2, 6));
+    // What Engine::prepare_queue reports after the reopen (the harness compared it after
+    // every op): only this engine's refusals.
+    let roles: Vec<(String, usize, u64)> = model
+        .queue_roles()
+        .into_iter()
+        .map(|q| (q.role, q.queued, q.refused))
+        .collect();
+    assert_eq!(roles, [("a".to_owned(), 0, 1)]);
+}
+
+#[test]
+fn queue_counts_every_admitted_write_by_its_first_written_key() {
+    let limits = Limits {
+        prepare_queue_length: 8,
+        max_request_bytes: 4096,
+        ..Limits::default()
+    };
+    // A Txn whose compare fails runs its failure branch (a Put under `/a/`) but belongs to
+    // the owner of its first written key, in the success branch (`x`).
+    let txn_of_x = Op::Txn(txn(
+        vec![Compare::new(
+            "nope",
+            CompareResult::Equal,
+            CompareTarget::Version(5),
+        )],
+        vec![rput("/x/s", "1")],
+        vec![rput("/a/f", "1")],
+    ));
+    let too_large = Op::Put(PutRequest::new("/t/big", vec![b'b'; 5000]));
+    let value_provided = Op::Put(PutRequest {
+        ignore_value: true,
+        ..PutRequest::new("/x/v", "v")
+    });
+    let ops = vec![
+        queue_roles(),
+        advance_ms(11_000),
+        // 2-4: a Txn of `x` and a compaction (`*`): `a` beside two roles gets 8 / 3.
+        txn_of_x,
+        compact(0),
+        queue_burst("p", &[("a", 4)]),
+        // 5-8: a revoke refused at apply (`*`) and a Put refused for its size (`t`) were
+        // admitted first: 8 / 3 again.
+        advance_ms(11_000),
+        Op::LeaseRevoke(99),
+        too_large,
+        queue_burst("r", &[("a", 4)]),
+        // 9-12: a Put refused by validation (`x`) never was: beside `*` alone, 8 / 2.
+        advance_ms(11_000),
+        compact(0),
+        value_provided,
+        queue_burst("s", &[("a", 5)]),
+    ];
+    let (r, trace) = check_traced("queue roles of writes", limits, ops);
+    assert_eq!(
+        (trace.coverage.queue.bursts, trace.coverage.queue.skipped),
+        (3, 0)
+    );
+    assert!(
+        matches!(&r[2], Reply::Txn(Ok(t)) if !t.succeeded),
+        "{:?}",
+        r[2]
+    );
+    assert_eq!(admitted(&r[4]), yes_no(2, 2), "the Txn belongs to x");
+    assert_eq!(r[6], Reply::LeaseRevoke(Err(Error::LeaseNotFound)));
+    assert_eq!(r[7], Reply::Put(Err(Error::RequestTooLarge)));
+    assert_eq!(
+        admitted(&r[8]),
+        yes_no(2, 2),
+        "refused after admission: counted"
+    );
+    assert_eq!(r[11], Reply::Put(Err(Error::ValueProvided)));
+    assert_eq!(
+        admitted(&r[12]),
+        yes_no(4, 1),
+        "refused by validation: not counted"
+    );
+}
+
+#[test]
+fn queue_a_write_refused_at_the_bound_leaves_its_role_idle() {
+    let limits = Limits {
+        prepare_queue_length: 12,
+        ..Limits::default()
+    };
+    let ops = vec![
+        queue_roles(),
+        advance_ms(11_000),
+        // 2: `a` alone gets 6, `x` beside it 6, and `t` finds the queue full.
+        queue_burst("p", &[("a", 6), ("x", 6), ("t", 1)]),
+        // 3: at once: `*` beside `a` and `x` only gets 12 / 3 (12 / 4 if `t`'s refusal
+        // had made it active).
+        queue_burst("r", &[("", 5)]),
+    ];
+    let (r, trace) = check_traced("queue refusal leaves its role idle", limits, ops);
+    assert_eq!(
+        (trace.coverage.queue.bursts, trace.coverage.queue.skipped),
+        (2, 0)
+    );
+    assert_eq!(admitted(&r[2]), [yes_no(12, 0), yes_no(0, 1)].concat());
+    assert_eq!(admitted(&r[3]), yes_no(4, 1));
+}
+
+#[test]
+fn queue_activity_lasts_10_s_and_is_gone_by_11() {
+    let limits = Limits {
+        prepare_queue_length: 8,
+        ..Limits::default()
+    };
+    let ops = vec![
+        queue_roles(),
+        advance_ms(11_000),
+        put("/x/1", "v"),
+        // 3-4: a write of `t` 9.5 s later: `x` is still active then.
+        advance_ms(9_500),
+        put("/t/1", "v"),
+        // 5-6: 2 s on, only 2 s after the engine last looked: `x` (11.5 s) is idle all the
+        // same, `t` is not: `a` beside one role gets 8 / 2 (8 / 3 beside two).
+        advance_ms(2_000),
+        queue_burst("p", &[("a", 5)]),
+        // 7-8: `t` 9.5 s old and `a` 7.5 s old still count: `x` gets 8 / 3.
+        advance_ms(7_500),
+        queue_burst("r", &[("x", 5)]),
+    ];
+    let (r, trace) = check_traced("queue activity window", limits, ops);
+    assert_eq!(
+        (trace.coverage.queue.bursts, trace.coverage.queue.skipped),
+        (2, 0)
+    );
+    assert_eq!(admitted(&r[6]), yes_no(4, 1));
+    assert_eq!(admitted(&r[8]), yes_no(2, 3));
+}
+
+#[test]
+fn model_queue_rule_and_its_uncertain_second() {
+    use model::queue::{Queue, Refusal};
+    let second = Duration::from_secs(1);
+    let mut q = Queue::new(7);
+    let at = Duration::ZERO;
+    // A lone role: max(1, 7 / 2) = 3.
+    assert_eq!(q.share("a", at), 3);
+    for _ in 0..3 {
+        assert_eq!(q.admit("a", at), Ok(()));
+    }
+    assert_eq!(q.admit("a", at), Err(Refusal::Share));
+    // Beside `a` (queued): 7 / 2 = 3; then beside two: 7 / 3 = 2, but the bound is 7.
+    for _ in 0..3 {
+        assert_eq!(q.admit("b", at), Ok(()));
+    }
+    assert_eq!(q.admit("b", at), Err(Refusal::Share));
+    assert_eq!(q.admit("c", at), Ok(()));
+    assert_eq!(q.total(), 7);
+    assert_eq!(q.admit("c", at), Err(Refusal::Bound));
+    for role in ["a", "a", "a", "b", "b", "b", "c"] {
+        q.release(role);
+    }
+    assert_eq!(q.total(), 0);
+    // Idle roles count for 10 s; between 10 and 11 s the engine may or may not count them.
+    assert_eq!(
+        q.share("d", 9 * second),
+        1,
+        "a, b and c still active: 7 / 4"
+    );
+    assert_eq!(q.uncertain("d", 9 * second), None);
+    assert_eq!(q.uncertain("d", 10 * second), Some("a"));
+    assert_eq!(q.uncertain("a", 10 * second), Some("b"));
+    assert_eq!(q.uncertain("d", 11 * second), None);
+    assert_eq!(q.share("d", 11 * second), 3, "alone again");
+    let roles: Vec<(String, u64)> = q.roles().into_iter().map(|r| (r.role, r.refused)).collect();
+    let want = [("a", 1), ("b", 1), ("c", 1)].map(|(r, n)| (r.to_owned(), n));
+    assert_eq!(roles, want);
 }

@@ -25,6 +25,12 @@
 //! and then); UPDATE_QUOTA sets small `kv_keys`, `kv_bytes` and `cpus` limits and `cpus`
 //! guarantees (sometimes above the limit, sometimes forced), agents come and go, and
 //! reservations and allocations of cpus and mem are made and removed on them.
+//!
+//! The prepare queue: every sequence has a small `prepare_queue_length` (4 to 16), and now
+//! and then a queue burst ([`Builder::queue_burst`]) submits a few to a few dozen Puts of new
+//! keys of one to three roles while nothing is answered, so that roles reach their share
+//! and the queue its bound. Not in small-quota sequences, where a Put of the burst could be
+//! refused for space.
 
 use std::time::Duration;
 
@@ -113,6 +119,15 @@ const TTLS: &[i64] = &[-5, 0, 1, 2, 3, 4, 5, 8, 10, 30, 100, 9_000_000_000];
 /// Clock steps, in milliseconds: fractions of a second test TTL truncation.
 const CLOCK_STEPS_MS: &[u64] = &[250, 1_000, 1_500, 2_000, 3_000, 5_000, 10_000, 60_000];
 
+/// Key groups of queue bursts: the namespaces of each group's roles (`""` for keys of no
+/// role's namespace, which belong to `*`). Roles of different groups share no ancestor, so
+/// the limits that decide a burst Put's answer see only the Puts of its own role.
+const BURST_GROUPS: &[&[&str]] = &[&["a", "a/b", "a/b/c"], &["x", "x/y"], &["t"], &[""]];
+
+/// Clock steps (whole seconds) tried before a queue burst whose shares are uncertain; 11 s
+/// always makes every earlier admission older than the 10 to 11 s the engine may count.
+const BURST_CLOCK_STEPS_S: &[u64] = &[1, 2, 3, 5, 8, 11];
+
 /// The longest sequence [`decode`] produces.
 pub const MAX_DECODED_OPS: usize = 256;
 
@@ -170,6 +185,7 @@ fn pick_limits(src: &mut impl Source) -> Limits {
             SMALL_QUOTAS_BYTES[src.below(SMALL_QUOTAS_BYTES.len() as u64) as usize]
         }
     };
+    limits.prepare_queue_length = 4 + src.below(13) as usize;
     limits
 }
 
@@ -181,6 +197,7 @@ enum Kind {
     Txn,
     Range,
     Burst,
+    QueueBurst,
     Settle,
     Compact,
     Reopen,
@@ -208,6 +225,7 @@ const MIX: &[(Kind, u64, u64)] = &[
     (Kind::Txn, 184, 120),
     (Kind::Range, 170, 95),
     (Kind::Burst, 2, 1),
+    (Kind::QueueBurst, 10, 0),
     (Kind::Settle, 2, 2),
     (Kind::Compact, 40, 60),
     (Kind::Reopen, 4, 6),
@@ -233,6 +251,8 @@ struct Builder<S: Source> {
     src: S,
     model: Model,
     ops: Vec<Op>,
+    /// Keys made so far for queue bursts (each burst key is new).
+    burst_keys: usize,
 }
 
 impl<S: Source> Builder<S> {
@@ -241,6 +261,7 @@ impl<S: Source> Builder<S> {
             src,
             model: Model::new(limits),
             ops: Vec::new(),
+            burst_keys: 0,
         }
     }
 
@@ -270,6 +291,13 @@ impl<S: Source> Builder<S> {
     fn step(&mut self) {
         match self.kind() {
             Kind::Burst => self.burst(),
+            Kind::QueueBurst => {
+                self.queue_burst();
+                if self.chance(30) {
+                    // Another one at once, while the first one's roles are still active.
+                    self.queue_burst();
+                }
+            }
             Kind::FreeSpaceEpisode => self.free_space_episode(),
             Kind::CorruptEpisode => self.corrupt_episode(),
             Kind::NospaceEpisode => self.nospace_episode(),
@@ -316,6 +344,7 @@ impl<S: Source> Builder<S> {
             Kind::Defrag => Op::Defrag,
             Kind::Range
             | Kind::Burst
+            | Kind::QueueBurst
             | Kind::Measure
             | Kind::FreeSpaceEpisode
             | Kind::CorruptEpisode
@@ -600,6 +629,68 @@ impl<S: Source> Builder<S> {
             let physical = self.chance(50);
             self.emit(Op::Compact(CompactionRequest { revision, physical }));
         }
+    }
+
+    /// A queue burst: Puts of new keys of one to three roles from different
+    /// [`BURST_GROUPS`], interleaved at random or one role after the other; a few (mostly
+    /// all admitted) or half the queue per role and up to the queue's length more (past
+    /// the shares, and with several roles past the bound), now and then after a quiet spell in
+    /// which every role went idle. If a role's last admission is 10 to 11 s old, the clock
+    /// first moves past that second; a burst whose answers could still depend on timing is
+    /// not emitted.
+    fn queue_burst(&mut self) {
+        if self.small_quota() {
+            return;
+        }
+        let capacity = self.model.limits().prepare_queue_length;
+        let wanted = match self.below(10) {
+            0..=4 => 1,
+            5..=7 => 2,
+            _ => 3,
+        };
+        let mut groups: Vec<usize> = (0..BURST_GROUPS.len()).collect();
+        let mut prefixes = Vec::new();
+        for _ in 0..wanted {
+            let group = groups.remove(self.below(groups.len()));
+            prefixes.push(self.pick(BURST_GROUPS[group]));
+        }
+        let count = match self.below(4) {
+            0 => 2 + self.below(capacity / 2),
+            _ => capacity / 2 * wanted + self.below(capacity + 1),
+        };
+        let mut chosen: Vec<&str> = (0..count).map(|_| self.pick(&prefixes)).collect();
+        if self.chance(50) {
+            // One role after the other: each later role finds the earlier ones' slots taken,
+            // and the third may find the queue full.
+            chosen.sort_by_key(|p| prefixes.iter().position(|q| q == p));
+        }
+        let puts: Vec<PutRequest> = chosen
+            .into_iter()
+            .map(|prefix| {
+                self.burst_keys += 1;
+                let key = if prefix.is_empty() {
+                    format!("q{}", self.burst_keys)
+                } else {
+                    format!("/{prefix}/q{}", self.burst_keys)
+                };
+                PutRequest::new(key, Bytes::from_static(b"q"))
+            })
+            .collect();
+        if self.chance(40) {
+            // A quiet spell first: every role is idle, so the first role alone gets half.
+            let quiet = Duration::from_secs(11 + self.below(20) as u64);
+            self.emit(Op::AdvanceClock(quiet));
+        }
+        if self.model.burst_unpredictable(&puts).is_some() {
+            let step = BURST_CLOCK_STEPS_S.iter().copied().find(|s| {
+                let mut later = self.model.clone();
+                later.advance_clock(Duration::from_secs(*s));
+                later.burst_unpredictable(&puts).is_none()
+            });
+            let Some(step) = step else { return };
+            self.emit(Op::AdvanceClock(Duration::from_secs(step)));
+        }
+        self.emit(Op::QueueBurst(puts));
     }
 
     fn below(&mut self, n: usize) -> usize {

@@ -30,6 +30,19 @@
 //! later comparisons check). `Op::MeasureSpace` hands the engine's measurement to the model,
 //! after checking it is at least the bytes of the live keys and values.
 //!
+//! The write prepare queue: the engine runs with the sequence's small
+//! `prepare_queue_length` and a `Faults` switch. After every op its `prepare_queue` report
+//! (every role with writes queued or refused since open) must be the model's: nothing stays
+//! queued between operations. [`Op::QueueBurst`] holds the log syncs, so every admitted Put
+//! stays in the queue, submits its Puts in order and takes the ones answered at once as the
+//! refusals: they must be exactly the model's (`super::queue`), with a retry hint within
+//! the documented bounds, and nothing admitted may be answered before the syncs are
+//! released. Then the admitted Puts' answers: each successful one has its own revision,
+//! following the revision before the burst, one role's in submission order (PREP-4); the
+//! order across roles is the engine's choice (deficit round robin), which the model cannot
+//! know, so it applies the admitted Puts in the engine's order, checking each answer, and a
+//! Range of every refused key must find nothing the model does not have.
+//!
 //! Any mismatch panics with the sequence label and op index.
 
 use std::collections::BTreeMap;
@@ -37,16 +50,18 @@ use std::fmt::Debug;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kvd::{
-    AlarmAction, AlarmType, Config, Engine, Error, HashKvResponse, LeaseGrantRequest, ManualClock,
-    ManualFreeSpace, RangeRequest,
+    AlarmAction, AlarmType, Config, Engine, Error, Faults, HashKvResponse, LeaseGrantRequest,
+    ManualClock, ManualFreeSpace, PutRequest, PutResponse, RangeRequest,
 };
 
 use super::drift;
 use super::ops::{Op, QuotaOp, Reply, Seq};
+use super::queue;
 use super::space::SpaceStats;
 use super::state::{FREE_SPACE_PLENTY_BYTES, Limits, Model, SpaceChoice};
 use super::watch::{Mismatch, WatchCoverage, WatchLog, Watches};
@@ -99,6 +114,48 @@ pub struct Coverage {
     /// Write refusals that named another over-limit (role, resource) than the documented
     /// first one (see `Harness::same`).
     pub limit_order_divergences: usize,
+    /// The prepare queue's bursts.
+    pub queue: QueueCoverage,
+}
+
+/// Counts of what the bursts of [`Op::QueueBurst`] checked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueCoverage {
+    /// Bursts sent.
+    pub bursts: usize,
+    /// Bursts not sent because their answers could depend on timing.
+    pub skipped: usize,
+    /// Puts submitted in bursts.
+    pub writes: usize,
+    /// Of which refused with `etcdserver: too many requests`.
+    pub refused: usize,
+    /// Refusals because the queue was full (PREP-1), as the model decided them.
+    pub refused_at_bound: usize,
+    /// Refusals because the role held its share (PREP-2), as the model decided them.
+    pub refused_for_share: usize,
+    /// Writes admitted into a queue that held others.
+    pub admitted_beside_others: usize,
+    /// Bursts of at least two Puts that had every one admitted.
+    pub all_admitted: usize,
+    /// Bursts with Puts of more than one role.
+    pub multi_role: usize,
+    /// Refusals and admissions compared with the engine's `prepare_queue` report.
+    pub reports: usize,
+}
+
+impl QueueCoverage {
+    fn add(&mut self, o: &QueueCoverage) {
+        self.bursts += o.bursts;
+        self.skipped += o.skipped;
+        self.writes += o.writes;
+        self.refused += o.refused;
+        self.refused_at_bound += o.refused_at_bound;
+        self.refused_for_share += o.refused_for_share;
+        self.admitted_beside_others += o.admitted_beside_others;
+        self.all_admitted += o.all_admitted;
+        self.multi_role += o.multi_role;
+        self.reports += o.reports;
+    }
 }
 
 impl Coverage {
@@ -138,6 +195,7 @@ impl Coverage {
         self.recounts += other.recounts;
         self.rows_max = self.rows_max.max(other.rows_max);
         self.limit_order_divergences += other.limit_order_divergences;
+        self.queue.add(&other.queue);
     }
 }
 
@@ -152,15 +210,26 @@ pub const EXPIRY_PATIENCE: Duration = Duration::from_secs(10);
 /// trigger some (etcd's default is 10 minutes).
 const PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(20);
 
-/// Returns the engine configuration for `limits` on `clock` and `free`: no fsync and a small
-/// cache, to stay fast; the default filesystem reserve.
-pub fn config(limits: Limits, clock: &Arc<ManualClock>, free: &Arc<ManualFreeSpace>) -> Config {
+/// The longest the harness waits for the answers of a burst's admitted Puts once the log
+/// syncs are released.
+pub const BURST_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Returns the engine configuration for `limits` on `clock`, `free` and `faults`: no fsync
+/// and a small cache, to stay fast; the default filesystem reserve.
+pub fn config(
+    limits: Limits,
+    clock: &Arc<ManualClock>,
+    free: &Arc<ManualFreeSpace>,
+    faults: &Arc<Faults>,
+) -> Config {
     Config {
         unsafe_no_fsync: true,
         cache_size_bytes: 4 << 20,
         max_txn_ops: limits.max_txn_ops,
         max_request_bytes: limits.max_request_bytes,
         quota_backend_bytes: limits.quota_backend_bytes,
+        prepare_queue_length: limits.prepare_queue_length,
+        faults: Some(faults.clone()),
         free_space: free.clone(),
         compaction_batch_records: COMPACTION_BATCH_RECORDS,
         clock: clock.clone(),
@@ -182,6 +251,10 @@ pub fn run(seq: &Seq, dir: &Path) -> Trace {
     h.close(end);
     h.trace.coverage.watches = h.watches.coverage.clone();
     h.trace.coverage.space = h.model.space_stats().clone();
+    let (q, stats) = (&mut h.trace.coverage.queue, h.model.queue_stats());
+    q.refused_at_bound = stats.refused_bound;
+    q.refused_for_share = stats.refused_share;
+    q.admitted_beside_others = stats.admitted_beside_others;
     h.trace.watches = std::mem::take(&mut h.watches.logs);
     h.trace
 }
@@ -191,6 +264,7 @@ struct Harness<'a> {
     dir: &'a Path,
     clock: Arc<ManualClock>,
     free: Arc<ManualFreeSpace>,
+    faults: Arc<Faults>,
     engine: Option<Engine>,
     model: Model,
     watches: Watches,
@@ -214,17 +288,25 @@ impl<'a> Harness<'a> {
     fn new(seq: &'a Seq, dir: &'a Path) -> Harness<'a> {
         let clock = Arc::new(ManualClock::new());
         let free = Arc::new(ManualFreeSpace::new(Some(FREE_SPACE_PLENTY_BYTES)));
-        let engine = match Engine::open(dir, config(seq.limits, &clock, &free)) {
+        let faults = Arc::new(Faults::new());
+        let engine = match Engine::open(dir, config(seq.limits, &clock, &free, &faults)) {
             Ok(engine) => engine,
             Err(e) => panic!("{}: Engine::open failed: {e:?}", seq.label),
         };
+        let mut model = Model::new(seq.limits);
+        // The file length bounds the pages in use from the first op on.
+        match engine.status() {
+            Ok(status) => model.set_file_len(status.db_size),
+            Err(e) => panic!("{}: Engine::status after open failed: {e:?}", seq.label),
+        }
         Harness {
             seq,
             dir,
             clock,
             free,
+            faults,
             engine: Some(engine),
-            model: Model::new(seq.limits),
+            model,
             watches: Watches::new(),
             hashes: BTreeMap::new(),
             trace: Trace {
@@ -306,6 +388,7 @@ impl<'a> Harness<'a> {
                 }
             }
             Op::MeasureSpace => self.measure_space(i),
+            Op::QueueBurst(puts) => self.queue_burst(i, puts),
             Op::SetFreeSpace(free) => {
                 self.free.set(*free);
                 self.model.apply(op);
@@ -344,6 +427,7 @@ impl<'a> Harness<'a> {
         }
         self.check_status(i);
         self.check_accounts(i);
+        self.check_queue(i);
     }
 
     /// Returns true if the engine's reply is the model's. A write over the limits of several
@@ -388,6 +472,259 @@ impl<'a> Harness<'a> {
             Error::QuotaRequest(_) => c.quota_request_refused += 1,
             _ => {}
         }
+    }
+
+    /// Compares the engine's prepare queue report with the model's: every role with writes
+    /// queued (none, between operations) or refused since the engine opened.
+    fn check_queue(&mut self, i: usize) {
+        let engine = self.call(i, Engine::prepare_queue);
+        let model = self.model.queue_roles();
+        if !matches!(&engine, Ok(roles) if *roles == model) {
+            self.fail(
+                i,
+                "Engine::prepare_queue after the op (roles with writes queued or refused since \
+                 open; nothing stays queued between operations)",
+                &engine,
+                &model,
+            );
+        }
+        self.trace.coverage.queue.reports += 1;
+    }
+
+    /// Runs [`Op::QueueBurst`]: see the module documentation.
+    fn queue_burst(&mut self, i: usize, puts: &[PutRequest]) {
+        if self.model.burst_unpredictable(puts).is_some() {
+            self.trace.coverage.queue.skipped += 1;
+            return;
+        }
+        let revision_before = self.model.current_revision();
+        let answers = self.submit_burst(i, puts);
+        // Admission, in submission order: exactly the model's refusals were answered at once.
+        let admitted: Vec<Result<(), Error>> =
+            puts.iter().map(|p| self.model.burst_admit(p)).collect();
+        for (j, (answer, admission)) in answers.iter().zip(&admitted).enumerate() {
+            let answered_at_once = answer.at_once.then(|| answer.result.clone());
+            let engine = answered_at_once.map(|r| r.map_err(|e| self.hint_checked(i, j, e)));
+            let model = admission.clone().err().map(Err);
+            if engine != model {
+                self.fail(
+                    i,
+                    &format!(
+                        "Put #{j} of the burst (role {}, queue of {}): the answer at submission \
+                         (None: admitted; a refusal of the prepare queue, PREP-1/PREP-2, or of \
+                         the alarm gate or validation)",
+                        self.model.put_role(&puts[j].key),
+                        self.model.queue_capacity(),
+                    ),
+                    &engine,
+                    &model,
+                );
+            }
+        }
+        // The admitted Puts, in the engine's order, each answer against the model's.
+        for j in self.burst_order(i, puts, &answers, &admitted, revision_before) {
+            let model = Reply::Put(self.model.burst_apply(&puts[j]));
+            let engine = Reply::Put(answers[j].result.clone());
+            if !self.same(&engine, &model) {
+                self.fail(
+                    i,
+                    &format!("Put #{j} of the burst: the answer once applied"),
+                    &engine,
+                    &model,
+                );
+            }
+            self.count(&model);
+        }
+        // PREP-3: nothing of a refused Put is visible.
+        for (put, admission) in puts.iter().zip(&admitted) {
+            if admission.is_ok() {
+                continue;
+            }
+            let req = RangeRequest::key(put.key.clone());
+            let engine = self.call(i, |e| e.range(&req));
+            let model = self.model.range(&req);
+            if engine != model {
+                self.fail(
+                    i,
+                    "a refused Put of the burst must leave its key as it was",
+                    &engine,
+                    &model,
+                );
+            }
+        }
+        let q = &mut self.trace.coverage.queue;
+        q.bursts += 1;
+        q.writes += puts.len();
+        let refused = admitted
+            .iter()
+            .filter(|a| matches!(a, Err(Error::TooManyRequests { .. })))
+            .count();
+        q.refused += refused;
+        if refused == 0 && puts.len() >= 2 && admitted.iter().all(Result::is_ok) {
+            q.all_admitted += 1;
+        }
+        let mut roles: Vec<String> = puts.iter().map(|p| self.model.put_role(&p.key)).collect();
+        roles.sort();
+        roles.dedup();
+        if roles.len() > 1 {
+            q.multi_role += 1;
+        }
+    }
+
+    /// Submits `puts` in order with the log syncs held; returns each one's answer and
+    /// whether it came before `submit_put` returned. Nothing admitted may be answered before
+    /// the syncs are released (an answer waits for the sync that makes it durable).
+    fn submit_burst(&self, i: usize, puts: &[PutRequest]) -> Vec<BurstAnswer> {
+        let held = HeldSyncs::new(&self.faults);
+        let mut answers: Vec<Option<BurstAnswer>> = Vec::with_capacity(puts.len());
+        let mut pending: Vec<(usize, Receiver<Result<PutResponse, Error>>)> = Vec::new();
+        for (j, put) in puts.iter().enumerate() {
+            let (tx, rx) = mpsc::channel();
+            self.call(i, |e| {
+                e.submit_put(
+                    put.clone(),
+                    Box::new(move |result| {
+                        // The harness may have failed and stopped listening.
+                        let _ = tx.send(result);
+                    }),
+                );
+            });
+            match rx.try_recv() {
+                Ok(result) => answers.push(Some(BurstAnswer {
+                    at_once: true,
+                    result,
+                })),
+                Err(TryRecvError::Empty) => {
+                    answers.push(None);
+                    pending.push((j, rx));
+                }
+                Err(TryRecvError::Disconnected) => self.fail(
+                    i,
+                    &format!("Put #{j} of the burst"),
+                    &"no answer",
+                    &"an answer",
+                ),
+            }
+        }
+        for (j, rx) in &pending {
+            if let Ok(early) = rx.try_recv() {
+                self.fail(
+                    i,
+                    &format!(
+                        "Put #{j} of the burst was admitted, so it is answered only after its \
+                         commit's log sync, which is held"
+                    ),
+                    &early,
+                    &"no answer yet",
+                );
+            }
+        }
+        drop(held);
+        let deadline = Instant::now() + BURST_PATIENCE;
+        for (j, rx) in pending {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(wait) {
+                Ok(result) => {
+                    answers[j] = Some(BurstAnswer {
+                        at_once: false,
+                        result,
+                    })
+                }
+                Err(e) => self.fail(
+                    i,
+                    &format!(
+                        "Put #{j} of the burst: its answer within {BURST_PATIENCE:?} of the \
+                         syncs' release"
+                    ),
+                    &format!("{e:?}"),
+                    &"an answer",
+                ),
+            }
+        }
+        answers.into_iter().flatten().collect()
+    }
+
+    /// Returns a refusal with its retry hint replaced by the model's placeholder, after
+    /// checking that a `TooManyRequests` carries a hint within the documented bounds and
+    /// keeps etcd's message.
+    fn hint_checked(&self, i: usize, j: usize, e: Error) -> Error {
+        let Error::TooManyRequests { retry_after_ms } = e else {
+            return e;
+        };
+        let bounds = queue::HINT_MIN_MS..=queue::HINT_MAX_MS;
+        if !bounds.contains(&retry_after_ms)
+            || e.to_string() != "etcdserver: too many requests"
+            || !e.is_too_many_requests()
+        {
+            self.fail(
+                i,
+                &format!("Put #{j} of the burst: the refusal's message and retry hint"),
+                &format!("{e:?}: {e}"),
+                &format!("etcdserver: too many requests, a hint in {bounds:?} ms"),
+            );
+        }
+        Error::TooManyRequests {
+            retry_after_ms: queue::HINT_UNKNOWN_MS,
+        }
+    }
+
+    /// Returns the indices of the admitted Puts of a burst in the order the engine applied
+    /// them, after checking what can be checked of it: the successful ones have distinct
+    /// revisions following `before` without a gap (a Put makes one revision), and one role's
+    /// revisions rise in submission order (PREP-4). A refused Put changed nothing, so it is
+    /// placed right after its role's previous Put; roles of one burst share no ancestor with
+    /// limits (the generator's key groups), so no answer depends on the order across roles.
+    fn burst_order(
+        &self,
+        i: usize,
+        puts: &[PutRequest],
+        answers: &[BurstAnswer],
+        admitted: &[Result<(), Error>],
+        before: i64,
+    ) -> Vec<usize> {
+        let mut last: BTreeMap<String, i64> = BTreeMap::new();
+        let mut revisions = Vec::new();
+        let mut order: Vec<(i64, u8, usize)> = Vec::new();
+        for (j, admission) in admitted.iter().enumerate() {
+            if admission.is_err() {
+                continue;
+            }
+            let role = self.model.put_role(&puts[j].key);
+            let previous = last.get(&role).copied();
+            match &answers[j].result {
+                Ok(resp) => {
+                    let revision = resp.header.revision;
+                    if previous.is_some_and(|p| revision <= p) {
+                        self.fail(
+                            i,
+                            &format!(
+                                "PREP-4: role {role}'s Puts are applied in submission order \
+                                 (Put #{j}'s revision after the role's previous one)"
+                            ),
+                            &revision,
+                            &format!("above {previous:?}"),
+                        );
+                    }
+                    last.insert(role, revision);
+                    revisions.push(revision);
+                    order.push((revision, 0, j));
+                }
+                Err(_) => order.push((previous.unwrap_or(before), 1, j)),
+            }
+        }
+        revisions.sort_unstable();
+        let expected: Vec<i64> = (1..=revisions.len() as i64).map(|n| before + n).collect();
+        if revisions != expected {
+            self.fail(
+                i,
+                "the revisions of the burst's applied Puts: one each, right after the revision \
+                 before the burst",
+                &revisions,
+                &expected,
+            );
+        }
+        order.sort_unstable();
+        order.into_iter().map(|(_, _, j)| j).collect()
     }
 
     /// Measures the pages in use and hands the figure to the model: it cannot be below the
@@ -582,7 +919,8 @@ impl<'a> Harness<'a> {
         }
         self.model.apply(&Op::Reopen);
         self.trace.coverage.restarts += 1;
-        match Engine::open(self.dir, config(self.seq.limits, &self.clock, &self.free)) {
+        let config = config(self.seq.limits, &self.clock, &self.free, &self.faults);
+        match Engine::open(self.dir, config) {
             Ok(engine) => self.engine = Some(engine),
             Err(e) => self.fail(
                 i,
@@ -689,6 +1027,7 @@ fn apply(engine: &Engine, op: &Op) -> Reply {
         Op::SettleWatches => Reply::SettleWatches,
         Op::MeasureSpace => Reply::MeasureSpace,
         Op::SetFreeSpace(_) => Reply::SetFreeSpace,
+        Op::QueueBurst(_) => Reply::QueueBurst(None),
     }
 }
 
@@ -724,6 +1063,29 @@ fn apply_quota(engine: &Engine, op: &QuotaOp) -> Result<usize, Error> {
             .map(|()| 0),
         QuotaOp::Release(id) => engine.release(id).map(|()| 0),
         QuotaOp::Repair => engine.repair_consumption(),
+    }
+}
+
+/// One Put of a burst: its answer, and whether it came before `submit_put` returned.
+struct BurstAnswer {
+    at_once: bool,
+    result: Result<PutResponse, Error>,
+}
+
+/// Holds the engine's log syncs until dropped, so a failing check cannot leave the engine's
+/// commit thread (and the close that waits for it) blocked.
+struct HeldSyncs(Arc<Faults>);
+
+impl HeldSyncs {
+    fn new(faults: &Arc<Faults>) -> HeldSyncs {
+        faults.hold_log_syncs();
+        HeldSyncs(faults.clone())
+    }
+}
+
+impl Drop for HeldSyncs {
+    fn drop(&mut self) {
+        self.0.release_log_syncs();
     }
 }
 

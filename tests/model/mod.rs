@@ -16,6 +16,7 @@
 //! - [`accounts`]: the quota registry, agents, reservations and allocations, the owner of a
 //!   key, limit checks, UPDATE_QUOTA's phases, and the recount of consumption.
 //! - [`drift`]: the engine's consumption report against the model's recount.
+//! - [`queue`]: the write prepare queue's rule: which writes it admits and which it refuses.
 //! - [`ops`]: the operation enum a test sequence is made of.
 //! - [`generate`]: builds operation sequences from an entropy source: a seeded PRNG for
 //!   property tests, or arbitrary bytes for fuzzing (every byte string decodes to a valid
@@ -38,6 +39,7 @@ pub mod drift;
 pub mod generate;
 pub mod harness;
 pub mod ops;
+pub mod queue;
 pub mod rng;
 pub mod space;
 pub mod state;

@@ -130,6 +130,13 @@ pub enum Op {
     SetFreeSpace(Option<u64>),
     /// A request on the quota registry or the records.
     Quota(QuotaOp),
+    /// The write prepare queue filled: with the engine's log syncs held (so nothing admitted
+    /// is answered), these Puts are submitted in order with `Engine::submit_put`; the ones
+    /// the queue refuses are answered at once (`etcdserver: too many requests`), the rest
+    /// after the syncs are released. The model predicts which are refused (`queue.rs`) and
+    /// every answer; the harness sends nothing if [`Model::burst_unpredictable`] says the
+    /// answers could depend on timing.
+    QueueBurst(Vec<PutRequest>),
 }
 
 impl Op {
@@ -207,6 +214,9 @@ pub enum Reply {
     SetFreeSpace,
     /// Reply to [`Op::Quota`]: the rows a repair changed, else 0.
     Quota(Result<usize, Error>),
+    /// Reply to [`Op::QueueBurst`]: each Put's answer in submission order (a refusal's retry
+    /// hint is [`super::queue::HINT_UNKNOWN_MS`]), or None if the burst was not sent.
+    QueueBurst(Option<Vec<Result<PutResponse, Error>>>),
 }
 
 impl Reply {
@@ -265,6 +275,7 @@ impl Model {
                 Reply::SetFreeSpace
             }
             Op::Quota(q) => Reply::Quota(self.quota(q)),
+            Op::QueueBurst(puts) => Reply::QueueBurst(self.queue_burst(puts)),
         }
     }
 

@@ -23,8 +23,11 @@
 //! answer, and a refused request changes nothing):
 //! 1. admission's alarm gate, for Put, write Txn and LeaseGrant only: CORRUPT refuses, and
 //!    NOSPACE refuses a write with a cost;
-//! 2. validation (empty keys, flags, the Txn operation budget, duplicate keys), then the
-//!    request size (a read-only Txn has neither gate nor size check: it is a read);
+//! 2. validation (empty keys, flags, the Txn operation budget, duplicate keys), then a slot
+//!    in the write prepare queue (`queue.rs`: refused with `etcdserver: too many requests`
+//!    past the bound or the role's share; every write that gets this far counts as admitted
+//!    for its role, whatever its answer), then the request size (a read-only Txn has no
+//!    gate, slot or size check: it is a read; Defrag takes no slot);
 //! 3. at apply, for every write but Alarm: CORRUPT refuses; a write with a cost is refused
 //!    under NOSPACE, then by the filesystem reserve, then by the space quota, and a refusal
 //!    there raises NOSPACE (member 0);
@@ -52,6 +55,7 @@ use kvd::{
 
 use super::accounts::{Accounts, KeyFacts, PlannedPut, Refusal, Registry, UsageMap};
 use super::ops::QuotaOp;
+use super::queue::{self, Queue, QueueStats};
 use super::space::{self, Alarms, SpaceStats, Verdict};
 use super::wire::{self, Raft};
 
@@ -70,6 +74,8 @@ pub struct Limits {
     pub max_request_bytes: usize,
     /// etcd's `--quota-backend-bytes`: 0 for 2 GiB, negative for none.
     pub quota_backend_bytes: i64,
+    /// kvd's `--prepare-queue-length`: writes admitted and not yet answered, at most.
+    pub prepare_queue_length: usize,
 }
 
 impl Default for Limits {
@@ -78,12 +84,18 @@ impl Default for Limits {
             max_txn_ops: 128,
             max_request_bytes: 1_572_864,
             quota_backend_bytes: 0,
+            prepare_queue_length: queue::CAPACITY_DEFAULT,
         }
     }
 }
 
 /// The member id the engine raises its own alarms with (`Config::member_id` default).
 pub const ENGINE_MEMBER_ID: u64 = 0;
+
+/// Room a burst leaves above an upper bound of the pages in use, beyond twice the cost of
+/// its Puts and the commit allowance: a burst of at most a few dozen Puts of a few hundred
+/// bytes each cannot make redb allocate this much.
+pub const BURST_PAGES_MARGIN_BYTES: u64 = 1 << 20;
 
 /// The free space the filesystem guard reads until a sequence sets another figure.
 pub const FREE_SPACE_PLENTY_BYTES: u64 = 1 << 50;
@@ -159,6 +171,8 @@ pub struct Model {
     accounts: Accounts,
     /// See [`Model::other_limit_refusals`].
     other_limit_refusals: Vec<String>,
+    /// The write prepare queue (`queue.rs`).
+    queue: Queue,
 }
 
 /// The outcome of the compares of a txn and of the nested txns on its chosen branch, all
@@ -189,6 +203,7 @@ impl Model {
             space_stats: SpaceStats::default(),
             accounts: Accounts::default(),
             other_limit_refusals: Vec::new(),
+            queue: Queue::new(limits.prepare_queue_length),
         }
     }
 
@@ -280,10 +295,31 @@ impl Model {
 
     /// A standalone Put.
     pub fn put(&mut self, req: &PutRequest) -> Result<PutResponse, Error> {
-        let cost = space::put_cost(&req.key, &req.value);
-        self.admission_gate(cost)?;
+        let role = self.put_admission(req)?;
+        // Nothing else is in the queue during a lone operation, so the slot's release when
+        // the Put is answered changes no decision: free it now.
+        self.queue.release(&role);
+        self.put_admitted(req)
+    }
+
+    /// A Put's admission, in the caller's thread: the alarm gate, validation, a slot in the
+    /// prepare queue (taken before the size check, so a Put refused for its size was
+    /// admitted), the size. Returns the role whose slot the Put holds.
+    fn put_admission(&mut self, req: &PutRequest) -> Result<String, Error> {
+        self.admission_gate(space::put_cost(&req.key, &req.value))?;
         check_put(req)?;
-        self.check_size(Raft::Put(req))?;
+        let role = self.take_slot(Some(&req.key))?;
+        if let Err(e) = self.check_size(Raft::Put(req)) {
+            // Refused at once: its answer frees the slot.
+            self.queue.release(&role);
+            return Err(e);
+        }
+        Ok(role)
+    }
+
+    /// The rest of an admitted Put, at apply.
+    fn put_admitted(&mut self, req: &PutRequest) -> Result<PutResponse, Error> {
+        let cost = space::put_cost(&req.key, &req.value);
         self.apply_gate(cost)?;
         // A standalone Put checks the lease before the key the ignore flags need.
         if req.lease != 0 && !self.lease_exists(req.lease) {
@@ -304,6 +340,7 @@ impl Model {
     /// A standalone DeleteRange.
     pub fn delete_range(&mut self, req: &DeleteRangeRequest) -> Result<DeleteRangeResponse, Error> {
         check_delete(req)?;
+        self.lone_slot(Some(&req.key))?;
         self.check_size(Raft::DeleteRange(req))?;
         self.apply_gate(0)?;
         let mut w = Writer::new(self);
@@ -334,6 +371,7 @@ impl Model {
     /// refused, reads at or above it are unchanged. The revisions the index would retain
     /// matter only to `kv_bytes` ([`Model::key_facts`]).
     pub fn compact(&mut self, req: &CompactionRequest) -> Result<CompactionResponse, Error> {
+        self.lone_slot(None)?;
         self.check_size(Raft::Compaction(req))?;
         self.apply_gate(0)?;
         if req.revision <= self.compact {
@@ -384,6 +422,7 @@ impl Model {
         if req.ttl > LEASE_TTL_MAX_SECONDS {
             return Err(Error::LeaseTtlTooLarge);
         }
+        self.lone_slot(None)?;
         self.check_size(Raft::LeaseGrant(req))?;
         self.apply_gate(space::LEASE_GRANT_COST_BYTES)?;
         let ttl = req.ttl.max(LEASE_TTL_MIN_SECONDS);
@@ -417,6 +456,7 @@ impl Model {
 
     /// LeaseRevoke: the lease's keys deleted in key order in one revision.
     pub fn lease_revoke(&mut self, id: i64) -> Result<LeaseRevokeResponse, Error> {
+        self.lone_slot(None)?;
         self.check_size(Raft::LeaseRevoke(id))?;
         self.apply_gate(0)?;
         if !self.lease_exists(id) {
@@ -534,8 +574,9 @@ impl Model {
     }
 
     /// A close and reopen: every lease gets its full TTL again from now (LEASE-3). Alarms,
-    /// the registry and the records survive.
+    /// the registry and the records survive; the new engine's prepare queue knows no role.
     pub fn reopen(&mut self) {
+        self.queue.reopen();
         let now = self.now;
         for lease in self.leases.values_mut() {
             lease.deadline = deadline(now, lease.ttl);
@@ -685,6 +726,7 @@ impl Model {
     /// is gated. Clearing the last CORRUPT alarm lets the leases that fell due expire.
     pub fn alarm(&mut self, req: &AlarmRequest) -> Result<AlarmResponse, Error> {
         if req.action != AlarmAction::Get {
+            self.lone_slot(None)?;
             self.check_size(Raft::Alarm(req))?;
         }
         let member = AlarmMember {
@@ -720,6 +762,142 @@ impl Model {
     /// A defrag: allowed under every alarm, changes nothing the model sees.
     pub fn defrag(&self) -> Result<ResponseHeader, Error> {
         Ok(self.header())
+    }
+
+    // ---- The write prepare queue -------------------------------------------------------------
+
+    /// Returns the role a write whose first written key is `key` belongs to (`*` for a
+    /// write without a key).
+    fn queue_role(&self, key: Option<&[u8]>) -> String {
+        key.map_or("*", |k| super::accounts::owner(k, &self.accounts.registry))
+            .to_owned()
+    }
+
+    /// Takes a slot in the prepare queue for a write whose first written key is `key`, or
+    /// refuses the write (PREP-1..3). Returns the role that holds the slot.
+    fn take_slot(&mut self, key: Option<&[u8]>) -> Result<String, Error> {
+        let role = self.queue_role(key);
+        match self.queue.admit(&role, self.now) {
+            Ok(()) => Ok(role),
+            Err(_) => Err(Error::TooManyRequests {
+                retry_after_ms: queue::HINT_UNKNOWN_MS,
+            }),
+        }
+    }
+
+    /// The slot of a write of a lone operation: taken, and free again once it is answered
+    /// (nothing else is in the queue meanwhile, so it can be freed at once).
+    fn lone_slot(&mut self, key: Option<&[u8]>) -> Result<(), Error> {
+        let role = self.take_slot(key)?;
+        self.queue.release(&role);
+        Ok(())
+    }
+
+    /// Returns what `Engine::prepare_queue` must report: every role with writes queued or
+    /// refused since the engine opened.
+    pub fn queue_roles(&self) -> Vec<kvd::RoleQueue> {
+        self.queue.roles()
+    }
+
+    /// Returns the queue's capacity.
+    pub fn queue_capacity(&self) -> usize {
+        self.queue.capacity()
+    }
+
+    /// Returns the queue's decisions so far.
+    pub fn queue_stats(&self) -> &QueueStats {
+        self.queue.stats()
+    }
+
+    /// Returns the role a Put of `key` belongs to.
+    pub fn put_role(&self, key: &[u8]) -> String {
+        self.queue_role(Some(key))
+    }
+
+    /// Returns why the answers to a burst of `puts` could depend on timing, or None if the
+    /// model can predict every one:
+    /// - a role the writers' shares depend on was last admitted 10 to 11 s ago (the engine
+    ///   drops idle roles once a second: [`Queue::uncertain`]);
+    /// - a burst Put could be refused for space at apply, which would raise NOSPACE while
+    ///   later Puts are still being admitted (the alarm gate then refuses them or not,
+    ///   depending on how far the apply thread got). With no alarm active, every Put must
+    ///   fit the filesystem reserve and the quota must leave room for all of them together
+    ///   with [`BURST_PAGES_MARGIN_BYTES`] to spare above an upper bound of the pages in use
+    ///   (the file length the harness read; without an engine, the generator's model
+    ///   estimates from the live bytes).
+    pub fn burst_unpredictable(&self, puts: &[PutRequest]) -> Option<String> {
+        let mut writers: Vec<String> = puts.iter().map(|p| self.put_role(&p.key)).collect();
+        writers.sort();
+        writers.dedup();
+        for writer in &writers {
+            if let Some(role) = self.queue.uncertain(writer, self.now) {
+                return Some(format!(
+                    "role {role}'s last admitted write is 10 to 11 s old: {writer}'s share is                      not certain"
+                ));
+            }
+        }
+        if self.alarms.corrupt() || self.alarms.nospace() {
+            // The alarm gate refuses every burst Put at admission: nothing reaches apply.
+            return None;
+        }
+        let quota = self.space_quota();
+        let reserve = space::fs_reserve(quota);
+        let costs: Vec<u64> = puts
+            .iter()
+            .map(|p| space::put_cost(&p.key, &p.value))
+            .collect();
+        if let Some(free) = self.free_space
+            && costs.iter().any(|c| free < reserve.saturating_add(*c))
+        {
+            return Some("a burst Put does not fit the filesystem reserve".to_owned());
+        }
+        if let Some(quota) = quota {
+            let in_use_max = match (self.measured, self.file_len) {
+                (Some(m), Some(f)) => m.min(f),
+                (m, f) => m.or(f).unwrap_or_else(|| self.live_bytes()),
+            };
+            let room: u64 = costs.iter().map(|c| space::room_needed(*c)).sum();
+            let needed = in_use_max
+                .saturating_add(room)
+                .saturating_add(BURST_PAGES_MARGIN_BYTES)
+                .saturating_add(space::MUST_ACCEPT_SLACK_BYTES);
+            if needed >= quota {
+                return Some("the burst may not fit the space quota".to_owned());
+            }
+        }
+        None
+    }
+
+    /// The admission of the next Put of a burst, in the caller's thread: Ok if it was
+    /// admitted (it then holds its slot until [`Model::burst_apply`]), else its refusal.
+    pub fn burst_admit(&mut self, req: &PutRequest) -> Result<(), Error> {
+        self.put_admission(req).map(drop)
+    }
+
+    /// Applies an admitted Put of a burst and frees its slot.
+    pub fn burst_apply(&mut self, req: &PutRequest) -> Result<PutResponse, Error> {
+        self.clear_other_limit_refusals();
+        let role = self.put_role(&req.key);
+        let reply = self.put_admitted(req);
+        self.queue.release(&role);
+        self.forget_measurement();
+        reply
+    }
+
+    /// A burst as the model alone runs it (the generator): None if it is
+    /// [unpredictable](Model::burst_unpredictable) (the harness sends nothing then), else every
+    /// Put admitted or refused in order, then the admitted ones applied in order.
+    pub fn queue_burst(&mut self, puts: &[PutRequest]) -> Option<Vec<Result<PutResponse, Error>>> {
+        if self.burst_unpredictable(puts).is_some() {
+            return None;
+        }
+        let admitted: Vec<Result<(), Error>> = puts.iter().map(|p| self.burst_admit(p)).collect();
+        let replies = puts
+            .iter()
+            .zip(admitted)
+            .map(|(p, admission)| admission.and_then(|()| self.burst_apply(p)))
+            .collect();
+        Some(replies)
     }
 
     // ---- Quota registry, records, consumption --------------------------------------------
@@ -809,6 +987,7 @@ impl Model {
     /// A registry or record request: gated by CORRUPT (cost 0), then the request's own
     /// checks. Returns the rows a repair changed (none: nothing drifts in the model).
     pub fn quota(&mut self, op: &QuotaOp) -> Result<usize, Error> {
+        self.lone_slot(None)?;
         self.apply_gate(0)?;
         let usage = self.usage();
         let refused = |r: Refusal| match r {
@@ -1001,6 +1180,7 @@ impl Model {
         check_intervals(&req.success)?;
         check_intervals(&req.failure)?;
         if !req.is_read_only() {
+            self.lone_slot(first_written_key(req))?;
             self.check_size(Raft::Txn(req))?;
         }
         Ok(())
@@ -1075,6 +1255,20 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// Returns the first key a Txn writes: its first Put or DeleteRange, the success branch
+/// before the failure branch, nested Txns in order (None for a read-only Txn).
+fn first_written_key(txn: &TxnRequest) -> Option<&[u8]> {
+    txn.success
+        .iter()
+        .chain(&txn.failure)
+        .find_map(|op| match op {
+            RequestOp::Put(p) => Some(&p.key[..]),
+            RequestOp::DeleteRange(d) => Some(&d.key[..]),
+            RequestOp::Txn(t) => first_written_key(t),
+            RequestOp::Range(_) => None,
+        })
 }
 
 /// The bounds of a key range, for `BTreeMap::range`.
