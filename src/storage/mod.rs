@@ -17,6 +17,9 @@
 //!   aborted and the store is poisoned.
 //! - STORE-2: after any error from redb on the write path, every later write returns
 //!   `StorageError::Poisoned` until the data directory is reopened (redb repairs on open).
+//!   Reads go on serving the last committed state, unless the failure was a durable redb
+//!   commit (a checkpoint batch, a compaction or defrag step): redb then latches the error
+//!   and refuses every transaction, and reads return `Poisoned` too until reopen.
 //! - STORE-3: one [`Store`] per data directory: `LOCK` in the directory is held with an
 //!   exclusive file lock for the store's lifetime.
 //! - STORE-4: decoders of stored bytes are total: bad bytes give `Corrupted`, never a panic.
@@ -768,7 +771,7 @@ impl Snapshot {
     }
 }
 
-fn decode_u64(bytes: &[u8]) -> Result<u64, StorageError> {
+pub(crate) fn decode_u64(bytes: &[u8]) -> Result<u64, StorageError> {
     let array: [u8; 8] = bytes
         .try_into()
         .map_err(|_| StorageError::Corrupted(format!("meta value of {} bytes", bytes.len())))?;
@@ -805,6 +808,13 @@ fn open_error(path: &Path, e: redb::Error) -> StorageError {
 fn storage_error(e: impl Into<redb::Error>) -> StorageError {
     match e.into() {
         redb::Error::Corrupted(what) => StorageError::Corrupted(what),
+        // redb latched an earlier I/O error (a failed durable commit) and refuses every
+        // transaction, reads included, until the file is reopened (STORE-2).
+        redb::Error::PreviousIo => StorageError::Poisoned(
+            "an earlier I/O error inside the database; reads and writes fail until the data \
+             directory is reopened"
+                .into(),
+        ),
         other => StorageError::Io(other.to_string()),
     }
 }

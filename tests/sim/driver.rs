@@ -267,8 +267,6 @@ pub struct Sim {
     recent: VecDeque<String>,
     /// A digest of every step's description (see `note`).
     digest: u64,
-    /// Reads refused with a storage error while poisoned pass (see `read_refused`).
-    tolerate_refused_reads: bool,
     pub totals: Totals,
 }
 
@@ -310,7 +308,6 @@ impl Sim {
             steps,
             recent: VecDeque::new(),
             digest: 0xcbf2_9ce4_8422_2325,
-            tolerate_refused_reads: true,
             totals: Totals {
                 seeds: 1,
                 fsync_seeds: u64::from(fsync),
@@ -320,12 +317,6 @@ impl Sim {
         };
         sim.open();
         sim
-    }
-
-    /// Fails a read refused while poisoned, which the sweep lets pass (see `read_refused`).
-    pub fn refusing_no_reads(mut self) -> Sim {
-        self.tolerate_refused_reads = false;
-        self
     }
 
     /// Runs every step, then closes, reopens and checks the whole history once more.
@@ -406,15 +397,14 @@ impl Sim {
         self.recent.push_back(line);
     }
 
-    /// Returns true, and counts it, if `got` is a read refused with a storage error that the
-    /// sweep lets pass. Engine bug (tests/sim.rs,
-    /// `reads_keep_working_after_a_failed_checkpoint_commit`): when the durable redb commit
-    /// of a checkpoint fails, redb latches the I/O error and refuses read transactions too, so
-    /// every read fails until reopen, although a poisoned store is documented to refuse
-    /// writes only. Reads on a store that is not poisoned must always work.
+    /// Returns true, and counts it, if `got` is a read refused as the engine documents for a
+    /// store poisoned by a failed durable redb commit (STORE-2: redb then refuses every
+    /// transaction, and reads answer `Poisoned` until reopen; tests/sim.rs,
+    /// `reads_after_a_failed_checkpoint_commit_answer_poisoned_until_reopen`). Any other read
+    /// error, and any read error on a store that is not poisoned, fails the run.
     fn read_refused<T>(&mut self, got: &Result<T, Error>) -> bool {
         let refused =
-            self.poisoned && self.tolerate_refused_reads && matches!(got, Err(Error::Storage(_)));
+            self.poisoned && matches!(got, Err(Error::Storage(kvd::StorageError::Poisoned(_))));
         if refused {
             self.totals.reads_refused_while_poisoned += 1;
         }
