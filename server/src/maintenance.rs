@@ -42,7 +42,7 @@ const SNAPSHOT_CHANNEL_CHUNKS: usize = 16;
 /// Numbers the snapshot copies of this process.
 static SNAPSHOTS: kvd::sync::AtomicU64 = kvd::sync::AtomicU64::new(0);
 
-fn alarm_type(wire: i32) -> api::AlarmType {
+pub(crate) fn alarm_type(wire: i32) -> api::AlarmType {
     match wire {
         1 => api::AlarmType::NoSpace,
         2 => api::AlarmType::Corrupt,

@@ -106,31 +106,31 @@ impl OpLog {
         }
     }
 
-    pub(super) fn put_history(&mut self, key: &RevisionKey, value: &[u8]) {
+    pub(crate) fn put_history(&mut self, key: &RevisionKey, value: &[u8]) {
         self.payload.push(OP_PUT_HISTORY);
         self.payload.extend_from_slice(key);
         put_bytes(&mut self.payload, value);
     }
 
-    pub(super) fn delete_history(&mut self, key: &RevisionKey) {
+    pub(crate) fn delete_history(&mut self, key: &RevisionKey) {
         self.payload.push(OP_DELETE_HISTORY);
         self.payload.extend_from_slice(key);
     }
 
-    pub(super) fn put_meta(&mut self, key: MetaKey, value: u64) {
+    pub(crate) fn put_meta(&mut self, key: MetaKey, value: u64) {
         self.payload.push(OP_PUT_META);
         self.payload.push(key.code());
         self.payload.extend_from_slice(&value.to_be_bytes());
     }
 
-    pub(super) fn put_row(&mut self, table: &str, key: &[u8], value: &[u8]) {
+    pub(crate) fn put_row(&mut self, table: &str, key: &[u8], value: &[u8]) {
         self.payload.push(OP_PUT_ROW);
         put_name(&mut self.payload, table);
         put_bytes(&mut self.payload, key);
         put_bytes(&mut self.payload, value);
     }
 
-    pub(super) fn delete_row(&mut self, table: &str, key: &[u8]) {
+    pub(crate) fn delete_row(&mut self, table: &str, key: &[u8]) {
         self.payload.push(OP_DELETE_ROW);
         put_name(&mut self.payload, table);
         put_bytes(&mut self.payload, key);
