@@ -237,6 +237,22 @@ fn sort(kvs: &mut [KeyValue], order: SortOrder, target: SortTarget) {
     }
 }
 
+/// Evaluates a Txn's compares at `at`: returns whether they all hold, and the branch that
+/// runs (success if they do, failure otherwise).
+pub fn txn_branch<'r>(
+    index: &Index,
+    records: &impl Records,
+    req: &'r TxnRequest,
+    at: i64,
+) -> Result<(bool, &'r [RequestOp]), StorageError> {
+    for compare in &req.compare {
+        if !compare_holds(index, records, compare, at)? {
+            return Ok((false, &req.failure));
+        }
+    }
+    Ok((true, &req.success))
+}
+
 /// Returns true if `compare` holds at main revision `at` (etcd's applyCompare).
 pub fn compare_holds(
     index: &Index,
@@ -299,18 +315,7 @@ pub fn read_only_txn(
     req: &TxnRequest,
     current: i64,
 ) -> Result<TxnResponse> {
-    let mut succeeded = true;
-    for compare in &req.compare {
-        if !compare_holds(index, snapshot, compare, current)? {
-            succeeded = false;
-            break;
-        }
-    }
-    let branch = if succeeded {
-        &req.success
-    } else {
-        &req.failure
-    };
+    let (succeeded, branch) = txn_branch(index, snapshot, req, current)?;
     for op in branch {
         if let RequestOp::Range(r) = op {
             check_txn_range_revision(r.revision, current, index.compact_revision)?;

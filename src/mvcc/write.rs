@@ -280,18 +280,7 @@ impl<'a, 't> TxnWriter<'a, 't> {
 
     /// Decides every branch of `req` against the state at `begin` (WRITE-3).
     pub fn txn_path(&self, req: &TxnRequest) -> Result<TxnPath, StorageError> {
-        let mut succeeded = true;
-        for compare in &req.compare {
-            if !read::compare_holds(self.index, &*self.batch, compare, self.begin)? {
-                succeeded = false;
-                break;
-            }
-        }
-        let branch = if succeeded {
-            &req.success
-        } else {
-            &req.failure
-        };
+        let (succeeded, branch) = read::txn_branch(self.index, &*self.batch, req, self.begin)?;
         let mut nested = Vec::new();
         for op in branch {
             if let RequestOp::Txn(t) = op {

@@ -571,10 +571,7 @@ impl WriteBatch<'_> {
         key: &RevisionKey,
         decode: impl FnOnce(&[u8]) -> Result<T, StorageError>,
     ) -> Result<Option<T>, StorageError> {
-        match self.history.get(key).map_err(storage_error)? {
-            Some(value) => decode(value.value()).map(Some),
-            None => Ok(None),
-        }
+        decode_record(&self.history, key, decode)
     }
 
     /// Deletes history records in `range` for which `delete` returns true; returns how many
@@ -719,10 +716,7 @@ impl Snapshot {
         key: &RevisionKey,
         decode: impl FnOnce(&[u8]) -> Result<T, StorageError>,
     ) -> Result<Option<T>, StorageError> {
-        match self.history.get(key).map_err(storage_error)? {
-            Some(value) => decode(value.value()).map(Some),
-            None => Ok(None),
-        }
+        decode_record(&self.history, key, decode)
     }
 
     /// Calls `visit` for each history record in `range`, in revision order, until it returns
@@ -802,6 +796,19 @@ fn open_error(path: &Path, e: redb::Error) -> StorageError {
             dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
         },
         other => StorageError::Io(format!("open {}: {other}", path.display())),
+    }
+}
+
+/// Decodes the history record at `key` of `history` (a batch's or a snapshot's) straight
+/// from the stored bytes.
+fn decode_record<T>(
+    history: &impl ReadableTable<RevisionKey, &'static [u8]>,
+    key: &RevisionKey,
+    decode: impl FnOnce(&[u8]) -> Result<T, StorageError>,
+) -> Result<Option<T>, StorageError> {
+    match history.get(key).map_err(storage_error)? {
+        Some(value) => decode(value.value()).map(Some),
+        None => Ok(None),
     }
 }
 
