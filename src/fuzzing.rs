@@ -457,16 +457,7 @@ pub fn check_write(request: &WriteRequest, max_txn_ops: usize) -> Result<(), Err
 /// Returns the protobuf length of a write request's own message as API-2 computes it, without
 /// the raft entry around it that [`WriteRequest::encoded_len`] adds; for the server's fuzzing.
 pub fn message_len(request: &WriteRequest) -> usize {
-    match request {
-        WriteRequest::Put(r) => r.encoded_len(),
-        WriteRequest::DeleteRange(r) => r.encoded_len(),
-        WriteRequest::Txn(r) => r.encoded_len(),
-        WriteRequest::Compaction(r) => r.encoded_len(),
-        WriteRequest::LeaseGrant(r) => r.encoded_len(),
-        WriteRequest::LeaseRevoke(r) => r.encoded_len(),
-        WriteRequest::Alarm(r) => r.encoded_len(),
-        WriteRequest::Accounting(r) => r.encoded_len(),
-    }
+    request.message_len()
 }
 
 /// Returns the protobuf length of a Range request as API-2 computes it (a Range inside a Txn

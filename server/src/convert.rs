@@ -204,7 +204,9 @@ fn request_op(op: pb::RequestOp) -> Result<api::RequestOp, Error> {
     }
 }
 
-fn contains_empty_op(req: &pb::TxnRequest) -> bool {
+/// Returns true if a branch of `req`, or of a Txn nested in it, holds an operation with no
+/// request set.
+pub(crate) fn contains_empty_op(req: &pb::TxnRequest) -> bool {
     req.success
         .iter()
         .chain(&req.failure)

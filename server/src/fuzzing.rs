@@ -170,7 +170,7 @@ fn delete_range(message: pb::DeleteRangeRequest) {
 }
 
 fn txn(message: pb::TxnRequest) {
-    let empty = contains_empty_op(&message);
+    let empty = convert::contains_empty_op(&message);
     match convert::txn_request(message.clone(), MAX_TXN_OPS) {
         Ok(req) => {
             assert!(!empty, "CONV-3: a Txn holding an empty operation converted");
@@ -337,17 +337,6 @@ fn error_status(err: &Error) {
     let status = status::from_error(err);
     assert_ne!(status.code(), tonic::Code::Ok, "{err:?} maps to OK");
     assert_eq!(status.message(), err.to_string(), "STATUS-1: {err:?}");
-}
-
-fn contains_empty_op(req: &pb::TxnRequest) -> bool {
-    req.success
-        .iter()
-        .chain(&req.failure)
-        .any(|op| match &op.request {
-            None => true,
-            Some(Request::RequestTxn(t)) => contains_empty_op(t),
-            Some(_) => false,
-        })
 }
 
 /// Returns true if `req` (nested Txns included) has a compare with an empty key that the

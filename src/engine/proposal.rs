@@ -65,7 +65,13 @@ impl WriteRequest {
     /// assert!(put.encoded_len() > 1_572_864);
     /// ```
     pub fn encoded_len(&self) -> usize {
-        raft_entry_len(match self {
+        raft_entry_len(self.message_len())
+    }
+
+    /// Returns the protobuf length of the request's own message (API-2), without the raft
+    /// entry around it that [`WriteRequest::encoded_len`] adds.
+    pub(crate) fn message_len(&self) -> usize {
+        match self {
             WriteRequest::Put(r) => r.encoded_len(),
             WriteRequest::DeleteRange(r) => r.encoded_len(),
             WriteRequest::Txn(r) => r.encoded_len(),
@@ -74,7 +80,7 @@ impl WriteRequest {
             WriteRequest::LeaseRevoke(r) => r.encoded_len(),
             WriteRequest::Accounting(r) => r.encoded_len(),
             WriteRequest::Alarm(r) => r.encoded_len(),
-        })
+        }
     }
 
     /// Returns etcd's space cost of the request (SPACE-1).
