@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::Column;
 use super::{Accounts, Counters, KV_BYTES, KV_KEYS, MILLI, chain};
 use crate::error::Error;
 use crate::mvcc::index::{Index, KeyRange};
@@ -24,9 +25,13 @@ impl Accounts {
         };
         index.visit_range(KeyRange::new(b"\0", b"\0"), |key, cost, alive| {
             let owner = quota::charged_role(key, &self.registry);
-            add(owner, KV_BYTES, Counters::of_allocated(cost as i64 * MILLI));
+            add(
+                owner,
+                KV_BYTES,
+                Counters::of(Column::Allocated, cost as i64 * MILLI),
+            );
             if alive {
-                add(owner, KV_KEYS, Counters::of_allocated(MILLI));
+                add(owner, KV_KEYS, Counters::of(Column::Allocated, MILLI));
             }
         });
         for r in self.reservations.values() {
@@ -45,12 +50,12 @@ impl Accounts {
         }
         for a in self.allocations.values() {
             let counter = if a.preparing {
-                Counters::of_offered
+                Column::Offered
             } else {
-                Counters::of_allocated
+                Column::Allocated
             };
             for (name, value) in a.resources.iter() {
-                add(&a.role, name, counter(value.milli()));
+                add(&a.role, name, Counters::of(counter, value.milli()));
             }
         }
         usage.retain(|_, c| !c.is_zero());
@@ -110,24 +115,27 @@ impl Accounts {
         self.charge(
             &owner,
             KV_BYTES,
-            Counters::of_allocated(i64::from(cost) * MILLI),
+            Counters::of(Column::Allocated, i64::from(cost) * MILLI),
             1,
         );
         if new_key {
-            self.charge(&owner, KV_KEYS, Counters::of_allocated(MILLI), 1);
+            self.charge(&owner, KV_KEYS, Counters::of(Column::Allocated, MILLI), 1);
         }
     }
 
     /// Uncharges a deleted key from its owner (deletes free `kv_keys`, not `kv_bytes`).
     pub fn charge_delete(&mut self, key: &[u8]) {
         let owner = self.owner(key).to_owned();
-        self.charge(&owner, KV_KEYS, Counters::of_allocated(MILLI), -1);
+        self.charge(&owner, KV_KEYS, Counters::of(Column::Allocated, MILLI), -1);
     }
 
     /// Releases `cost` bytes of revisions of `key` that a compaction dropped.
     pub fn release_bytes(&mut self, key: &[u8], cost: u64) {
         let owner = self.owner(key).to_owned();
-        let delta = Counters::of_allocated(i64::try_from(cost).unwrap_or(i64::MAX) * MILLI);
+        let delta = Counters::of(
+            Column::Allocated,
+            i64::try_from(cost).unwrap_or(i64::MAX) * MILLI,
+        );
         self.charge(&owner, KV_BYTES, delta, -1);
     }
 

@@ -103,36 +103,16 @@ pub struct Counters {
 }
 
 impl Counters {
-    /// Counters with only `allocated` set.
-    pub fn of_allocated(milli: i64) -> Counters {
-        Counters {
-            allocated: milli,
-            ..Counters::default()
-        }
-    }
-
-    /// Counters with only `reserved` set.
-    pub fn of_reserved(milli: i64) -> Counters {
-        Counters {
-            reserved: milli,
-            ..Counters::default()
-        }
-    }
-
-    /// Counters with only `reserved_in_use` set.
-    pub fn of_reserved_in_use(milli: i64) -> Counters {
-        Counters {
-            reserved_in_use: milli,
-            ..Counters::default()
-        }
-    }
-
-    /// Counters with only `offered` set.
-    pub fn of_offered(milli: i64) -> Counters {
-        Counters {
-            offered: milli,
-            ..Counters::default()
-        }
+    /// Counters with only `column` set, to `milli`.
+    pub fn of(column: Column, milli: i64) -> Counters {
+        let mut counters = Counters::default();
+        *match column {
+            Column::Allocated => &mut counters.allocated,
+            Column::Reserved => &mut counters.reserved,
+            Column::ReservedInUse => &mut counters.reserved_in_use,
+            Column::Offered => &mut counters.offered,
+        } = milli;
+        counters
     }
 
     /// Returns the consumption: allocations plus unallocated reservations (ACCT-3).
@@ -156,6 +136,19 @@ impl Counters {
         self.reserved_in_use += sign * other.reserved_in_use;
         self.offered += sign * other.offered;
     }
+}
+
+/// One column of [`Counters`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Column {
+    /// `allocated`.
+    Allocated,
+    /// `reserved`.
+    Reserved,
+    /// `reserved_in_use`.
+    ReservedInUse,
+    /// `offered`.
+    Offered,
 }
 
 /// The state of an agent.

@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::Column;
 use super::{
     AGENTS_TABLE, ALLOCATIONS_TABLE, Accounts, Agent, AgentState, Allocation, Counters,
     RESERVATIONS_TABLE, Reservation, codec,
@@ -103,7 +104,7 @@ impl Accounts {
         }
         match kind {
             RecordKind::Reservation => {
-                self.charge_each(role, &resources, Counters::of_reserved, 1);
+                self.charge_each(role, &resources, Column::Reserved, 1);
                 let reservation = Reservation {
                     role: role.to_owned(),
                     agent: agent.to_owned(),
@@ -117,9 +118,9 @@ impl Accounts {
             RecordKind::Allocation => {
                 self.move_in_use(role, &drawn, 1, batch)?;
                 let counter = if prepare {
-                    Counters::of_offered
+                    Column::Offered
                 } else {
-                    Counters::of_allocated
+                    Column::Allocated
                 };
                 self.charge_each(role, &resources, counter, 1);
                 let allocation = Allocation {
@@ -162,8 +163,8 @@ impl Accounts {
             &codec::encode_allocation(&started),
         )?;
         let (role, resources) = (started.role.clone(), started.resources.clone());
-        self.charge_each(&role, &resources, Counters::of_offered, -1);
-        self.charge_each(&role, &resources, Counters::of_allocated, 1);
+        self.charge_each(&role, &resources, Column::Offered, -1);
+        self.charge_each(&role, &resources, Column::Allocated, 1);
         self.prepare.ended(&role);
         self.allocations.insert(id.to_owned(), started);
         Ok(())
@@ -187,7 +188,7 @@ impl Accounts {
                     )));
                 }
                 let (role, resources) = (reservation.role.clone(), reservation.resources.clone());
-                self.charge_each(&role, &resources, Counters::of_reserved, -1);
+                self.charge_each(&role, &resources, Column::Reserved, -1);
                 batch.delete_row(RESERVATIONS_TABLE, id.as_bytes())?;
                 self.reservations.remove(id);
             }
@@ -196,10 +197,10 @@ impl Accounts {
                 self.move_in_use(&allocation.role, &allocation.drawn, -1, batch)?;
                 let (resources, role) = (&allocation.resources, &allocation.role);
                 if allocation.preparing {
-                    self.charge_each(role, resources, Counters::of_offered, -1);
+                    self.charge_each(role, resources, Column::Offered, -1);
                     self.prepare.ended(role);
                 } else {
-                    self.charge_each(role, resources, Counters::of_allocated, -1);
+                    self.charge_each(role, resources, Column::Allocated, -1);
                 }
                 batch.delete_row(ALLOCATIONS_TABLE, id.as_bytes())?;
                 self.allocations.remove(id);
@@ -267,7 +268,7 @@ impl Accounts {
                 let row = codec::encode_reservation(r);
                 batch.put_row(RESERVATIONS_TABLE, rid.as_bytes(), &row)?;
             }
-            self.charge_each(role, amounts, Counters::of_reserved_in_use, sign);
+            self.charge_each(role, amounts, Column::ReservedInUse, sign);
         }
         Ok(())
     }
@@ -278,11 +279,11 @@ impl Accounts {
         &mut self,
         role: &str,
         quantities: &ResourceQuantities,
-        field: fn(i64) -> Counters,
+        column: Column,
         sign: i64,
     ) {
         for (name, value) in quantities.iter() {
-            self.charge(role, name, field(value.milli()), sign);
+            self.charge(role, name, Counters::of(column, value.milli()), sign);
         }
     }
 

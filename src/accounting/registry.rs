@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::Column;
 use super::{
     Accounts, AgentState, Counters, KV_BYTES, KV_KEYS, MILLI, REGISTRY_TABLE, chain, codec,
 };
@@ -126,8 +127,8 @@ impl Accounts {
                     if before == after {
                         return;
                     }
-                    let bytes = Counters::of_allocated(cost as i64 * MILLI);
-                    let keys = Counters::of_allocated(if alive { MILLI } else { 0 });
+                    let bytes = Counters::of(Column::Allocated, cost as i64 * MILLI);
+                    let keys = Counters::of(Column::Allocated, if alive { MILLI } else { 0 });
                     for (owner, sign) in [(before, -1), (after, 1)] {
                         for r in chain(owner) {
                             usage
