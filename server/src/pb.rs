@@ -11,39 +11,35 @@
 //! Contact points: `server::convert` translates these types to and from `kvd::api`; tests
 //! use the generated clients.
 
-/// etcd's `mvccpb` package: `KeyValue` and `Event`.
-#[allow(
-    missing_docs,
-    clippy::all,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic
-)]
-pub mod mvccpb {
-    tonic::include_proto!("mvccpb");
+/// Declares the module of one generated protobuf package. Generated code is exempt from
+/// the crate's lints (it has no docs and its own idioms).
+macro_rules! generated_package {
+    ($(#[$doc:meta])* $package:ident) => {
+        $(#[$doc])*
+        #[allow(
+            missing_docs,
+            clippy::all,
+            clippy::unwrap_used,
+            clippy::expect_used,
+            clippy::panic
+        )]
+        pub mod $package {
+            // What `tonic::include_proto!` does, which takes only a literal.
+            include!(concat!(env!("OUT_DIR"), "/", stringify!($package), ".rs"));
+        }
+    };
 }
 
-/// etcd's `authpb` package: users, roles and permissions.
-#[allow(
-    missing_docs,
-    clippy::all,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic
-)]
-pub mod authpb {
-    tonic::include_proto!("authpb");
-}
-
-/// etcd's `etcdserverpb` package: the KV, Watch, Lease, Cluster, Maintenance and Auth
-/// services and their messages.
-#[allow(
-    missing_docs,
-    clippy::all,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic
-)]
-pub mod etcdserverpb {
-    tonic::include_proto!("etcdserverpb");
-}
+generated_package!(
+    /// etcd's `mvccpb` package: `KeyValue` and `Event`.
+    mvccpb
+);
+generated_package!(
+    /// etcd's `authpb` package: users, roles and permissions.
+    authpb
+);
+generated_package!(
+    /// etcd's `etcdserverpb` package: the KV, Watch, Lease, Cluster, Maintenance and Auth
+    /// services and their messages.
+    etcdserverpb
+);

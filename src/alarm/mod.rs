@@ -10,8 +10,8 @@
 //!   thread, after every earlier activation in apply order: once an alarm is applied, no
 //!   write it blocks is applied after it.
 //!
-//! Owns: the alarm set and its rows in the `alarms` table ([`Alarms::load`], [`Alarms::raise`],
-//! [`Alarms::clear`] write them in the batch they are handed).
+//! Owns: the alarm set and its rows in the `alarms` table ([`Alarms::load`] reads them,
+//! [`Alarms::set`] writes them in the batch it is handed).
 //!
 //! Contact points: `engine::apply` applies Alarm requests and raises NOSPACE on the first
 //! refusal; `Engine` reads the flags at admission and answers Get from memory.
@@ -88,31 +88,29 @@ impl Alarms {
         Ok(Alarms::new(active))
     }
 
-    /// Activates `member` and writes its row in `batch` if it was not active; returns true
-    /// if it was new (ALARM-1: memory and table change together).
-    pub fn raise(
+    /// Activates (`active`) or deactivates `member`, and writes or deletes its row in
+    /// `batch` if that changed anything; returns true if it did (ALARM-1: memory and table
+    /// change together).
+    pub fn set(
         &mut self,
         member: AlarmMember,
+        active: bool,
         batch: &mut WriteBatch<'_>,
     ) -> Result<bool, StorageError> {
-        let added = self.activate(member);
-        if added {
-            batch.put_row(ALARMS_TABLE, &encode_key(member), &[])?;
+        let key = encode_key(member);
+        let changed = if active {
+            self.activate(member)
+        } else {
+            self.deactivate(member)
+        };
+        match (changed, active) {
+            (true, true) => batch.put_row(ALARMS_TABLE, &key, &[])?,
+            (true, false) => {
+                batch.delete_row(ALARMS_TABLE, &key)?;
+            }
+            (false, _) => {}
         }
-        Ok(added)
-    }
-
-    /// Deactivates `member` and deletes its row in `batch`; returns true if it was active.
-    pub fn clear(
-        &mut self,
-        member: AlarmMember,
-        batch: &mut WriteBatch<'_>,
-    ) -> Result<bool, StorageError> {
-        let removed = self.deactivate(member);
-        if removed {
-            batch.delete_row(ALARMS_TABLE, &encode_key(member))?;
-        }
-        Ok(removed)
+        Ok(changed)
     }
 
     /// Returns true while a NOSPACE alarm is active.

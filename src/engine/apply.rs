@@ -716,7 +716,7 @@ impl Applier {
             member_id: self.shared.config.member_id,
             alarm: AlarmType::NoSpace,
         };
-        sync::lock(&self.shared.alarms).raise(member, batch)?;
+        sync::lock(&self.shared.alarms).set(member, true, batch)?;
         Ok(Some(Error::NoSpace))
     }
 
@@ -769,7 +769,7 @@ impl Applier {
         let mut alarms = sync::lock(&self.shared.alarms);
         let listed = match req.action {
             AlarmAction::Activate => {
-                alarms.raise(member, batch)?;
+                alarms.set(member, true, batch)?;
                 if member.alarm == AlarmType::None {
                     Vec::new()
                 } else {
@@ -777,7 +777,7 @@ impl Applier {
                 }
             }
             AlarmAction::Deactivate => {
-                if alarms.clear(member, batch)? {
+                if alarms.set(member, false, batch)? {
                     vec![member]
                 } else {
                     Vec::new()
