@@ -24,8 +24,11 @@ if ! [[ "$seconds" =~ ^[1-9][0-9]*$ ]]; then
 fi
 
 if ! cargo +nightly --version >/dev/null 2>&1; then
-  echo "the nightly toolchain is missing: rustup toolchain install nightly --profile minimal" >&2
-  exit 2
+  echo "==> installing the nightly toolchain (cargo-fuzz needs it)"
+  if ! rustup toolchain install nightly --profile minimal; then
+    echo "the nightly toolchain is missing and could not be installed" >&2
+    exit 2
+  fi
 fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
   echo "==> installing cargo-fuzz"

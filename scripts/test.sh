@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian machine with a Rust toolchain: installs what the
-# tests need, then formatting, lints, unit/integration/doc tests, loom models and a quick
-# benchmark smoke run. CI runs exactly this (.ci/run).
+# tests need, then formatting, lints, unit/integration/doc tests (the model, the simulation,
+# the fuzz corpora), loom models, a short run of every fuzz target and a quick benchmark
+# smoke run. CI runs exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,6 +36,9 @@ cargo test -p kvd-server --doc
 
 step "loom models (loom-tests/, built with --cfg loom)"
 (cd loom-tests && RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=../target/loom cargo test --release)
+
+step "fuzz targets, briefly (scripts/fuzz.sh on nightly; their corpora replay in cargo test)"
+FUZZ_SECONDS="${FUZZ_SECONDS:-10}" bash scripts/fuzz.sh
 
 step "benchmark smoke run (each bench once, reduced sizes; figures come from cargo bench)"
 KVD_BENCH_QUICK=1 cargo bench -p kvd-benches --bench engine -- --test
