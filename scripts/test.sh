@@ -35,7 +35,7 @@ cargo test -p kvd-server --all-targets
 cargo test -p kvd-server --doc
 
 step "loom models (loom-tests/, built with --cfg loom)"
-(cd loom-tests && RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=../target/loom cargo test --release)
+(cd loom-tests && RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=../target/loom cargo test --release --lib --tests)
 
 step "fuzz targets, briefly (scripts/fuzz.sh on nightly; their corpora replay in cargo test)"
 FUZZ_SECONDS="${FUZZ_SECONDS:-10}" bash scripts/fuzz.sh
