@@ -14,6 +14,11 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::time::Duration;
+
+/// How long a client refused by a full prepare queue should wait before it retries
+/// (Velero's requeue interval); the operator API sends it as `Retry-After`.
+pub const ALLOCATION_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// A failure of the storage layer.
 ///
@@ -212,7 +217,7 @@ impl Error {
         match self {
             Error::TooManyRequests { retry_after_ms } => Some(*retry_after_ms),
             Error::AllocationPrepareQueueFull(_) => {
-                u64::try_from(crate::accounting::ALLOCATION_RETRY_AFTER.as_millis()).ok()
+                u64::try_from(ALLOCATION_RETRY_AFTER.as_millis()).ok()
             }
             _ => None,
         }

@@ -9,7 +9,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -285,6 +285,67 @@ fn every_invariant_a_test_cites_is_defined_in_the_code() {
     assert!(
         missing.is_empty(),
         "invariants cited by tests but defined nowhere:\n{missing:#?}"
+    );
+}
+
+/// The top-level modules of the engine each file's code names (`crate::x`), by module.
+fn module_graph(files: &[Source]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        let relative = file.path.strip_prefix("src/").unwrap_or(&file.path);
+        let module = relative
+            .split('/')
+            .next()
+            .unwrap_or("")
+            .trim_end_matches(".rs")
+            .to_string();
+        for (_, code) in code_lines(&file.text) {
+            for (at, _) in code.match_indices("crate::") {
+                let name: String = code[at + "crate::".len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                if !name.is_empty() && name != module {
+                    graph.entry(module.clone()).or_default().insert(name);
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// The pairs (a, b) where a names b and b reaches a again.
+fn import_cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<(String, String)> {
+    let mut cycles = Vec::new();
+    for (a, names) in graph {
+        for b in names {
+            let mut seen = BTreeSet::new();
+            let mut stack = vec![b.clone()];
+            while let Some(at) = stack.pop() {
+                if &at == a {
+                    cycles.push((a.clone(), b.clone()));
+                    break;
+                }
+                if seen.insert(at.clone()) {
+                    stack.extend(graph.get(&at).into_iter().flatten().cloned());
+                }
+            }
+        }
+    }
+    cycles
+}
+
+#[test]
+fn no_import_cycle_between_the_engines_modules() {
+    let graph = module_graph(&engine_sources());
+    assert!(
+        graph.contains_key("engine"),
+        "the module scanner found nothing: {graph:?}"
+    );
+    let cycles = import_cycles(&graph);
+    assert!(
+        cycles.is_empty(),
+        "modules that reach each other: {cycles:?}"
     );
 }
 

@@ -38,9 +38,7 @@ use crate::storage::WriteBatch;
 /// A role stays active this long after its last admission (engine clock).
 pub const ALLOCATION_ACTIVE_WINDOW: Duration = Duration::from_secs(10);
 
-/// How long a client refused by a full prepare queue should wait before it retries
-/// (Velero's requeue interval); the operator API sends it as `Retry-After`.
-pub const ALLOCATION_RETRY_AFTER: Duration = Duration::from_secs(5);
+pub use crate::error::ALLOCATION_RETRY_AFTER;
 
 /// The key of the queue length's row in the settings table.
 pub(super) const PREPARE_QUEUE_LENGTH_KEY: &[u8] = b"allocation_prepare_queue_length";
