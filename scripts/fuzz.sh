@@ -7,10 +7,12 @@
 #   FUZZ_SECONDS=10 scripts/fuzz.sh       the short run CI does
 #   scripts/fuzz.sh record wal_log        only these targets
 #
-# New inputs that reach new code are added to fuzz/corpus/<target>/ (minimize with
-# `cargo +nightly fuzz cmin -s none <target>` before committing; docs/fuzzing.md).
-# Environment: FUZZ_SECONDS (per target), FUZZ_ARGS (extra libFuzzer flags). A target with a
-# dictionary (fuzz/<target>.dict) runs with it.
+# Each target starts from its committed corpus, fuzz/corpus/<target>/. New inputs that reach
+# new code go to fuzz/target/grown/<target>/ (ignored by git, kept between runs), so a run
+# leaves the committed corpus as it is; FUZZ_GROW=1 adds them to fuzz/corpus/<target>/
+# instead, to be minimized before committing (docs/fuzzing.md).
+# Environment: FUZZ_SECONDS (per target), FUZZ_GROW, FUZZ_ARGS (extra libFuzzer flags). A
+# target with a dictionary (fuzz/<target>.dict) runs with it.
 # Targets build without a sanitizer (`-s none`): the crates deny unsafe code, so
 # AddressSanitizer would find nothing the Rust checks do not, and the build is much faster.
 # Overflow checks and debug assertions stay on (cargo-fuzz's default).
@@ -52,6 +54,13 @@ summary=()
 for target in "${targets[@]}"; do
   echo "==> fuzzing $target for ${seconds}s"
   mkdir -p "fuzz/corpus/$target"
+  # libFuzzer writes new inputs into the first corpus directory it is given.
+  if [ "${FUZZ_GROW:-0}" = 1 ]; then
+    corpora=("fuzz/corpus/$target")
+  else
+    corpora=("fuzz/target/grown/$target" "fuzz/corpus/$target")
+    mkdir -p "${corpora[0]}"
+  fi
   log="$logs/$target.log"
   flags=(-max_total_time="$seconds" -print_final_stats=1)
   # A target whose input is text gets the words its decoder looks for.
@@ -60,7 +69,7 @@ for target in "${targets[@]}"; do
   fi
   status=0
   # shellcheck disable=SC2086 # FUZZ_ARGS is a list of flags.
-  nice -n 10 cargo +nightly fuzz run -s none -j 1 "$target" -- \
+  nice -n 10 cargo +nightly fuzz run -s none -j 1 "$target" "${corpora[@]}" -- \
     "${flags[@]}" ${FUZZ_ARGS:-} >"$log" 2>&1 || status=$?
   # libFuzzer ends with "Done <runs> runs in <seconds> second(s)"; a crash ends it early
   # with the last "#<runs> ..." status line instead.
@@ -70,7 +79,7 @@ for target in "${targets[@]}"; do
   fi
   runs="${runs:-0}"
   rate="$(sed -n 's/^stat::average_exec_per_sec: *\([0-9]*\).*/\1/p' "$log" | tail -n 1)"
-  corpus="$(find "fuzz/corpus/$target" -type f ! -name '.*' | wc -l)"
+  corpus="$(find "${corpora[@]}" -type f ! -name '.*' | wc -l)"
   if [ "$status" -ne 0 ] || [ "$runs" -eq 0 ]; then
     failed+=("$target")
     echo "--- $target FAILED (exit $status); the end of its log:" >&2
