@@ -5,7 +5,8 @@
 # - protoc and the protobuf well-known types (protobuf-compiler, libprotobuf-dev): the
 #   etcd-client crate (dev-dependency of tests/client_crate.rs) runs protoc in its build
 #   script. /usr/bin/protoc is on PATH and finds /usr/include/google/protobuf by itself,
-#   so no PROTOC variable is needed.
+#   so no PROTOC variable is needed;
+# - a C++ compiler (g++): cargo-fuzz's libfuzzer-sys compiles libFuzzer for the fuzz step.
 # Idempotent: when every binary and file is already there it does nothing, so it is cheap
 # to call from every CI run.
 set -euo pipefail
@@ -14,6 +15,7 @@ have_all() {
     command -v etcd >/dev/null 2>&1 &&
         command -v etcdctl >/dev/null 2>&1 &&
         command -v protoc >/dev/null 2>&1 &&
+        command -v g++ >/dev/null 2>&1 &&
         [ -f /usr/include/google/protobuf/descriptor.proto ]
 }
 
@@ -31,7 +33,7 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update
 $SUDO apt-get install -y --no-install-recommends \
-    etcd-server etcd-client protobuf-compiler libprotobuf-dev
+    etcd-server etcd-client protobuf-compiler libprotobuf-dev g++
 
 have_all
 echo "install-deps: installed $(etcd --version 2>/dev/null | head -n 1); $(protoc --version)"
