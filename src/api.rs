@@ -68,7 +68,7 @@ pub struct KeyValue {
 /// };
 /// assert_eq!(newest_first.sort_order, kvd::SortOrder::Descend);
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum SortOrder {
     /// Natural key order, no sort requested.
     #[default]
@@ -84,7 +84,7 @@ pub enum SortOrder {
 /// ```
 /// assert_eq!(kvd::SortTarget::default(), kvd::SortTarget::Key);
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum SortTarget {
     /// The key bytes.
     #[default]
@@ -100,7 +100,7 @@ pub enum SortTarget {
 }
 
 /// A read of a key or a key range at a revision (etcd's `RangeRequest`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct RangeRequest {
     /// The first key of the range; must not be empty.
     pub key: Bytes,
@@ -221,7 +221,7 @@ pub struct RangeResponse {
 }
 
 /// A write of one key (etcd's `PutRequest`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct PutRequest {
     /// The key; must not be empty.
     pub key: Bytes,
@@ -279,7 +279,7 @@ pub struct PutResponse {
 }
 
 /// A delete of a key or a range (etcd's `DeleteRangeRequest`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct DeleteRangeRequest {
     /// The first key; must not be empty.
     pub key: Bytes,
@@ -349,7 +349,7 @@ pub struct DeleteRangeResponse {
 /// let newer_than_10 = Compare::new("k", CompareResult::Greater, CompareTarget::Mod(10));
 /// assert_eq!(newer_than_10.result, CompareResult::Greater);
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum CompareResult {
     /// The key's field equals the operand.
     #[default]
@@ -368,7 +368,7 @@ pub enum CompareResult {
 /// let exists = kvd::CompareTarget::Create(0);
 /// assert_eq!(exists, kvd::CompareTarget::Create(0));
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum CompareTarget {
     /// The key's version.
     Version(i64),
@@ -389,7 +389,7 @@ impl Default for CompareTarget {
 }
 
 /// One condition of a Txn (etcd's `Compare`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Compare {
     /// The key; must not be empty.
     pub key: Bytes,
@@ -441,7 +441,7 @@ impl Compare {
 /// let op = kvd::RequestOp::Put(kvd::PutRequest::new("k", "v"));
 /// assert!(matches!(op, kvd::RequestOp::Put(_)));
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum RequestOp {
     /// A read.
     Range(RangeRequest),
@@ -486,7 +486,7 @@ pub enum ResponseOp {
 }
 
 /// A transaction (etcd's `TxnRequest`): if every compare holds, run `success`, else `failure`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct TxnRequest {
     /// The conditions, ANDed.
     pub compare: Vec<Compare>,
@@ -557,7 +557,7 @@ pub struct TxnResponse {
 /// let wait_for_deletes = kvd::CompactionRequest { revision: 100, physical: true };
 /// assert!(wait_for_deletes.physical);
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct CompactionRequest {
     /// Revisions below this one are dropped (the newest revision of each live key at or
     /// below it is kept).
@@ -639,7 +639,7 @@ pub struct Status {
 /// assert_eq!(lease.ttl, 2, "raised to the minimum TTL");
 /// assert!(lease.id > 0);
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct LeaseGrantRequest {
     /// The time to live in seconds; below the minimum it is raised to it.
     pub ttl: i64,
@@ -664,7 +664,7 @@ pub struct LeaseGrantResponse {
 /// let req = kvd::LeaseRevokeRequest { id: 7 };
 /// assert_eq!(req.id, 7);
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct LeaseRevokeRequest {
     /// The lease to revoke.
     pub id: i64,

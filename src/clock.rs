@@ -25,6 +25,11 @@ use crate::sync::{AtomicU64, Ordering};
 pub trait Clock: Send + Sync + std::fmt::Debug {
     /// Returns the time elapsed since the clock's origin.
     fn now(&self) -> Duration;
+
+    /// Returns the time since the Unix epoch, for times that are stored and must mean the
+    /// same after a restart (an operation's record, when an agent became unreachable). It
+    /// may jump with the system's clock; nothing that needs monotonic time reads it.
+    fn wall(&self) -> Duration;
 }
 
 /// The operating system's monotonic clock.
@@ -58,13 +63,24 @@ impl Clock for SystemClock {
     fn now(&self) -> Duration {
         self.origin.elapsed()
     }
+
+    fn wall(&self) -> Duration {
+        // A clock set before 1970 reads as the epoch.
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+    }
 }
 
-/// A clock that moves only when told to; for tests.
+/// A clock that moves only when told to; for tests. Its wall time is
+/// [`MANUAL_CLOCK_EPOCH`] plus its monotonic time.
 #[derive(Debug, Default)]
 pub struct ManualClock {
     nanos: AtomicU64,
 }
+
+/// The wall time of a [`ManualClock`] at its origin: 2026-01-01T00:00:00Z.
+pub const MANUAL_CLOCK_EPOCH: Duration = Duration::from_secs(1_767_225_600);
 
 impl ManualClock {
     /// Returns a clock at time zero.
@@ -89,5 +105,9 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Duration {
         Duration::from_nanos(self.nanos.load(Ordering::SeqCst))
+    }
+
+    fn wall(&self) -> Duration {
+        MANUAL_CLOCK_EPOCH + self.now()
     }
 }

@@ -131,6 +131,9 @@ pub enum Error {
     /// role holds its fair share of it; retry after `ALLOCATION_RETRY_AFTER`. The text
     /// starts with `kvd: prepare queue is full` and gives the count and the limit.
     AllocationPrepareQueueFull(String),
+    /// A write carried an operation id whose retained outcome is of another request
+    /// (OPER-2); nothing changed.
+    OperationIdReused(String),
     /// A request argument is out of its domain; the text says which.
     InvalidArgument(String),
     /// The engine is closed.
@@ -255,6 +258,12 @@ impl fmt::Display for Error {
             Error::InvalidArgument(what) => return write!(f, "kvd: invalid argument: {what}"),
             Error::QuotaExceeded(what) | Error::QuotaRequest(what) => what,
             Error::AllocationPrepareQueueFull(what) => what,
+            Error::OperationIdReused(id) => {
+                return write!(
+                    f,
+                    "kvd: operation id '{id}' was already used for a different request"
+                );
+            }
             Error::Closed => "kvd: engine is closed",
             Error::Storage(e) => return e.fmt(f),
         };

@@ -27,6 +27,7 @@ mod error;
 pub mod fuzzing;
 mod lease;
 mod mvcc;
+mod operations;
 pub mod quota;
 mod space;
 mod storage;
@@ -34,17 +35,24 @@ pub mod sync;
 mod watch;
 
 pub use accounting::{
-    ALLOCATION_ACTIVE_WINDOW, ALLOCATION_RETRY_AFTER, AccountingRequest, AgentState,
-    AllocationPrepareQueue, Counters, KV_BYTES, KV_KEYS, RecordKind, RoleUsage,
+    ALLOCATION_ACTIVE_WINDOW, ALLOCATION_RETRY_AFTER, AccountingRequest, Agent, AgentState,
+    AllocationPrepareQueue, Counters, KV_BYTES, KV_KEYS, RecordKind, RoleUsage, TaskQuery,
+    TaskState, TaskStatus,
 };
 pub use api::*;
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, MANUAL_CLOCK_EPOCH, ManualClock, SystemClock};
 pub use engine::{
-    AllocationPrepareQueueReplaced, ApplyStats, AutoCompaction, CommitFailpoint, CommitStep,
-    Completion, Config, DefragFailpoint, Engine, RoleQueue, WriteRequest, write_cost,
+    AGENT_REREGISTER_TIMEOUT_DEFAULT, AllocationPrepareQueueReplaced, ApplyStats, AutoCompaction,
+    CommitFailpoint, CommitStep, Completion, Config, DefragFailpoint, Engine, RoleQueue,
+    WriteOptions, WriteRequest, write_cost,
 };
 pub use error::{Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};
+pub use operations::reconcile::{OperationQuery, OperationState, OperationStatus};
+pub use operations::{
+    OPERATION_ID_BYTES_MAX, OPERATION_RETENTION_COUNT_DEFAULT, OPERATION_RETENTION_DEFAULT,
+    Retention, validate_operation_id,
+};
 pub use space::{FreeSpace, ManualFreeSpace, StatvfsFreeSpace, quota_bytes as space_quota_bytes};
 pub use storage::faults::Faults;
 pub use watch::WatchStream;

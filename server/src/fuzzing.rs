@@ -47,7 +47,7 @@ use crate::pb::etcdserverpb::watch_request::RequestUnion;
 use crate::status;
 use kvd::fuzzing as engine;
 use kvd::quota::{self, QuotaConfig, RawQuotaConfig, Scalar};
-use kvd::{AccountingRequest, AgentState, Error, RecordKind, WriteRequest};
+use kvd::{AccountingRequest, Error, RecordKind, WriteRequest};
 
 /// The `--max-txn-ops` the Txn conversion and checks run with: etcd's default.
 const MAX_TXN_OPS: usize = 128;
@@ -527,7 +527,10 @@ fn engine_checks(request: &AccountingRequest) {
         AccountingRequest::Start { .. }
         | AccountingRequest::UpdatePrepareQueue { .. }
         | AccountingRequest::Remove { .. }
-        | AccountingRequest::Repair => {}
+        | AccountingRequest::Repair
+        | AccountingRequest::MarkAgentUnreachable { .. }
+        | AccountingRequest::MarkAgentGone { .. }
+        | AccountingRequest::RecoveredTimedOut => {}
     }
 }
 
@@ -596,11 +599,7 @@ fn call_json(call: &Call) -> Option<Value> {
                 "REGISTER_AGENT",
                 json!({
                     "agent_id": id,
-                    "state": match state {
-                        AgentState::Registered => "REGISTERED",
-                        AgentState::Unreachable => "UNREACHABLE",
-                        AgentState::Gone => "GONE",
-                    },
+                    "state": state.name(),
                     "resources": scalars_json(resources),
                 }),
             ),
@@ -639,7 +638,13 @@ fn call_json(call: &Call) -> Option<Value> {
                 },
                 json!({ "id": id }),
             ),
-            AccountingRequest::Repair => return None,
+            AccountingRequest::MarkAgentUnreachable { id } => {
+                call_body("MARK_AGENT_UNREACHABLE", json!({ "agent_id": id }))
+            }
+            AccountingRequest::MarkAgentGone { id } => {
+                call_body("MARK_AGENT_GONE", json!({ "agent_id": id }))
+            }
+            AccountingRequest::Repair | AccountingRequest::RecoveredTimedOut => return None,
         },
     })
 }

@@ -151,6 +151,8 @@ fn http_code(err: &Error) -> StatusCode {
             StatusCode::TOO_MANY_REQUESTS
         }
         Error::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
+        // The id names another request's outcome (OPER-2).
+        Error::OperationIdReused(_) => StatusCode::CONFLICT,
         Error::Corrupt | Error::Closed => StatusCode::SERVICE_UNAVAILABLE,
         // Key and lease errors: no operator call produces them. Should one arrive, it refused
         // the request, so it is the client's 400 rather than a server failure.

@@ -49,6 +49,8 @@ fn code_of(err: &Error) -> Code {
         Error::Compacted | Error::FutureRevision => Code::OutOfRange,
         Error::LeaseNotFound => Code::NotFound,
         Error::LeaseExists => Code::FailedPrecondition,
+        // The id names another request's outcome: retrying cannot help (OPER-2).
+        Error::OperationIdReused(_) => Code::FailedPrecondition,
         Error::LeaseTtlTooLarge => Code::OutOfRange,
         // etcd sends this one as a plain Go error, so gRPC-go answers `Unknown`; etcd's Go
         // client recognises it by its text. kvd answers `ResourceExhausted`, the code a

@@ -8,7 +8,9 @@
 //! before the prepare queue, so every older row is one, and a file that never prepares an
 //! allocation stays readable by older builds); format 2 is format 1's fields followed by
 //! one state byte (1 = preparing). A running allocation is always written as format 1. A
-//! setting row is the format byte and a big-endian u64.
+//! setting row is the format byte and a big-endian u64. An agent row is format 1 (state byte,
+//! quantities) or, for an agent with an unreachable time, format 2: format 1's fields and
+//! the big-endian u64 wall-clock nanoseconds it became unreachable.
 
 use std::collections::BTreeMap;
 
@@ -19,6 +21,8 @@ use crate::quota::{QuotaConfig, ResourceLimits, ResourceQuantities, Scalar};
 const FORMAT: u8 = 1;
 /// The allocation row format that carries a state byte after format 1's fields.
 const ALLOCATION_FORMAT_STATE: u8 = 2;
+/// The agent row format that carries the time the agent became unreachable.
+const AGENT_FORMAT_SINCE: u8 = 2;
 /// The state byte of a preparing allocation.
 const STATE_PREPARING: u8 = 1;
 
@@ -158,19 +162,31 @@ pub fn decode_id(key: &[u8]) -> Result<String, StorageError> {
 /// Encodes an agent.
 pub fn encode_agent(agent: &Agent) -> Vec<u8> {
     let state = match agent.state {
-        AgentState::Registered => 0,
+        // A recovered agent is a registered one that has not come back yet.
+        AgentState::Registered | AgentState::Recovered => 0,
         AgentState::Unreachable => 1,
         AgentState::Gone => 2,
     };
-    let mut out = vec![FORMAT, state];
+    let format = if agent.unreachable_since.is_some() {
+        AGENT_FORMAT_SINCE
+    } else {
+        FORMAT
+    };
+    let mut out = vec![format, state];
     put_quantities(&mut out, &agent.resources);
+    if let Some(since) = agent.unreachable_since {
+        out.extend_from_slice(&since.to_be_bytes());
+    }
     out
 }
 
 /// Decodes an agent.
 pub fn decode_agent(value: &[u8]) -> Result<Agent, StorageError> {
     let mut r = Reader { bytes: value };
-    r.format()?;
+    let format = r.u8()?;
+    if format != FORMAT && format != AGENT_FORMAT_SINCE {
+        return Err(corrupted("unknown format"));
+    }
     let state = match r.u8()? {
         0 => AgentState::Registered,
         1 => AgentState::Unreachable,
@@ -178,8 +194,17 @@ pub fn decode_agent(value: &[u8]) -> Result<Agent, StorageError> {
         _ => return Err(corrupted("unknown agent state")),
     };
     let resources = r.quantities()?;
+    let unreachable_since = if format == AGENT_FORMAT_SINCE {
+        Some(r.u64()?)
+    } else {
+        None
+    };
     r.end()?;
-    Ok(Agent { state, resources })
+    Ok(Agent {
+        state,
+        resources,
+        unreachable_since,
+    })
 }
 
 /// Encodes a reservation.

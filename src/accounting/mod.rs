@@ -45,6 +45,7 @@
 pub(crate) mod codec;
 mod ledger;
 mod prepare;
+mod reconcile;
 mod records;
 mod registry;
 mod requests;
@@ -57,6 +58,7 @@ use crate::quota::{self, QuotaConfig, Registry, ResourceQuantities};
 use crate::storage::{RowTable, Snapshot};
 
 pub use prepare::{ALLOCATION_ACTIVE_WINDOW, ALLOCATION_RETRY_AFTER, AllocationPrepareQueue};
+pub use reconcile::{TaskQuery, TaskState, TaskStatus};
 pub use records::RecordKind;
 pub use requests::AccountingRequest;
 
@@ -151,25 +153,44 @@ pub enum Column {
     Offered,
 }
 
-/// The state of an agent.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The state of an agent (Mesos's agent states as its master sees them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum AgentState {
-    /// Counted in capacity.
+    /// Registered: counted in capacity, takes new records.
     #[default]
     Registered,
-    /// Not counted in capacity; its records stay.
+    /// Known from before the engine's restart and not yet registered again: not counted in
+    /// capacity and takes no new records; its records stay. Never stored: a registered
+    /// agent's row reads as recovered at open.
+    Recovered,
+    /// Unreachable since a time: not counted, takes no new records; its records stay.
     Unreachable,
-    /// Gone for good; not counted.
+    /// Marked gone by the operator: terminal; its records were released.
     Gone,
 }
 
-/// A registered agent.
+impl AgentState {
+    /// Mesos's name of the state.
+    pub fn name(self) -> &'static str {
+        match self {
+            AgentState::Registered => "REGISTERED",
+            AgentState::Recovered => "RECOVERED",
+            AgentState::Unreachable => "UNREACHABLE",
+            AgentState::Gone => "GONE",
+        }
+    }
+}
+
+/// An agent.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Agent {
     /// Its state.
     pub state: AgentState,
     /// Its total resources.
     pub resources: ResourceQuantities,
+    /// When it became unreachable: wall-clock nanoseconds since the Unix epoch (engine
+    /// clock), for an unreachable agent.
+    pub unreachable_since: Option<u64>,
 }
 
 /// A reservation record.
@@ -237,9 +258,13 @@ impl Accounts {
             accounts.registry.insert(config.role.clone(), config);
         }
         for (key, value) in snapshot.rows(AGENTS_TABLE)? {
-            accounts
-                .agents
-                .insert(codec::decode_id(&key)?, codec::decode_agent(&value)?);
+            let mut agent = codec::decode_agent(&value)?;
+            // An agent registered before the restart has to register again (Mesos's
+            // recovered agents).
+            if agent.state == AgentState::Registered {
+                agent.state = AgentState::Recovered;
+            }
+            accounts.agents.insert(codec::decode_id(&key)?, agent);
         }
         for (key, value) in snapshot.rows(RESERVATIONS_TABLE)? {
             accounts

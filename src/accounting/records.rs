@@ -23,7 +23,7 @@ use crate::quota::{self, ResourceQuantities, STAR_ROLE, Scalar};
 use crate::storage::WriteBatch;
 
 /// Which kind of record a request places or removes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RecordKind {
     /// Resources set aside for a role on an agent (counted as `reserved`).
     Reservation,
@@ -42,18 +42,164 @@ impl RecordKind {
 }
 
 impl Accounts {
-    /// Registers or updates an agent and its total resources.
+    /// Registers or updates an agent and its total resources; a recovered or unreachable
+    /// agent becomes registered again. `state` other than registered is the same as the
+    /// matching mark call at wall time `now`. A gone agent cannot register again.
     pub fn register_agent(
         &mut self,
         id: &str,
         state: AgentState,
         resources: ResourceQuantities,
+        now: Duration,
         batch: &mut WriteBatch<'_>,
     ) -> Result<(), Error> {
         if id.is_empty() {
             return Err(Error::QuotaRequest("Agent id must be set".into()));
         }
-        let agent = Agent { state, resources };
+        if self
+            .agents
+            .get(id)
+            .is_some_and(|a| a.state == AgentState::Gone)
+        {
+            return Err(Error::QuotaRequest(format!(
+                "Agent '{id}' was marked gone and cannot register again"
+            )));
+        }
+        match state {
+            AgentState::Registered => {}
+            AgentState::Recovered => {
+                return Err(Error::QuotaRequest(
+                    "An agent cannot be registered as RECOVERED".into(),
+                ));
+            }
+            AgentState::Unreachable | AgentState::Gone => {
+                // The resources are updated with the state.
+                let agent = Agent {
+                    resources,
+                    ..self.agents.get(id).cloned().unwrap_or_default()
+                };
+                self.put_agent(id, agent, batch)?;
+                return if state == AgentState::Gone {
+                    self.mark_gone(id, batch)
+                } else {
+                    self.mark_unreachable(id, now, batch)
+                };
+            }
+        }
+        let agent = Agent {
+            state,
+            resources,
+            unreachable_since: None,
+        };
+        self.put_agent(id, agent, batch)
+    }
+
+    /// Marks an agent unreachable since wall time `now` (MARK_AGENT_UNREACHABLE). An agent
+    /// already unreachable keeps the time it became so; a gone one stays gone (refused).
+    pub fn mark_unreachable(
+        &mut self,
+        id: &str,
+        now: Duration,
+        batch: &mut WriteBatch<'_>,
+    ) -> Result<(), Error> {
+        let agent = self.known_agent(id)?;
+        match agent.state {
+            AgentState::Gone => Err(Error::QuotaRequest(format!("Agent '{id}' was marked gone"))),
+            AgentState::Unreachable => Ok(()),
+            AgentState::Registered | AgentState::Recovered => {
+                let since = u64::try_from(now.as_nanos()).unwrap_or(u64::MAX);
+                let agent = Agent {
+                    state: AgentState::Unreachable,
+                    unreachable_since: Some(since),
+                    ..agent
+                };
+                self.put_agent(id, agent, batch)
+            }
+        }
+    }
+
+    /// Marks an agent gone (MARK_AGENT_GONE): terminal; its allocations and then its
+    /// reservations are released, so its consumption goes, in this batch. Marking a gone
+    /// agent again changes nothing.
+    pub fn mark_gone(&mut self, id: &str, batch: &mut WriteBatch<'_>) -> Result<(), Error> {
+        let agent = self.known_agent(id)?;
+        if agent.state == AgentState::Gone {
+            return Ok(());
+        }
+        let allocations: Vec<String> = self
+            .allocations
+            .iter()
+            .filter(|(_, a)| a.agent == id)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for allocation in allocations {
+            self.remove(RecordKind::Allocation, &allocation, batch)?;
+        }
+        let reservations: Vec<String> = self
+            .reservations
+            .iter()
+            .filter(|(_, r)| r.agent == id)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for reservation in reservations {
+            self.remove(RecordKind::Reservation, &reservation, batch)?;
+        }
+        let agent = Agent {
+            state: AgentState::Gone,
+            ..agent
+        };
+        self.put_agent(id, agent, batch)
+    }
+
+    /// Marks every recovered agent unreachable since wall time `now`: they did not register
+    /// again within the timeout. Returns how many.
+    pub fn recovered_timed_out(
+        &mut self,
+        now: Duration,
+        batch: &mut WriteBatch<'_>,
+    ) -> Result<usize, Error> {
+        let recovered: Vec<String> = self
+            .agents
+            .iter()
+            .filter(|(_, a)| a.state == AgentState::Recovered)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for id in &recovered {
+            self.mark_unreachable(id, now, batch)?;
+        }
+        Ok(recovered.len())
+    }
+
+    /// Returns true if an agent is recovered and has not registered again.
+    pub fn has_recovered_agents(&self) -> bool {
+        self.agents
+            .values()
+            .any(|a| a.state == AgentState::Recovered)
+    }
+
+    /// Returns the agent `id`, if known.
+    pub fn agent(&self, id: &str) -> Option<&Agent> {
+        self.agents.get(id)
+    }
+
+    /// Returns every agent, by id.
+    pub fn agents(&self) -> &BTreeMap<String, Agent> {
+        &self.agents
+    }
+
+    fn known_agent(&self, id: &str) -> Result<Agent, Error> {
+        self.agents
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Error::QuotaRequest(format!("Unknown agent '{id}'")))
+    }
+
+    fn put_agent(
+        &mut self,
+        id: &str,
+        agent: Agent,
+        batch: &mut WriteBatch<'_>,
+    ) -> Result<(), Error> {
         batch.put_row(AGENTS_TABLE, id.as_bytes(), &codec::encode_agent(&agent))?;
         self.agents.insert(id.to_owned(), agent);
         Ok(())

@@ -3,6 +3,7 @@
 //! refused request changes nothing).
 
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use super::records::{RecordKind, parse_resources};
@@ -66,6 +67,80 @@ pub enum AccountingRequest {
     },
     /// Replace the usage counters with a recount (reconciliation of consumption).
     Repair,
+    /// Mark an agent unreachable (MARK_AGENT_UNREACHABLE).
+    MarkAgentUnreachable {
+        /// The agent id.
+        id: String,
+    },
+    /// Mark an agent gone (MARK_AGENT_GONE): terminal, releases its records.
+    MarkAgentGone {
+        /// The agent id.
+        id: String,
+    },
+    /// Mark every recovered agent unreachable: the engine's own request once the
+    /// re-registration timeout passed.
+    RecoveredTimedOut,
+}
+
+/// Hashes a map of resources by name and bit pattern (f64 has no `Hash`).
+fn hash_resources<H: Hasher>(resources: &BTreeMap<String, f64>, state: &mut H) {
+    resources.len().hash(state);
+    for (name, value) in resources {
+        name.hash(state);
+        value.to_bits().hash(state);
+    }
+}
+
+impl Hash for AccountingRequest {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        std::mem::discriminant(self).hash(state);
+        match self {
+            AccountingRequest::UpdateQuota { configs, force } => {
+                configs.len().hash(state);
+                for c in configs {
+                    c.role.hash(state);
+                    hash_resources(&c.guarantees, state);
+                    hash_resources(&c.limits, state);
+                }
+                force.hash(state);
+            }
+            AccountingRequest::RegisterAgent {
+                id,
+                state: agent_state,
+                resources,
+            } => {
+                id.hash(state);
+                agent_state.hash(state);
+                hash_resources(resources, state);
+            }
+            AccountingRequest::Record {
+                kind,
+                id,
+                role,
+                agent,
+                resources,
+                prepare,
+            } => {
+                kind.hash(state);
+                (id, role, agent).hash(state);
+                hash_resources(resources, state);
+                prepare.hash(state);
+            }
+            AccountingRequest::Start { id }
+            | AccountingRequest::Remove { id, .. }
+            | AccountingRequest::MarkAgentUnreachable { id }
+            | AccountingRequest::MarkAgentGone { id } => {
+                if let AccountingRequest::Remove { kind, .. } = self {
+                    kind.hash(state);
+                }
+                id.hash(state);
+            }
+            AccountingRequest::UpdatePrepareQueue {
+                allocation_prepare_queue_length,
+            } => allocation_prepare_queue_length.hash(state),
+            AccountingRequest::Repair | AccountingRequest::RecoveredTimedOut => {}
+        }
+    }
 }
 
 impl AccountingRequest {
@@ -87,21 +162,27 @@ impl AccountingRequest {
                 resources,
                 ..
             } => id.len() + role.len() + agent.len() + names(&mut resources.keys()) + 2,
-            AccountingRequest::Remove { id, .. } | AccountingRequest::Start { id } => id.len(),
+            AccountingRequest::Remove { id, .. }
+            | AccountingRequest::Start { id }
+            | AccountingRequest::MarkAgentUnreachable { id }
+            | AccountingRequest::MarkAgentGone { id } => id.len(),
             AccountingRequest::UpdatePrepareQueue { .. } => 10,
-            AccountingRequest::Repair => 0,
+            AccountingRequest::Repair | AccountingRequest::RecoveredTimedOut => 0,
         }
     }
 
     /// Applies the request to `accounts` in `batch` at `now` (engine clock, for the prepare
-    /// queue's fair share), returning the rows a repair changed (else 0). ACCT-2: on a
-    /// refusal nothing changed; a storage error is the outer error.
+    /// queue's fair share) and `wall` (the engine's wall clock, for the time an agent became
+    /// unreachable), returning the rows a repair changed (else 0). ACCT-2: on a refusal
+    /// nothing changed; a storage error is the outer error.
+    #[allow(clippy::too_many_arguments)]
     pub fn apply(
         &self,
         accounts: &mut Accounts,
         quota_bytes: Option<u64>,
         index: &Index,
         now: Duration,
+        wall: Duration,
         batch: &mut WriteBatch<'_>,
     ) -> Result<Result<usize, Error>, StorageError> {
         let result = match self {
@@ -113,7 +194,7 @@ impl AccountingRequest {
                 state,
                 resources,
             } => parse_resources(resources)
-                .and_then(|resources| accounts.register_agent(id, *state, resources, batch))
+                .and_then(|resources| accounts.register_agent(id, *state, resources, wall, batch))
                 .map(|()| 0),
             AccountingRequest::Record {
                 kind,
@@ -136,6 +217,11 @@ impl AccountingRequest {
                 .map(|()| 0),
             AccountingRequest::Remove { kind, id } => accounts.remove(*kind, id, batch).map(|()| 0),
             AccountingRequest::Repair => Ok(accounts.repair(index)),
+            AccountingRequest::MarkAgentUnreachable { id } => {
+                accounts.mark_unreachable(id, wall, batch).map(|()| 0)
+            }
+            AccountingRequest::MarkAgentGone { id } => accounts.mark_gone(id, batch).map(|()| 0),
+            AccountingRequest::RecoveredTimedOut => accounts.recovered_timed_out(wall, batch),
         };
         match result {
             Err(Error::Storage(e)) => Err(e),

@@ -44,7 +44,9 @@ use super::commit::{self, AppliedBatch, CommitStep, Committer, FailpointCounter,
 use super::defrag::{self, DefragStep};
 use super::lanes::{Lanes, Queued};
 use super::mailbox::Mailbox;
-use super::proposal::{Answer, Completion, Proposal};
+use super::proposal::{
+    Answer, Completion, Identified, Proposal, ReconcileAnswer, ReconcileRequest,
+};
 use crate::accounting::{AccountingRequest, Accounts};
 use crate::api::{
     AlarmAction, AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionRequest,
@@ -57,6 +59,8 @@ use crate::lease::{self, LEASE_REVOKES_PER_PASS_MAX, Lessor};
 use crate::mvcc::compaction::CompactionJob;
 use crate::mvcc::record;
 use crate::mvcc::write::{Change, TxnWriter};
+use crate::operations::reconcile::ReconcileView;
+use crate::operations::{AccountingOutcome, Digest, Lookup, Operations, Recordable};
 use crate::space;
 use crate::storage::{MetaKey, WriteBatch};
 use crate::sync::{self, Arc, Ordering};
@@ -120,7 +124,16 @@ pub struct Applier {
     undrained: bool,
     auto_compactor: Option<AutoCompactor>,
     failpoint: FailpointCounter,
+    /// The retained outcomes of writes with operation ids (OPER-1..4).
+    operations: Operations,
+    /// When (engine clock) the engine opened, for the re-registration timeout.
+    opened_at: Duration,
+    /// True once recovered agents were checked against the re-registration timeout.
+    reregister_checked: bool,
 }
+
+/// The operation id and request digest a write is recorded under, if it carries one.
+type OperationTag = Option<(String, Digest)>;
 
 /// What applying one request produced.
 enum Outcome {
@@ -135,6 +148,8 @@ enum Outcome {
     /// A physical compaction that failed: like etcd, answered only after the compactions
     /// already scheduled have finished.
     AfterPendingCompactions(Answer),
+    /// Already answered with a refusal that changed nothing.
+    Refused,
 }
 
 /// Turns a typed result into an outcome. A storage failure answers `done` with it at once
@@ -167,6 +182,7 @@ impl Applier {
         recovered_current: i64,
         applied_index: u64,
         jobs: Vec<CompactionJob>,
+        operations: Operations,
     ) -> Applier {
         let compactions = jobs
             .into_iter()
@@ -202,6 +218,9 @@ impl Applier {
             undrained: false,
             auto_compactor,
             failpoint: FailpointCounter::default(),
+            operations,
+            opened_at,
+            reregister_checked: false,
         }
     }
 
@@ -231,6 +250,7 @@ impl Applier {
             }
             self.expire_leases();
             self.auto_compact();
+            self.reregister_timeout();
         }
         self.drain();
         // A durable commit at the end makes `kvd.redb` hold every batch on its own, so a
@@ -313,6 +333,25 @@ impl Applier {
         self.apply_batch(revokes);
     }
 
+    /// Marks the agents still recovered unreachable once the re-registration timeout has
+    /// passed since open, through the apply path (once: agents become recovered only at
+    /// open).
+    fn reregister_timeout(&mut self) {
+        if self.reregister_checked {
+            return;
+        }
+        let now = self.shared.config.clock.now();
+        if now.saturating_sub(self.opened_at) < self.shared.config.agent_reregister_timeout {
+            return;
+        }
+        self.reregister_checked = true;
+        if !sync::lock(&self.shared.accounts).has_recovered_agents() {
+            return;
+        }
+        let request = AccountingRequest::RecoveredTimedOut;
+        self.apply_batch(vec![Proposal::Accounting(request, unanswered())]);
+    }
+
     fn defrag_step(&mut self, step: DefragStep) {
         // A caller that gave up waiting is not an error of ours, hence the ignored sends.
         match step {
@@ -371,7 +410,13 @@ impl Applier {
         self.batch_fs_free = None;
         let mut outcomes = Vec::with_capacity(proposals.len());
         let mut pending = proposals.into_iter();
+        let retention = shared.config.operation_retention;
+        let wall = shared.config.clock.wall();
         let committed = shared.reads.store.write_logged(|batch| {
+            // OPER-4: outcomes past their age go in the first batch after they expire.
+            if self.operations.has_aged(wall, retention.age) {
+                self.operations.evict_aged_in(batch, wall, retention.age)?;
+            }
             for proposal in pending.by_ref() {
                 outcomes.push(self.apply_one(batch, proposal)?);
             }
@@ -433,6 +478,7 @@ impl Applier {
                         Outcome::Answer(a)
                         | Outcome::Compaction { answer: a, .. }
                         | Outcome::AfterPendingCompactions(a) => a.fail(Error::Storage(e.clone())),
+                        Outcome::Refused => {}
                     }
                 }
                 for proposal in pending {
@@ -489,6 +535,7 @@ impl Applier {
                     Some(last) => last.waiters.push(answer),
                     None => answers.push(answer),
                 },
+                Outcome::Refused => {}
             }
         }
         answers
@@ -502,24 +549,106 @@ impl Applier {
         batch: &mut WriteBatch<'_>,
         proposal: Proposal,
     ) -> Result<Outcome, StorageError> {
+        match proposal {
+            Proposal::Identified(op) => self.apply_identified(batch, *op),
+            Proposal::Reconcile(req, done) => {
+                let answer = self.reconcile(&req);
+                Ok(Outcome::Answer(Answer::new(done, Ok(answer))))
+            }
+            other => self.apply_tagged(batch, other, None),
+        }
+    }
+
+    /// Applies a write with an operation id (OPER-2): afresh if no outcome is retained for
+    /// the id, else answered from the record (same request) or refused (another request).
+    fn apply_identified(
+        &mut self,
+        batch: &mut WriteBatch<'_>,
+        op: Identified,
+    ) -> Result<Outcome, StorageError> {
+        let Identified { id, digest, inner } = op;
+        let wall = self.shared.config.clock.wall();
+        let age = self.shared.config.operation_retention.age;
+        match self.operations.lookup(&id, &digest, wall, age) {
+            Lookup::Fresh => self.apply_tagged(batch, inner, Some((id, digest))),
+            Lookup::Retry => replay(batch, inner, &id),
+            Lookup::Reused => {
+                inner.refuse(Error::OperationIdReused(id));
+                Ok(Outcome::Refused)
+            }
+        }
+    }
+
+    /// Answers a reconciliation from the state every write before it left.
+    fn reconcile(&self, req: &ReconcileRequest) -> ReconcileAnswer {
+        let accounts = sync::lock(&self.shared.accounts);
+        match req {
+            ReconcileRequest::Operations { queries, prefix } => {
+                let pending = sync::lock(&self.shared.pending_operations);
+                let view = ReconcileView {
+                    operations: &self.operations,
+                    pending: &pending,
+                    accounts: &accounts,
+                    now: self.shared.config.clock.wall(),
+                    age: self.shared.config.operation_retention.age,
+                };
+                ReconcileAnswer::Operations(view.reconcile(queries, prefix))
+            }
+            ReconcileRequest::Tasks {
+                tasks,
+                partition_aware,
+            } => ReconcileAnswer::Tasks(accounts.reconcile_tasks(tasks, *partition_aware)),
+        }
+    }
+
+    /// Records an applied write's outcome under its operation id, in this batch (OPER-1,
+    /// OPER-3: only a success is recorded), then settles its answer.
+    fn settle_tagged<T: Recordable + Send + 'static>(
+        &mut self,
+        batch: &mut WriteBatch<'_>,
+        tag: OperationTag,
+        done: Completion<T>,
+        result: Result<Result<T>, StorageError>,
+    ) -> Result<Outcome, StorageError> {
+        if let (Some((id, digest)), Ok(Ok(response))) = (&tag, &result) {
+            let wall = self.shared.config.clock.wall();
+            let retention = self.shared.config.operation_retention;
+            if let Err(e) = self
+                .operations
+                .record_in(batch, id, *digest, wall, response, retention)
+            {
+                done(Err(Error::Storage(e.clone())));
+                return Err(e);
+            }
+        }
+        settle(done, result)
+    }
+
+    /// Applies one write, recording its outcome under `tag` if it has one.
+    fn apply_tagged(
+        &mut self,
+        batch: &mut WriteBatch<'_>,
+        proposal: Proposal,
+        tag: OperationTag,
+    ) -> Result<Outcome, StorageError> {
         let cost = proposal.cost();
         match proposal {
             Proposal::Alarm(req, done) => settle(done, self.apply_alarm(batch, req)),
             Proposal::Put(req, done) => {
                 let result = self.gated(batch, cost, |a, b| a.apply_put(b, &req));
-                settle(done, result)
+                self.settle_tagged(batch, tag, done, result)
             }
             Proposal::DeleteRange(req, done) => {
                 let result = self.gated(batch, cost, |a, b| {
                     a.apply_kv(b, None, |w, _, _| Ok(Ok(w.delete_range(&req)?)))
                 });
-                settle(done, result)
+                self.settle_tagged(batch, tag, done, result)
             }
             Proposal::Txn(req, done) => {
                 let result = self.gated(batch, cost, |a, b| {
                     a.apply_kv(b, None, |w, _, accounts| apply_txn(w, accounts, &req))
                 });
-                settle(done, result)
+                self.settle_tagged(batch, tag, done, result)
             }
             Proposal::LeaseRevoke(req, done) => {
                 let result = self.gated(batch, cost, |a, b| {
@@ -527,11 +656,19 @@ impl Applier {
                         revoke_keys(w, lessor, req.id)
                     })
                 });
-                settle(done, result)
+                self.settle_tagged(batch, tag, done, result)
             }
             Proposal::LeaseGrant(req, done) => {
                 let result = self.gated(batch, cost, |a, b| a.apply_lease_grant(b, req));
-                settle(done, result)
+                self.settle_tagged(batch, tag, done, result)
+            }
+            Proposal::Identified(op) => {
+                // enqueue_with never nests ids; apply the outer id's write as such.
+                self.apply_identified(batch, *op)
+            }
+            Proposal::Reconcile(req, done) => {
+                let answer = self.reconcile(&req);
+                Ok(Outcome::Answer(Answer::new(done, Ok(answer))))
             }
             Proposal::Accounting(req, done) => {
                 let result = self.gated(batch, cost, |a, b| {
@@ -541,7 +678,8 @@ impl Applier {
                     let quota = space::quota_bytes(shared.config.quota_backend_bytes);
                     // The prepare queue's fair share looks at recent admissions (APPLY-3).
                     let now = shared.config.clock.now();
-                    let answer = req.apply(&mut accounts, quota, &index, now, b)?;
+                    let wall = shared.config.clock.wall();
+                    let answer = req.apply(&mut accounts, quota, &index, now, wall, b)?;
                     if answer.is_ok() {
                         a.applied_index += 1;
                         if matches!(req, AccountingRequest::UpdateQuota { .. }) {
@@ -552,15 +690,38 @@ impl Applier {
                     }
                     Ok(answer)
                 });
-                settle(done, result)
+                // An operator call's outcome is its answer and the revision it saw.
+                let revision = self.current;
+                let result = result.map(|r| {
+                    r.map(|answer| AccountingOutcome {
+                        revision,
+                        answer: answer as u64,
+                    })
+                });
+                let done: Completion<AccountingOutcome> =
+                    Box::new(move |r| done(r.map(|o| o.answer as usize)));
+                self.settle_tagged(batch, tag, done, result)
             }
             Proposal::Compaction(req, done) => {
                 match self.gated(batch, cost, |a, b| a.apply_compaction(b, req)) {
-                    Ok(Ok(scheduled)) => Ok(Outcome::Compaction {
-                        revision: req.revision,
-                        physical: req.physical,
-                        answer: Answer::new(done, Ok(scheduled)),
-                    }),
+                    Ok(Ok(scheduled)) => {
+                        if let Some((id, digest)) = &tag {
+                            let wall = self.shared.config.clock.wall();
+                            let retention = self.shared.config.operation_retention;
+                            let recorded = self
+                                .operations
+                                .record_in(batch, id, *digest, wall, &scheduled, retention);
+                            if let Err(e) = recorded {
+                                done(Err(Error::Storage(e.clone())));
+                                return Err(e);
+                            }
+                        }
+                        Ok(Outcome::Compaction {
+                            revision: req.revision,
+                            physical: req.physical,
+                            answer: Answer::new(done, Ok(scheduled)),
+                        })
+                    }
                     Ok(Err(Error::Compacted)) if req.physical => Ok(
                         Outcome::AfterPendingCompactions(Answer::new(done, Err(Error::Compacted))),
                     ),
@@ -855,6 +1016,42 @@ impl Applier {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Answers a retry from its recorded response (OPER-2), delivered with the batch so that it
+/// comes after the commit that holds the first attempt.
+fn replay(
+    batch: &mut WriteBatch<'_>,
+    proposal: Proposal,
+    id: &str,
+) -> Result<Outcome, StorageError> {
+    fn recorded<T: Recordable + Send + 'static>(
+        batch: &WriteBatch<'_>,
+        id: &str,
+        done: Completion<T>,
+    ) -> Result<Outcome, StorageError> {
+        settle(done, Operations::response_in::<T>(batch, id).map(Ok))
+    }
+    match proposal {
+        Proposal::Put(_, done) => recorded(batch, id, done),
+        Proposal::DeleteRange(_, done) => recorded(batch, id, done),
+        Proposal::Txn(_, done) => recorded(batch, id, done),
+        Proposal::Compaction(_, done) => recorded(batch, id, done),
+        Proposal::LeaseGrant(_, done) => recorded(batch, id, done),
+        Proposal::LeaseRevoke(_, done) => recorded(batch, id, done),
+        Proposal::Accounting(_, done) => {
+            let done: Completion<AccountingOutcome> =
+                Box::new(move |r| done(r.map(|o| o.answer as usize)));
+            recorded(batch, id, done)
+        }
+        other => {
+            // Admission gives ids to these kinds only (Proposal::digest).
+            other.refuse(Error::InvalidArgument(
+                "this request cannot carry an operation id".into(),
+            ));
+            Ok(Outcome::Refused)
         }
     }
 }

@@ -47,7 +47,8 @@ use bytes::Bytes;
 use std::thread::JoinHandle;
 
 use crate::accounting::{
-    self, AccountingRequest, Accounts, AgentState, AllocationPrepareQueue, RecordKind, RoleUsage,
+    self, AccountingRequest, Accounts, Agent, AgentState, AllocationPrepareQueue, RecordKind,
+    RoleUsage, TaskQuery, TaskStatus,
 };
 use crate::alarm::{ALARMS_TABLE, Alarms};
 use crate::api::{
@@ -63,6 +64,8 @@ use crate::lease::{LEASE_TTL_MAX_SECONDS, LEASE_TTL_MIN_SECONDS_DEFAULT, LEASES_
 use crate::mvcc::hash::HashState;
 use crate::mvcc::write::Change;
 use crate::mvcc::{Index, read, validate};
+use crate::operations::reconcile::{OperationQuery, OperationStatus};
+use crate::operations::{OPERATIONS_TABLE, Operations, Retention, validate_operation_id};
 use crate::quota::{self, QuotaConfig, RawQuotaConfig, STAR_ROLE};
 use crate::space::{self, FreeSpace, SpaceTracker, StatvfsFreeSpace};
 use crate::storage::faults::Faults;
@@ -80,8 +83,8 @@ use lanes::Queued;
 use mailbox::Mailbox;
 use prepare::PrepareQueue;
 pub use prepare::RoleQueue;
-use proposal::Proposal;
 pub use proposal::{Completion, WriteRequest, write_cost};
+use proposal::{Identified, Proposal, ReconcileAnswer, ReconcileRequest};
 pub use publish::Published;
 
 /// etcd's default `--max-request-bytes`.
@@ -163,6 +166,42 @@ pub struct Config {
     /// the persisted one (off if it was never set). [`Engine::allocation_prepare_queue_replaced`] says
     /// whether it replaced one.
     pub allocation_prepare_queue_length: Option<u64>,
+    /// How many outcomes of writes with an operation id are kept, and for how long
+    /// (`--operation-retention-count`, `--operation-retention`; OPER-4).
+    pub operation_retention: Retention,
+    /// A recovered agent that has not registered again this long after open (engine clock)
+    /// becomes unreachable (`--agent-reregister-timeout`).
+    pub agent_reregister_timeout: Duration,
+}
+
+/// How long after open a recovered agent may take to register again, unless configured.
+pub const AGENT_REREGISTER_TIMEOUT_DEFAULT: Duration = Duration::from_secs(600);
+
+/// Options of one write.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+/// let once = kvd::WriteOptions::with_operation_id("client-7/1");
+/// let first = engine.put_with(kvd::PutRequest::new("k", "v"), &once).unwrap();
+/// let retry = engine.put_with(kvd::PutRequest::new("k", "v"), &once).unwrap();
+/// assert_eq!(first, retry, "the retry gets the recorded response");
+/// assert_eq!(engine.status().unwrap().header.revision, 2, "applied once");
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// Makes the write exactly-once (OPER-2): a later write with the same id and the same
+    /// request gets the recorded response instead of being applied again.
+    pub operation_id: Option<String>,
+}
+
+impl WriteOptions {
+    /// Returns options carrying operation id `id`.
+    pub fn with_operation_id(id: impl Into<String>) -> WriteOptions {
+        WriteOptions {
+            operation_id: Some(id.into()),
+        }
+    }
 }
 
 impl Default for Config {
@@ -188,6 +227,8 @@ impl Default for Config {
             commit_failpoint: None,
             auto_compaction: None,
             allocation_prepare_queue_length: None,
+            operation_retention: Retention::default(),
+            agent_reregister_timeout: AGENT_REREGISTER_TIMEOUT_DEFAULT,
         }
     }
 }
@@ -200,6 +241,10 @@ impl Config {
             ("prepare_queue_length", self.prepare_queue_length),
             ("batch_requests_max", self.batch_requests_max),
             ("compaction_batch_records", self.compaction_batch_records),
+            (
+                "operation_retention.count",
+                usize::try_from(self.operation_retention.count).unwrap_or(usize::MAX),
+            ),
         ];
         for (name, value) in positive {
             if value == 0 {
@@ -243,7 +288,38 @@ struct Shared {
     /// The roles with a registry entry, for charging a write's queue slot to its owner at
     /// admission; replaced by the apply thread after every quota update.
     owners: RwLock<Arc<BTreeSet<String>>>,
+    /// Operation ids admitted and not yet answered, with how many writes carry each
+    /// (`OPERATION_PENDING` in reconciliation).
+    pending_operations: Arc<Mutex<BTreeMap<String, usize>>>,
     config: Config,
+}
+
+/// Marks an operation id pending from admission until its write's completion ran.
+struct PendingMark {
+    pending: Arc<Mutex<BTreeMap<String, usize>>>,
+    id: String,
+}
+
+impl PendingMark {
+    fn new(pending: &Arc<Mutex<BTreeMap<String, usize>>>, id: &str) -> PendingMark {
+        *crate::sync::lock(pending).entry(id.to_owned()).or_default() += 1;
+        PendingMark {
+            pending: pending.clone(),
+            id: id.to_owned(),
+        }
+    }
+}
+
+impl Drop for PendingMark {
+    fn drop(&mut self) {
+        let mut pending = crate::sync::lock(&self.pending);
+        if let Some(count) = pending.get_mut(&self.id) {
+            *count -= 1;
+            if *count == 0 {
+                pending.remove(&self.id);
+            }
+        }
+    }
 }
 
 /// What the watch sync thread uses.
@@ -406,7 +482,7 @@ impl Engine {
             } else {
                 CommitSync::Durable
             },
-            row_tables: [LEASES_TABLE, ALARMS_TABLE]
+            row_tables: [LEASES_TABLE, ALARMS_TABLE, OPERATIONS_TABLE]
                 .into_iter()
                 .chain(accounting::TABLES)
                 .collect(),
@@ -419,6 +495,7 @@ impl Engine {
         // pages in use never exceed the file.
         let in_use = store.file_size()?;
         let mut accounts = Accounts::load(&store.snapshot()?, &recovered.index)?;
+        let operations = Operations::load(&store.snapshot()?)?;
         let allocation_prepare_queue_replaced = configure_prepare_queue(
             &store,
             &mut accounts,
@@ -457,6 +534,7 @@ impl Engine {
             stopping,
             prepare: Arc::new(PrepareQueue::new(prepare_queue_length, clock.clone())),
             owners: RwLock::new(Arc::new(owners)),
+            pending_operations: Arc::default(),
             config,
         });
         let proposals = Arc::new(Mailbox::new());
@@ -469,6 +547,7 @@ impl Engine {
             recovered.current,
             recovered.applied_index,
             recovered.jobs,
+            operations,
         );
         let apply_thread = std::thread::Builder::new()
             .name("kvd-apply".into())
@@ -523,7 +602,12 @@ impl Engine {
     /// assert_eq!(&second.prev_kv.unwrap().value[..], b"v1");
     /// ```
     pub fn put(&self, req: PutRequest) -> Result<PutResponse> {
-        wait(|done| self.submit_put(req, done))
+        self.put_with(req, &WriteOptions::default())
+    }
+
+    /// Puts with `options` (an operation id makes it exactly-once; see [`WriteOptions`]).
+    pub fn put_with(&self, req: PutRequest, options: &WriteOptions) -> Result<PutResponse> {
+        wait(|done| self.submit_put_with(req, options, done))
     }
 
     /// Submits a Put and returns at once; `done` receives the answer once the commit that
@@ -538,13 +622,24 @@ impl Engine {
     /// assert_eq!(rx.recv().unwrap().unwrap().header.revision, 2);
     /// ```
     pub fn submit_put(&self, req: PutRequest, done: Completion<PutResponse>) {
+        self.submit_put_with(req, &WriteOptions::default(), done);
+    }
+
+    /// Submits a Put with `options`; `done` receives the answer as with
+    /// [`Engine::submit_put`] (for a retry of an operation id, the recorded one).
+    pub fn submit_put_with(
+        &self,
+        req: PutRequest,
+        options: &WriteOptions,
+        done: Completion<PutResponse>,
+    ) {
         let admitted = self
             .alarm_gate(space::put_cost(req.key.len(), req.value.len()))
             .and_then(|()| validate::check_put(&req));
         if let Err(e) = admitted {
             return done(Err(e));
         }
-        self.enqueue(Proposal::Put(req, done));
+        self.enqueue_with(Proposal::Put(req, done), options);
     }
 
     /// Deletes a key or a range (etcd's DeleteRange).
@@ -557,7 +652,16 @@ impl Engine {
     /// assert_eq!(deleted.deleted, 1);
     /// ```
     pub fn delete_range(&self, req: DeleteRangeRequest) -> Result<DeleteRangeResponse> {
-        wait(|done| self.submit_delete_range(req, done))
+        self.delete_range_with(req, &WriteOptions::default())
+    }
+
+    /// Deletes with `options` (see [`WriteOptions`]).
+    pub fn delete_range_with(
+        &self,
+        req: DeleteRangeRequest,
+        options: &WriteOptions,
+    ) -> Result<DeleteRangeResponse> {
+        wait(|done| self.submit_delete_range_with(req, options, done))
     }
 
     /// Submits a DeleteRange; `done` receives the answer as with [`Engine::submit_put`].
@@ -566,10 +670,20 @@ impl Engine {
         req: DeleteRangeRequest,
         done: Completion<DeleteRangeResponse>,
     ) {
+        self.submit_delete_range_with(req, &WriteOptions::default(), done);
+    }
+
+    /// Submits a DeleteRange with `options` (see [`Engine::submit_put_with`]).
+    pub fn submit_delete_range_with(
+        &self,
+        req: DeleteRangeRequest,
+        options: &WriteOptions,
+        done: Completion<DeleteRangeResponse>,
+    ) {
         if let Err(e) = validate::check_delete(&req) {
             return done(Err(e));
         }
-        self.enqueue(Proposal::DeleteRange(req, done));
+        self.enqueue_with(Proposal::DeleteRange(req, done), options);
     }
 
     /// Runs a transaction (etcd's Txn). A read-only one is served in the caller's thread.
@@ -587,12 +701,28 @@ impl Engine {
     /// assert!(!engine.txn(create_if_absent).unwrap().succeeded);
     /// ```
     pub fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
-        wait(|done| self.submit_txn(req, done))
+        self.txn_with(req, &WriteOptions::default())
+    }
+
+    /// Runs a Txn with `options` (see [`WriteOptions`]; a read-only Txn changes nothing,
+    /// so it is served afresh and nothing is recorded for its id).
+    pub fn txn_with(&self, req: TxnRequest, options: &WriteOptions) -> Result<TxnResponse> {
+        wait(|done| self.submit_txn_with(req, options, done))
     }
 
     /// Submits a Txn; `done` receives the answer as with [`Engine::submit_put`]. A
     /// read-only Txn is served in this thread before this returns.
     pub fn submit_txn(&self, req: TxnRequest, done: Completion<TxnResponse>) {
+        self.submit_txn_with(req, &WriteOptions::default(), done);
+    }
+
+    /// Submits a Txn with `options` (see [`Engine::submit_put_with`]).
+    pub fn submit_txn_with(
+        &self,
+        req: TxnRequest,
+        options: &WriteOptions,
+        done: Completion<TxnResponse>,
+    ) {
         let max_txn_ops = match self.shared() {
             Ok(shared) => shared.config.max_txn_ops,
             Err(e) => return done(Err(e)),
@@ -609,7 +739,7 @@ impl Engine {
         if let Err(e) = admitted {
             return done(Err(e));
         }
-        self.enqueue(Proposal::Txn(req, done));
+        self.enqueue_with(Proposal::Txn(req, done), options);
     }
 
     /// Compacts the history at `req.revision` (etcd's Compact); with `physical` the call
@@ -625,13 +755,32 @@ impl Engine {
     /// assert!(old.unwrap_err().is_compacted());
     /// ```
     pub fn compact(&self, req: CompactionRequest) -> Result<CompactionResponse> {
-        wait(|done| self.submit_compact(req, done))
+        self.compact_with(req, &WriteOptions::default())
+    }
+
+    /// Compacts with `options` (see [`WriteOptions`]).
+    pub fn compact_with(
+        &self,
+        req: CompactionRequest,
+        options: &WriteOptions,
+    ) -> Result<CompactionResponse> {
+        wait(|done| self.submit_compact_with(req, options, done))
     }
 
     /// Submits a Compact; `done` receives the answer as with [`Engine::submit_put`] (with
     /// `physical`, after the superseded records are deleted).
     pub fn submit_compact(&self, req: CompactionRequest, done: Completion<CompactionResponse>) {
-        self.enqueue(Proposal::Compaction(req, done));
+        self.submit_compact_with(req, &WriteOptions::default(), done);
+    }
+
+    /// Submits a Compact with `options` (see [`Engine::submit_put_with`]).
+    pub fn submit_compact_with(
+        &self,
+        req: CompactionRequest,
+        options: &WriteOptions,
+        done: Completion<CompactionResponse>,
+    ) {
+        self.enqueue_with(Proposal::Compaction(req, done), options);
     }
 
     /// Hashes the history visible at `revision` (0 = current), as etcd's HashKV.
@@ -758,18 +907,37 @@ impl Engine {
     /// assert_eq!((ttl.granted_ttl, ttl.keys.len()), (60, 1));
     /// ```
     pub fn lease_grant(&self, req: LeaseGrantRequest) -> Result<LeaseGrantResponse> {
-        wait(|done| self.submit_lease_grant(req, done))
+        self.lease_grant_with(req, &WriteOptions::default())
+    }
+
+    /// Grants with `options` (see [`WriteOptions`]).
+    pub fn lease_grant_with(
+        &self,
+        req: LeaseGrantRequest,
+        options: &WriteOptions,
+    ) -> Result<LeaseGrantResponse> {
+        wait(|done| self.submit_lease_grant_with(req, options, done))
     }
 
     /// Submits a LeaseGrant; `done` receives the answer as with [`Engine::submit_put`].
     pub fn submit_lease_grant(&self, req: LeaseGrantRequest, done: Completion<LeaseGrantResponse>) {
+        self.submit_lease_grant_with(req, &WriteOptions::default(), done);
+    }
+
+    /// Submits a LeaseGrant with `options` (see [`Engine::submit_put_with`]).
+    pub fn submit_lease_grant_with(
+        &self,
+        req: LeaseGrantRequest,
+        options: &WriteOptions,
+        done: Completion<LeaseGrantResponse>,
+    ) {
         if let Err(e) = self.alarm_gate(space::LEASE_GRANT_COST_BYTES) {
             return done(Err(e));
         }
         if req.ttl > LEASE_TTL_MAX_SECONDS {
             return done(Err(Error::LeaseTtlTooLarge));
         }
-        self.enqueue(Proposal::LeaseGrant(req, done));
+        self.enqueue_with(Proposal::LeaseGrant(req, done), options);
     }
 
     /// Revokes a lease and deletes its keys in one revision (etcd's LeaseRevoke).
@@ -786,13 +954,32 @@ impl Engine {
     /// assert!(engine.lease_revoke(lease.id).unwrap_err().to_string().contains("lease not found"));
     /// ```
     pub fn lease_revoke(&self, id: i64) -> Result<LeaseRevokeResponse> {
-        wait(|done| self.submit_lease_revoke(id, done))
+        self.lease_revoke_with(id, &WriteOptions::default())
+    }
+
+    /// Revokes with `options` (see [`WriteOptions`]).
+    pub fn lease_revoke_with(
+        &self,
+        id: i64,
+        options: &WriteOptions,
+    ) -> Result<LeaseRevokeResponse> {
+        wait(|done| self.submit_lease_revoke_with(id, options, done))
     }
 
     /// Submits a LeaseRevoke; `done` receives the answer as with [`Engine::submit_put`].
     pub fn submit_lease_revoke(&self, id: i64, done: Completion<LeaseRevokeResponse>) {
+        self.submit_lease_revoke_with(id, &WriteOptions::default(), done);
+    }
+
+    /// Submits a LeaseRevoke with `options` (see [`Engine::submit_put_with`]).
+    pub fn submit_lease_revoke_with(
+        &self,
+        id: i64,
+        options: &WriteOptions,
+        done: Completion<LeaseRevokeResponse>,
+    ) {
         let req = LeaseRevokeRequest { id };
-        self.enqueue(Proposal::LeaseRevoke(req, done));
+        self.enqueue_with(Proposal::LeaseRevoke(req, done), options);
     }
 
     /// Renews a lease to its full TTL (etcd's LeaseKeepAlive); TTL 0 if it does not exist.
@@ -1156,7 +1343,100 @@ impl Engine {
     /// assert_eq!(engine.apply_accounting(kvd::AccountingRequest::Repair).unwrap(), 0);
     /// ```
     pub fn apply_accounting(&self, request: AccountingRequest) -> Result<usize> {
-        wait(|done| self.enqueue(Proposal::Accounting(request, done)))
+        self.apply_accounting_with(request, &WriteOptions::default())
+    }
+
+    /// Applies an operator request with `options` (an operation id makes it exactly-once;
+    /// see [`WriteOptions`]).
+    pub fn apply_accounting_with(
+        &self,
+        request: AccountingRequest,
+        options: &WriteOptions,
+    ) -> Result<usize> {
+        wait(|done| self.submit_accounting_with(request, options, done))
+    }
+
+    /// Submits an operator request with `options`; `done` receives the answer as with
+    /// [`Engine::submit_put`].
+    pub fn submit_accounting_with(
+        &self,
+        request: AccountingRequest,
+        options: &WriteOptions,
+        done: Completion<usize>,
+    ) {
+        if request == AccountingRequest::RecoveredTimedOut {
+            return done(Err(Error::InvalidArgument(
+                "the engine makes that request itself".into(),
+            )));
+        }
+        self.enqueue_with(Proposal::Accounting(request, done), options);
+    }
+
+    /// Answers Mesos's RECONCILE_OPERATIONS (RECON-2): a status for each of `queries`, or
+    /// with none, for every retained or pending operation whose id starts with `prefix`.
+    /// Runs in apply order, so it sees every write admitted before it.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// let once = kvd::WriteOptions::with_operation_id("c1/put");
+    /// engine.put_with(kvd::PutRequest::new("k", "v"), &once).unwrap();
+    /// let all = engine.reconcile_operations(vec![], "c1/").unwrap();
+    /// assert_eq!((all.len(), all[0].state.name(), all[0].revision), (1, "OPERATION_FINISHED", Some(2)));
+    /// ```
+    pub fn reconcile_operations(
+        &self,
+        queries: Vec<OperationQuery>,
+        prefix: &str,
+    ) -> Result<Vec<OperationStatus>> {
+        let request = ReconcileRequest::Operations {
+            queries,
+            prefix: prefix.to_owned(),
+        };
+        match wait(|done| self.enqueue(Proposal::Reconcile(request, done)))? {
+            ReconcileAnswer::Operations(statuses) => Ok(statuses),
+            ReconcileAnswer::Tasks(_) => Err(Error::InvalidArgument(
+                "internal error: task answer to an operation query".into(),
+            )),
+        }
+    }
+
+    /// Answers Mesos's RECONCILE over the allocations (RECON-1): implicit with no tasks,
+    /// else one status per task except Mesos's branch 2 (agent recovered), which has none.
+    pub fn reconcile_tasks(
+        &self,
+        tasks: Vec<TaskQuery>,
+        partition_aware: bool,
+    ) -> Result<Vec<TaskStatus>> {
+        let request = ReconcileRequest::Tasks {
+            tasks,
+            partition_aware,
+        };
+        match wait(|done| self.enqueue(Proposal::Reconcile(request, done)))? {
+            ReconcileAnswer::Tasks(statuses) => Ok(statuses),
+            ReconcileAnswer::Operations(_) => Err(Error::InvalidArgument(
+                "internal error: operation answer to a task query".into(),
+            )),
+        }
+    }
+
+    /// Returns every agent with its state, by id (GET_AGENTS).
+    pub fn agents(&self) -> Result<BTreeMap<String, Agent>> {
+        Ok(crate::sync::lock(&self.shared()?.accounts).agents().clone())
+    }
+
+    /// Marks an agent unreachable (MARK_AGENT_UNREACHABLE), since now on the engine's wall
+    /// clock; it keeps its records but is not counted in capacity until it registers again.
+    pub fn mark_agent_unreachable(&self, id: &str) -> Result<()> {
+        self.apply_accounting(AccountingRequest::MarkAgentUnreachable { id: id.to_owned() })
+            .map(drop)
+    }
+
+    /// Marks an agent gone (MARK_AGENT_GONE): terminal; its allocations and reservations
+    /// are released in the same transaction.
+    pub fn mark_agent_gone(&self, id: &str) -> Result<()> {
+        self.apply_accounting(AccountingRequest::MarkAgentGone { id: id.to_owned() })
+            .map(drop)
     }
 
     /// Returns the revisions, sizes and applied index.
@@ -1236,6 +1516,29 @@ impl Engine {
             return Err(Error::NoSpace);
         }
         Ok(())
+    }
+
+    /// Admission of a write with its options: an operation id is checked, and the write is
+    /// marked pending under it until its completion ran; then [`Engine::enqueue`].
+    fn enqueue_with(&self, proposal: Proposal, options: &WriteOptions) {
+        let Some(id) = &options.operation_id else {
+            return self.enqueue(proposal);
+        };
+        if let Err(e) = validate_operation_id(id) {
+            return proposal.refuse(e);
+        }
+        let (Some(digest), Ok(shared)) = (proposal.digest(), self.shared()) else {
+            return proposal.refuse(Error::InvalidArgument(
+                "this request cannot carry an operation id".into(),
+            ));
+        };
+        let mark = PendingMark::new(&shared.pending_operations, id);
+        let inner = proposal.holding(mark);
+        self.enqueue(Proposal::Identified(Box::new(Identified {
+            id: id.clone(),
+            digest,
+            inner,
+        })));
     }
 
     /// The rest of admission, once per request: the queue bound (PROP-2; etcd checks the

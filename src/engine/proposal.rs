@@ -17,6 +17,7 @@
 //! `engine::commit` delivers the answers.
 
 use crate::accounting::AccountingRequest;
+use crate::accounting::{TaskQuery, TaskStatus};
 use crate::api::{
     AlarmRequest, AlarmResponse, CompactionRequest, CompactionResponse, DeleteRangeRequest,
     DeleteRangeResponse, LeaseGrantRequest, LeaseGrantResponse, LeaseRevokeRequest,
@@ -24,8 +25,10 @@ use crate::api::{
     raft_entry_len,
 };
 use crate::engine::defrag::DefragStep;
-use crate::engine::prepare::Slot;
 use crate::error::{Error, Result};
+use crate::operations::Digest;
+use crate::operations::digest::digest;
+use crate::operations::reconcile::{OperationQuery, OperationStatus};
 use crate::space;
 
 /// Receives the result of one write. Called exactly once (PROP-1), on the engine's commit
@@ -128,6 +131,49 @@ pub enum Proposal {
     Accounting(AccountingRequest, Completion<usize>),
     /// A step of a defrag, run between two batches.
     Defrag(DefragStep),
+    /// A write that carries an operation id (exactly-once, OPER-2).
+    Identified(Box<Identified>),
+    /// A reconciliation, answered in apply order so it sees every write before it.
+    Reconcile(ReconcileRequest, Completion<ReconcileAnswer>),
+}
+
+/// A write with its operation id and its request's digest.
+pub struct Identified {
+    /// The operation id.
+    pub id: String,
+    /// The request's digest (DIGEST-1).
+    pub digest: Digest,
+    /// The write itself; never itself `Identified`, a defrag step or a reconciliation.
+    pub inner: Proposal,
+}
+
+/// A reconciliation request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReconcileRequest {
+    /// RECONCILE_OPERATIONS: the named operations, or every retained one whose id starts
+    /// with `prefix` when `queries` is empty.
+    Operations {
+        /// The operations asked about.
+        queries: Vec<OperationQuery>,
+        /// For an implicit query, the id prefix.
+        prefix: String,
+    },
+    /// RECONCILE over the allocations: the named ones, or every live one when empty.
+    Tasks {
+        /// The tasks asked about.
+        tasks: Vec<TaskQuery>,
+        /// The scheduler is partition-aware.
+        partition_aware: bool,
+    },
+}
+
+/// A reconciliation's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReconcileAnswer {
+    /// One status per operation.
+    Operations(Vec<OperationStatus>),
+    /// One status per task (none for Mesos's branch 2).
+    Tasks(Vec<TaskStatus>),
 }
 
 impl std::fmt::Debug for Proposal {
@@ -142,6 +188,12 @@ impl std::fmt::Debug for Proposal {
             Proposal::Alarm(r, _) => f.debug_tuple("Alarm").field(r).finish(),
             Proposal::Accounting(r, _) => f.debug_tuple("Accounting").field(r).finish(),
             Proposal::Defrag(step) => f.debug_tuple("Defrag").field(step).finish(),
+            Proposal::Identified(op) => f
+                .debug_struct("Identified")
+                .field("id", &op.id)
+                .field("inner", &op.inner)
+                .finish(),
+            Proposal::Reconcile(r, _) => f.debug_tuple("Reconcile").field(r).finish(),
         }
     }
 }
@@ -160,12 +212,32 @@ impl Proposal {
             Proposal::Accounting(_, done) => done(Err(error)),
             // The defrag caller waits on its own reply channel, which sees the drop.
             Proposal::Defrag(_) => {}
+            Proposal::Identified(op) => op.inner.refuse(error),
+            Proposal::Reconcile(_, done) => done(Err(error)),
         }
     }
 
-    /// Returns the proposal with its completion wrapped so that it holds `slot` until it ran
-    /// (PROP-2).
-    pub fn holding(self, slot: Slot) -> Proposal {
+    /// Returns the digest of the write (DIGEST-1), or `None` for what cannot carry an
+    /// operation id (alarms, defrag steps, reconciliations).
+    pub fn digest(&self) -> Option<Digest> {
+        Some(match self {
+            Proposal::Put(r, _) => digest("put", r),
+            Proposal::DeleteRange(r, _) => digest("delete_range", r),
+            Proposal::Txn(r, _) => digest("txn", r),
+            Proposal::Compaction(r, _) => digest("compaction", r),
+            Proposal::LeaseGrant(r, _) => digest("lease_grant", r),
+            Proposal::LeaseRevoke(r, _) => digest("lease_revoke", r),
+            Proposal::Accounting(r, _) => digest("accounting", r),
+            Proposal::Alarm(..)
+            | Proposal::Defrag(_)
+            | Proposal::Identified(_)
+            | Proposal::Reconcile(..) => return None,
+        })
+    }
+
+    /// Returns the proposal with its completion wrapped so that it holds `slot` (a prepare
+    /// queue slot, PROP-2, or a pending operation's mark) until it ran.
+    pub fn holding<G: Send + 'static>(self, slot: G) -> Proposal {
         match self {
             Proposal::Put(r, done) => Proposal::Put(r, holding(slot, done)),
             Proposal::DeleteRange(r, done) => Proposal::DeleteRange(r, holding(slot, done)),
@@ -176,6 +248,11 @@ impl Proposal {
             Proposal::Alarm(r, done) => Proposal::Alarm(r, holding(slot, done)),
             Proposal::Accounting(r, done) => Proposal::Accounting(r, holding(slot, done)),
             Proposal::Defrag(step) => Proposal::Defrag(step),
+            Proposal::Identified(mut op) => {
+                op.inner = op.inner.holding(slot);
+                Proposal::Identified(op)
+            }
+            Proposal::Reconcile(r, done) => Proposal::Reconcile(r, holding(slot, done)),
         }
     }
 
@@ -191,6 +268,19 @@ impl Proposal {
             Proposal::LeaseRevoke(r, _) => r.encoded_len(),
             Proposal::Alarm(r, _) => r.encoded_len(),
             Proposal::Accounting(r, _) => r.encoded_len(),
+            Proposal::Reconcile(ReconcileRequest::Operations { queries, prefix }, _) => {
+                prefix.len()
+                    + queries
+                        .iter()
+                        .map(|q| q.operation_id.len() + q.agent_id.as_ref().map_or(0, String::len))
+                        .sum::<usize>()
+            }
+            Proposal::Reconcile(ReconcileRequest::Tasks { tasks, .. }, _) => tasks
+                .iter()
+                .map(|t| t.task_id.len() + t.agent_id.as_ref().map_or(0, String::len))
+                .sum(),
+            // The id travels beside the request (metadata), not in it.
+            Proposal::Identified(op) => return op.inner.encoded_len(),
             Proposal::Defrag(_) => return 0,
         };
         raft_entry_len(inner)
@@ -202,12 +292,14 @@ impl Proposal {
             Proposal::Put(p, _) => space::put_cost(p.key.len(), p.value.len()),
             Proposal::Txn(t, _) => space::txn_cost(t),
             Proposal::LeaseGrant(..) => space::LEASE_GRANT_COST_BYTES,
+            Proposal::Identified(op) => op.inner.cost(),
             Proposal::DeleteRange(..)
             | Proposal::Compaction(..)
             | Proposal::LeaseRevoke(..)
             | Proposal::Alarm(..)
             | Proposal::Accounting(..)
-            | Proposal::Defrag(_) => 0,
+            | Proposal::Defrag(_)
+            | Proposal::Reconcile(..) => 0,
         }
     }
 
@@ -219,13 +311,18 @@ impl Proposal {
             Proposal::Put(p, _) => Some(&p.key),
             Proposal::DeleteRange(d, _) => Some(&d.key),
             Proposal::Txn(t, _) => first_written_in(t),
+            Proposal::Identified(op) => op.inner.first_written_key(),
             _ => None,
         }
     }
 
     /// Returns true for a compaction, which starts a batch of its own (APPLY-2).
     pub fn is_compaction(&self) -> bool {
-        matches!(self, Proposal::Compaction(..))
+        match self {
+            Proposal::Compaction(..) => true,
+            Proposal::Identified(op) => op.inner.is_compaction(),
+            _ => false,
+        }
     }
 }
 
@@ -288,7 +385,7 @@ fn first_written_in(txn: &TxnRequest) -> Option<&[u8]> {
 }
 
 /// Wraps `done` so that the write holds `slot` until its completion ran (PROP-2).
-fn holding<T: 'static>(slot: Slot, done: Completion<T>) -> Completion<T> {
+fn holding<T: 'static, G: Send + 'static>(slot: G, done: Completion<T>) -> Completion<T> {
     Box::new(move |result| {
         drop(slot);
         done(result);

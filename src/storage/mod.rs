@@ -672,6 +672,16 @@ impl WriteBatch<'_> {
         Ok(())
     }
 
+    /// Returns a row of a registered table as this batch sees it.
+    pub fn get_row(&self, table: RowTable, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        let t = self
+            .txn
+            .open_table(table.definition())
+            .map_err(storage_error)?;
+        let value = t.get(key).map_err(storage_error)?;
+        Ok(value.map(|v| v.value().to_vec()))
+    }
+
     /// Deletes a row of a registered table; returns true if it existed.
     pub fn delete_row(&mut self, table: RowTable, key: &[u8]) -> Result<bool, StorageError> {
         let mut t = self
