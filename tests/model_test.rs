@@ -415,6 +415,31 @@ fn hash_kv_is_equal_across_engines() {
     );
 }
 
+#[test]
+fn generated_sequences_retry_and_reuse_operation_ids_and_the_engine_applies_once() {
+    let seq = generate(11, 3_000);
+    let mut firsts: std::collections::BTreeMap<&str, &Op> = Default::default();
+    let (mut retries, mut reuses) = (0, 0);
+    for op in &seq.ops {
+        if let Op::Once { id, op } = op {
+            match firsts.get(id.as_str()) {
+                Some(first) if **first == **op => retries += 1,
+                Some(_) => reuses += 1,
+                None => {
+                    firsts.insert(id, op);
+                }
+            }
+        }
+    }
+    assert!(
+        retries >= 20 && reuses >= 5,
+        "retries {retries}, reuses {reuses}"
+    );
+    // The engine agrees with the model on every reply and revision (exactly-once included).
+    let dir = tempfile::tempdir().unwrap();
+    run(&seq, dir.path());
+}
+
 // ---- The model alone ----------------------------------------------------------------------
 
 #[test]
@@ -2959,6 +2984,14 @@ fn quota_worked_example_and_namespace_moves_through_the_engine() {
         put("/t/d", "1"),
         Op::Reopen,
         put("/t/d", "1"),
+        // The agent is recovered after the restart, so the capacity holds none of ml's
+        // guaranteed cpus and UPDATE_QUOTA is refused until it registers again.
+        update(vec![raw_config("t", &[], &[])], false),
+        quota_op(QuotaOp::RegisterAgent {
+            id: "a1".into(),
+            state: AgentState::Registered,
+            resources: amounts(&[("cpus", 16.0), ("mem", 4096.0)]),
+        }),
         update(vec![raw_config("t", &[], &[])], false),
         put("/t/d", "1"),
         quota_op(QuotaOp::Release("x1".into())),
@@ -2976,9 +3009,16 @@ fn quota_worked_example_and_namespace_moves_through_the_engine() {
         Reply::Put(Err(Error::QuotaExceeded(third.into()))),
         "after restart"
     );
-    assert!(matches!(r[16], Reply::Put(Ok(_))), "no entry, no limit");
+    assert!(
+        matches!(&r[15], Reply::Quota(Err(Error::QuotaRequest(m))) if m.contains("capacity")),
+        "{:?}",
+        r[15]
+    );
+    assert_eq!(r[16], Reply::Quota(Ok(0)), "registered again");
+    assert_eq!(r[17], Reply::Quota(Ok(0)));
+    assert!(matches!(r[18], Reply::Put(Ok(_))), "no entry, no limit");
     assert_eq!(
-        r[19],
+        r[21],
         Reply::Quota(Ok(0)),
         "nothing drifted: repair changes nothing"
     );

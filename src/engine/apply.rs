@@ -132,6 +132,18 @@ pub struct Applier {
     reregister_checked: bool,
 }
 
+/// What recovery hands the apply thread to go on from.
+pub struct Resume {
+    /// The revision of the last applied write.
+    pub current: i64,
+    /// Requests applied so far.
+    pub applied_index: u64,
+    /// Interrupted compactions to finish.
+    pub jobs: Vec<CompactionJob>,
+    /// The retained outcomes of writes with operation ids.
+    pub operations: Operations,
+}
+
 /// The operation id and request digest a write is recorded under, if it carries one.
 type OperationTag = Option<(String, Digest)>;
 
@@ -179,11 +191,14 @@ impl Applier {
         committer: Committer,
         proposals: Arc<Mailbox<Queued>>,
         commits: Arc<Mailbox<Handover>>,
-        recovered_current: i64,
-        applied_index: u64,
-        jobs: Vec<CompactionJob>,
-        operations: Operations,
+        resume: Resume,
     ) -> Applier {
+        let Resume {
+            current: recovered_current,
+            applied_index,
+            jobs,
+            operations,
+        } = resume;
         let compactions = jobs
             .into_iter()
             .map(|job| PendingCompaction {

@@ -544,10 +544,12 @@ impl Engine {
             committer.clone(),
             proposals.clone(),
             commits.clone(),
-            recovered.current,
-            recovered.applied_index,
-            recovered.jobs,
-            operations,
+            apply::Resume {
+                current: recovered.current,
+                applied_index: recovered.applied_index,
+                jobs: recovered.jobs,
+                operations,
+            },
         );
         let apply_thread = std::thread::Builder::new()
             .name("kvd-apply".into())

@@ -36,6 +36,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
+use kvd::AgentState;
 use kvd::quota::RawQuotaConfig;
 
 /// Resource name → amount in thousandths of a unit.
@@ -93,8 +94,11 @@ pub type Registry = BTreeMap<String, Entry>;
 /// An agent.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Agent {
-    /// REGISTERED (counted in capacity, takes records); false for UNREACHABLE and GONE.
+    /// REGISTERED (counted in capacity, takes records); false for RECOVERED (after a
+    /// restart, until it registers again), UNREACHABLE and GONE.
     pub registered: bool,
+    /// GONE: terminal, it cannot register again; its records were released.
+    pub gone: bool,
     /// Its total resources.
     pub resources: Amounts,
 }
@@ -486,21 +490,67 @@ impl Accounts {
     pub fn register_agent(
         &mut self,
         id: &str,
-        registered: bool,
+        state: AgentState,
         raw: &BTreeMap<String, f64>,
     ) -> Result<(), Refusal> {
         let resources = quantities(raw).map_err(invalid_value)?;
         if id.is_empty() {
             return Err(Refusal::Request("Agent id must be set".to_owned()));
         }
+        if self.agents.get(id).is_some_and(|a| a.gone) {
+            return Err(Refusal::Request(format!(
+                "Agent '{id}' was marked gone and cannot register again"
+            )));
+        }
+        let gone = match state {
+            AgentState::Recovered => {
+                return Err(Refusal::Request(
+                    "An agent cannot be registered as RECOVERED".to_owned(),
+                ));
+            }
+            AgentState::Gone => true,
+            AgentState::Registered | AgentState::Unreachable => false,
+        };
         self.agents.insert(
             id.to_owned(),
             Agent {
-                registered,
+                registered: state == AgentState::Registered,
+                gone,
                 resources,
             },
         );
+        if gone {
+            // Its allocations go first, giving back what they drew, then its reservations.
+            let allocations: Vec<String> = self
+                .allocations
+                .iter()
+                .filter(|(_, a)| a.agent == id)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for allocation in allocations {
+                self.release(&allocation)?;
+            }
+            let reservations: Vec<String> = self
+                .reservations
+                .iter()
+                .filter(|(_, r)| r.agent == id)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for reservation in reservations {
+                self.unreserve(&reservation)?;
+            }
+        }
         Ok(())
+    }
+
+    /// A restart: registered agents become recovered (not registered until they register
+    /// again). Whether the engine has since timed a recovered agent out to unreachable
+    /// changes nothing the model checks: both take no records, count for no capacity and
+    /// register again alike.
+    pub fn recover_agents(&mut self) {
+        for agent in self.agents.values_mut() {
+            agent.registered = false;
+        }
     }
 
     /// The checks RESERVE_RESOURCES and ALLOCATE share, in the operator API's order.

@@ -194,6 +194,7 @@ fn pick_limits(src: &mut impl Source) -> Limits {
 enum Kind {
     Put,
     Delete,
+    Once,
     Txn,
     Range,
     Burst,
@@ -222,6 +223,7 @@ enum Kind {
 const MIX: &[(Kind, u64, u64)] = &[
     (Kind::Put, 226, 250),
     (Kind::Delete, 76, 110),
+    (Kind::Once, 40, 30),
     (Kind::Txn, 184, 120),
     (Kind::Range, 170, 95),
     (Kind::Burst, 2, 1),
@@ -321,6 +323,7 @@ impl<S: Source> Builder<S> {
         match kind {
             Kind::Put => Op::Put(self.put()),
             Kind::Delete => Op::DeleteRange(self.delete()),
+            Kind::Once => self.once(),
             Kind::Txn => {
                 let budget = self.model.limits().max_txn_ops;
                 Op::Txn(self.txn(0, budget))
@@ -586,6 +589,21 @@ impl<S: Source> Builder<S> {
     }
 
     /// Appends `op` unless its outcome is undefined.
+    /// A Put or DeleteRange with one of a few operation ids: often a retry of the write
+    /// the id was first used for, sometimes another write under a used id.
+    fn once(&mut self) -> Op {
+        let id = format!("op{}", self.below(6));
+        let op = match self.model.recorded_operation(&id) {
+            Some(first) if self.chance(60) => first,
+            _ if self.chance(70) => Op::Put(self.put()),
+            _ => Op::DeleteRange(self.delete()),
+        };
+        Op::Once {
+            id,
+            op: Box::new(op),
+        }
+    }
+
     fn emit(&mut self, op: Op) {
         if self.model.op_defined(&op) {
             self.model.apply(&op);

@@ -56,7 +56,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use kvd::{
     AlarmAction, AlarmType, Config, Engine, Error, Faults, HashKvResponse, LeaseGrantRequest,
-    ManualClock, ManualFreeSpace, PutRequest, PutResponse, RangeRequest,
+    ManualClock, ManualFreeSpace, PutRequest, PutResponse, RangeRequest, WriteOptions,
 };
 
 use super::drift;
@@ -1006,6 +1006,16 @@ fn apply(engine: &Engine, op: &Op) -> Reply {
     match op {
         Op::Put(r) => Reply::Put(engine.put(r.clone())),
         Op::DeleteRange(r) => Reply::DeleteRange(engine.delete_range(r.clone())),
+        Op::Once { id, op } => {
+            let options = WriteOptions::with_operation_id(id.clone());
+            match &**op {
+                Op::Put(r) => Reply::Put(engine.put_with(r.clone(), &options)),
+                Op::DeleteRange(r) => {
+                    Reply::DeleteRange(engine.delete_range_with(r.clone(), &options))
+                }
+                other => panic!("harness: no operation id for {other:?}"),
+            }
+        }
         Op::Txn(r) => Reply::Txn(engine.txn(r.clone())),
         Op::Range(r) => Reply::Range(engine.range(r)),
         Op::Compact(r) => Reply::Compact(engine.compact(*r)),

@@ -80,6 +80,14 @@ pub enum Op {
     Put(PutRequest),
     /// `Engine::delete_range`.
     DeleteRange(DeleteRangeRequest),
+    /// A Put or DeleteRange sent with an operation id (`Engine::put_with`,
+    /// `Engine::delete_range_with`): exactly-once, so a retry gets the first reply.
+    Once {
+        /// The operation id.
+        id: String,
+        /// The write: an `Op::Put` or an `Op::DeleteRange`.
+        op: Box<Op>,
+    },
     /// `Engine::txn`, possibly with nested txns.
     Txn(TxnRequest),
     /// `Engine::range`, at any revision (compacted, future and negative ones included).
@@ -245,10 +253,11 @@ impl Model {
         reply
     }
 
-    fn apply_op(&mut self, op: &Op) -> Reply {
+    pub(super) fn apply_op(&mut self, op: &Op) -> Reply {
         match op {
             Op::Put(r) => Reply::Put(self.put(r)),
             Op::DeleteRange(r) => Reply::DeleteRange(self.delete_range(r)),
+            Op::Once { id, op } => self.once(id, op),
             Op::Txn(r) => Reply::Txn(self.txn(r)),
             Op::Range(r) => Reply::Range(self.range(r)),
             Op::Compact(r) => Reply::Compact(self.compact(r)),

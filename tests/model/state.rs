@@ -54,7 +54,7 @@ use kvd::{
 };
 
 use super::accounts::{Accounts, KeyFacts, PlannedPut, Refusal, Registry, UsageMap};
-use super::ops::QuotaOp;
+use super::ops::{Op, QuotaOp, Reply};
 use super::queue::{self, Queue, QueueStats};
 use super::space::{self, Alarms, SpaceStats, Verdict};
 use super::wire::{self, Raft};
@@ -173,7 +173,12 @@ pub struct Model {
     other_limit_refusals: Vec<String>,
     /// The write prepare queue (`queue.rs`).
     queue: Queue,
+    /// Writes applied with an operation id: id → (the write, when, its reply).
+    operations: BTreeMap<String, (Op, Duration, Reply)>,
 }
+
+/// How long the engine keeps an operation's outcome by default (one hour).
+const OPERATION_RETENTION: Duration = Duration::from_secs(3_600);
 
 /// The outcome of the compares of a txn and of the nested txns on its chosen branch, all
 /// evaluated against the state at the start of the txn.
@@ -204,6 +209,7 @@ impl Model {
             accounts: Accounts::default(),
             other_limit_refusals: Vec::new(),
             queue: Queue::new(limits.prepare_queue_length),
+            operations: BTreeMap::new(),
         }
     }
 
@@ -347,6 +353,61 @@ impl Model {
         let resp = w.delete(req);
         w.finish();
         Ok(resp)
+    }
+
+    /// Returns the write recorded under operation id `id`, if any.
+    pub fn recorded_operation(&self, id: &str) -> Option<Op> {
+        self.operations.get(id).map(|(op, _, _)| op.clone())
+    }
+
+    /// A Put or DeleteRange with an operation id. Admission runs as for any write (a retry
+    /// under a latched alarm is refused and records nothing); then a retained outcome of the
+    /// same write answers it, one of another write refuses it, and otherwise the write is
+    /// applied and, if it succeeded, recorded (OPER-2, OPER-3).
+    pub fn once(&mut self, id: &str, op: &Op) -> Reply {
+        let reused = || Error::OperationIdReused(id.to_owned());
+        let recorded = self
+            .operations
+            .get(id)
+            .filter(|(_, at, _)| self.now.saturating_sub(*at) <= OPERATION_RETENTION)
+            .cloned();
+        let Some((first, _, reply)) = recorded else {
+            let reply = self.apply_op(op);
+            let applied = match &reply {
+                Reply::Put(r) => r.is_ok(),
+                Reply::DeleteRange(r) => r.is_ok(),
+                _ => false,
+            };
+            if applied {
+                self.operations
+                    .insert(id.to_owned(), (op.clone(), self.now, reply.clone()));
+            }
+            return reply;
+        };
+        match op {
+            Op::Put(req) => {
+                match self.put_admission(req) {
+                    Ok(role) => self.queue.release(&role),
+                    Err(e) => return Reply::Put(Err(e)),
+                }
+                if first != *op {
+                    return Reply::Put(Err(reused()));
+                }
+            }
+            Op::DeleteRange(req) => {
+                let admitted = check_delete(req)
+                    .and_then(|()| self.lone_slot(Some(&req.key)))
+                    .and_then(|()| self.check_size(Raft::DeleteRange(req)));
+                if let Err(e) = admitted {
+                    return Reply::DeleteRange(Err(e));
+                }
+                if first != *op {
+                    return Reply::DeleteRange(Err(reused()));
+                }
+            }
+            _ => panic!("model: only Put and DeleteRange take operation ids: {op:?}"),
+        }
+        reply
     }
 
     /// A Txn. Panics if the txn is one whose outcome etcd leaves undefined; check with
@@ -577,6 +638,8 @@ impl Model {
     /// the registry and the records survive; the new engine's prepare queue knows no role.
     pub fn reopen(&mut self) {
         self.queue.reopen();
+        // A registered agent has to register again after a restart (it is recovered).
+        self.accounts.recover_agents();
         let now = self.now;
         for lease in self.leases.values_mut() {
             lease.deadline = deadline(now, lease.ttl);
@@ -1009,9 +1072,8 @@ impl Model {
                 state,
                 resources,
             } => {
-                let registered = *state == AgentState::Registered;
                 self.accounts
-                    .register_agent(id, registered, resources)
+                    .register_agent(id, *state, resources)
                     .map_err(refused)?;
             }
             QuotaOp::Reserve {
