@@ -29,6 +29,7 @@ mod lease;
 mod mvcc;
 mod operations;
 pub mod quota;
+mod reconciler;
 mod space;
 mod storage;
 pub mod sync;
@@ -53,6 +54,7 @@ pub use operations::{
     OPERATION_ID_BYTES_MAX, OPERATION_RETENTION_COUNT_DEFAULT, OPERATION_RETENTION_DEFAULT,
     Retention, validate_operation_id,
 };
+pub use reconciler::{ReconcileRun, Reconciler};
 pub use space::{FreeSpace, ManualFreeSpace, StatvfsFreeSpace, quota_bytes as space_quota_bytes};
 pub use storage::faults::Faults;
 pub use watch::WatchStream;

@@ -24,7 +24,9 @@
 //!   fair share (which roles had an allocation admitted in the last 10 s; memory only; a
 //!   replicated log would carry the time in the entry), and to generate expiry revokes and
 //!   auto-compactions, which then go through apply like client requests (a replicated log
-//!   would carry them as entries); the filesystem's free space comes from the injected
+//!   would carry them as entries), and for wall times stored in rows (an operation's
+//!   outcome, an agent's unreachable time) and the retention age of outcomes (OPER-4); the
+//!   history bytes never depend on it; the filesystem's free space comes from the injected
 //!   `FreeSpace`, read at most once per batch.
 //! - APPLY-4: the apply thread never waits for a disk sync except in a checkpoint batch, a
 //!   compaction step, a defrag step, and the size-in-use walk; it sleeps only when there is
