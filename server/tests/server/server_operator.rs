@@ -871,8 +871,9 @@ fn malformed_requests_get_400_with_a_message() {
             r#"{"type":"FOO"}"#,
             format!(
                 "{convert}Unknown call type 'FOO'; kvd serves GET_QUOTA, UPDATE_QUOTA, \
-                 REGISTER_AGENT, RESERVE_RESOURCES, UNRESERVE_RESOURCES, ALLOCATE, START, \
-                 RELEASE, UPDATE_PREPARE_QUEUE, RECONCILE_CONSUMPTION"
+                 REGISTER_AGENT, MARK_AGENT_UNREACHABLE, MARK_AGENT_GONE, GET_AGENTS, \
+                 RESERVE_RESOURCES, UNRESERVE_RESOURCES, ALLOCATE, START, RELEASE, \
+                 UPDATE_PREPARE_QUEUE, RECONCILE_OPERATIONS, RECONCILE, RECONCILE_CONSUMPTION"
             ),
         ),
         (
