@@ -309,8 +309,14 @@ fn decode_operation_id(call: &Fields<'_>) -> Result<WriteOptions, Refusal> {
     let Some(id) = call.string(OPERATION_ID_FIELD).map_err(convert)? else {
         return Ok(WriteOptions::default());
     };
-    operation::check_id(id).map_err(|err| Refusal::from_engine(&err))?;
-    Ok(WriteOptions::with_operation_id(id))
+    match operation::check_id(id) {
+        Ok(()) => Ok(WriteOptions::with_operation_id(id)),
+        // OPS-1: a decoding refusal keeps Mesos's prefix; the reason is the engine's.
+        Err(kvd::Error::InvalidArgument(what)) => {
+            Err(Refusal::bad_request(format!("{VALIDATE_PREFIX}{what}")))
+        }
+        Err(other) => Err(Refusal::bad_request(format!("{VALIDATE_PREFIX}{other}"))),
+    }
 }
 
 /// Decodes the arguments of a call of type `kind`; a write comes without its options.
@@ -1072,11 +1078,11 @@ mod tests {
         for (body, message) in [
             (
                 r#"{"type":"START","operation_id":"","start":{"id":"x"}}"#.to_owned(),
-                "kvd: invalid argument: operation id must not be empty".to_owned(),
+                format!("{VALIDATE_PREFIX}operation id must not be empty"),
             ),
             (
                 format!(r#"{{"type":"START","operation_id":"{long}","start":{{"id":"x"}}}}"#),
-                "kvd: invalid argument: operation id is 257 bytes, more than 256".to_owned(),
+                format!("{VALIDATE_PREFIX}operation id is 257 bytes, more than 256"),
             ),
             (
                 r#"{"type":"START","operation_id":7,"start":{"id":"x"}}"#.to_owned(),
@@ -1092,6 +1098,28 @@ mod tests {
             ),
         ] {
             assert_eq!(decode(&body), Err(message), "{body}");
+        }
+    }
+
+    #[test]
+    fn new_calls_pass_the_fuzz_harness_checks() {
+        // The harness writes each decoded call back as JSON and requires the same decoding
+        // (OPS-1); these bodies exercise the calls and fields its corpus predates.
+        for body in [
+            r#"{"type":"ALLOCATE","operation_id":"s/1","allocate":{"id":"x","role":"r","agent_id":"a","resources":{"cpus":{"value":1.5}},"prepare":true}}"#,
+            r#"{"type":"UPDATE_QUOTA","operation_id":"q","update_quota":{"quota_configs":[{"role":"r","limits":{"cpus":{"value":1}}}]}}"#,
+            r#"{"type":"MARK_AGENT_UNREACHABLE","operation_id":"u","mark_agent_unreachable":{"agent_id":"a2"}}"#,
+            r#"{"type":"MARK_AGENT_GONE","mark_agent_gone":{"agent_id":"a3"}}"#,
+            r#"{"type":"GET_AGENTS"}"#,
+            r#"{"type":"RECONCILE_OPERATIONS","reconcile_operations":{"operations":[{"operation_id":"o1","agent_id":"a1"},{"operation_id":"o2"}],"prefix":"c/"}}"#,
+            r#"{"type":"RECONCILE_OPERATIONS"}"#,
+            r#"{"type":"RECONCILE","reconcile":{"partition_aware":true,"tasks":[{"task_id":"x1","agent_id":"a1"},{"task_id":"x2"}]}}"#,
+            r#"{"type":"RECONCILE"}"#,
+            r#"{"type":"START","operation_id":"","start":{"id":"x"}}"#,
+            r#"{"type":"GET_QUOTA","operation_id":"o"}"#,
+            r#"{"type":"RECONCILE","reconcile":{"tasks":[{"task_id":7}]}}"#,
+        ] {
+            crate::fuzzing::operator_call(body.as_bytes());
         }
     }
 

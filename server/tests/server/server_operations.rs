@@ -571,7 +571,7 @@ async fn bad_operation_ids_are_invalid_arguments() {
         call(&ep, &allocate("x1", "ml", "a1", 1, Some(""))),
         (
             400,
-            "kvd: invalid argument: operation id must not be empty".to_owned()
+            "Failed to validate master::Call: operation id must not be empty".to_owned()
         )
     );
     let (code, message) = call(&ep, &json!({"type": "GET_AGENTS", "operation_id": "o"}));
