@@ -667,6 +667,38 @@ mod cli {
             )),
         }
     }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn durations_read_as_etcds_flags_write_them() {
+            let secs = |s: f64| Ok(Duration::from_secs_f64(s));
+            assert_eq!(parse_go_duration("0"), Ok(Duration::ZERO));
+            assert_eq!(parse_go_duration("90s"), secs(90.0));
+            assert_eq!(parse_go_duration("1h30m"), secs(5_400.0));
+            assert_eq!(parse_go_duration("1.5h"), secs(5_400.0));
+            assert_eq!(parse_go_duration("250ms"), secs(0.25));
+            for bad in ["", "5", "1x", "h", "1h-5m", "-1m"] {
+                assert!(parse_go_duration(bad).is_err(), "{bad:?}");
+            }
+            assert!(parse_positive_duration("0").is_err());
+            assert_eq!(parse_retention_count("1"), Ok(1));
+            assert!(parse_retention_count("0").is_err());
+        }
+
+        #[test]
+        fn reconcile_exits_2_on_drift_unless_repaired() {
+            let drift = r#"{"type":"RECONCILE_CONSUMPTION","reconcile_consumption":{"drift":[{"role":"dev","resource":"kv_keys"}]}}"#;
+            assert_eq!(report_reconcile(drift, false), ExitCode::from(2));
+            let repaired = r#"{"type":"RECONCILE_CONSUMPTION","reconcile_consumption":{"drift":[{"role":"dev","resource":"kv_keys"}],"repaired":1}}"#;
+            assert_eq!(report_reconcile(repaired, true), ExitCode::SUCCESS);
+            let clean = r#"{"type":"RECONCILE_CONSUMPTION","reconcile_consumption":{"drift":[]}}"#;
+            assert_eq!(report_reconcile(clean, false), ExitCode::SUCCESS);
+            assert_eq!(report_reconcile("not json", false), ExitCode::FAILURE);
+        }
+    }
 }
 
 fn main() -> std::process::ExitCode {
