@@ -502,7 +502,13 @@ pub fn operator_call(body: &[u8]) {
         // Compared as text: a NaN amount is not equal to itself.
         assert_eq!(again, Ok(format!("{call:?}")), "written back as {json}");
     }
-    if let Call::Write(request) = &call {
+    if let Call::Write(request, options) = &call {
+        if let Some(id) = &options.operation_id {
+            assert!(
+                kvd::validate_operation_id(id).is_ok(),
+                "OPID-1: a bad id decoded: {id:?}"
+            );
+        }
         engine_checks(request);
     }
 }
@@ -563,7 +569,7 @@ fn get_quota_round_trip(config: &QuotaConfig) {
     });
     let decoded = operator::decode_call(body.to_string().as_bytes());
     let revalidated = match &decoded {
-        Ok(Call::Write(AccountingRequest::UpdateQuota { configs, .. })) => {
+        Ok(Call::Write(AccountingRequest::UpdateQuota { configs, .. }, _)) => {
             configs.first().map(quota::validate_config)
         }
         _ => None,
@@ -583,69 +589,105 @@ fn call_json(call: &Call) -> Option<Value> {
         Call::ReconcileConsumption { repair } => {
             call_body("RECONCILE_CONSUMPTION", json!({ "repair": repair }))
         }
-        Call::Write(request) => match request {
-            AccountingRequest::UpdateQuota { configs, force } => call_body(
-                "UPDATE_QUOTA",
-                json!({
-                    "force": force,
-                    "quota_configs": configs.iter().map(raw_config_json).collect::<Vec<_>>(),
-                }),
-            ),
-            AccountingRequest::RegisterAgent {
-                id,
-                state,
-                resources,
-            } => call_body(
-                "REGISTER_AGENT",
-                json!({
-                    "agent_id": id,
-                    "state": state.name(),
-                    "resources": scalars_json(resources),
-                }),
-            ),
-            AccountingRequest::Record {
-                kind,
-                id,
-                role,
-                agent,
-                resources,
-                prepare,
-            } => call_body(
-                match kind {
-                    RecordKind::Reservation => "RESERVE_RESOURCES",
-                    RecordKind::Allocation => "ALLOCATE",
-                },
-                // RESERVE_RESOURCES ignores `prepare`, and decodes to `false`.
-                json!({
-                    "id": id,
-                    "role": role,
-                    "agent_id": agent,
-                    "resources": scalars_json(resources),
-                    "prepare": prepare,
-                }),
-            ),
-            AccountingRequest::Start { id } => call_body("START", json!({ "id": id })),
-            AccountingRequest::UpdatePrepareQueue {
-                allocation_prepare_queue_length,
-            } => call_body(
-                "UPDATE_PREPARE_QUEUE",
-                json!({ "allocation_prepare_queue_length": allocation_prepare_queue_length }),
-            ),
-            AccountingRequest::Remove { kind, id } => call_body(
-                match kind {
-                    RecordKind::Reservation => "UNRESERVE_RESOURCES",
-                    RecordKind::Allocation => "RELEASE",
-                },
-                json!({ "id": id }),
-            ),
-            AccountingRequest::MarkAgentUnreachable { id } => {
-                call_body("MARK_AGENT_UNREACHABLE", json!({ "agent_id": id }))
+        Call::GetAgents => json!({ "type": "GET_AGENTS" }),
+        Call::ReconcileOperations { queries, prefix } => call_body(
+            "RECONCILE_OPERATIONS",
+            json!({
+                "operations": queries
+                    .iter()
+                    .map(|q| json!({ "operation_id": q.operation_id, "agent_id": q.agent_id }))
+                    .collect::<Vec<_>>(),
+                "prefix": prefix,
+            }),
+        ),
+        Call::Reconcile {
+            tasks,
+            partition_aware,
+        } => call_body(
+            "RECONCILE",
+            json!({
+                "tasks": tasks
+                    .iter()
+                    .map(|t| json!({ "task_id": t.task_id, "agent_id": t.agent_id }))
+                    .collect::<Vec<_>>(),
+                "partition_aware": partition_aware,
+            }),
+        ),
+        Call::Write(request, options) => {
+            let mut body = write_json(request)?;
+            if let (Some(id), Value::Object(map)) = (&options.operation_id, &mut body) {
+                map.insert("operation_id".to_owned(), Value::from(id.as_str()));
             }
-            AccountingRequest::MarkAgentGone { id } => {
-                call_body("MARK_AGENT_GONE", json!({ "agent_id": id }))
-            }
-            AccountingRequest::Repair | AccountingRequest::RecoveredTimedOut => return None,
-        },
+            body
+        }
+    })
+}
+
+/// Returns the JSON body of a write call without its operation id, or `None` for a request
+/// no body decodes to.
+fn write_json(request: &AccountingRequest) -> Option<Value> {
+    Some(match request {
+        AccountingRequest::UpdateQuota { configs, force } => call_body(
+            "UPDATE_QUOTA",
+            json!({
+                "force": force,
+                "quota_configs": configs.iter().map(raw_config_json).collect::<Vec<_>>(),
+            }),
+        ),
+        AccountingRequest::RegisterAgent {
+            id,
+            state,
+            resources,
+        } => call_body(
+            "REGISTER_AGENT",
+            json!({
+                "agent_id": id,
+                "state": state.name(),
+                "resources": scalars_json(resources),
+            }),
+        ),
+        AccountingRequest::Record {
+            kind,
+            id,
+            role,
+            agent,
+            resources,
+            prepare,
+        } => call_body(
+            match kind {
+                RecordKind::Reservation => "RESERVE_RESOURCES",
+                RecordKind::Allocation => "ALLOCATE",
+            },
+            // RESERVE_RESOURCES ignores `prepare`, and decodes to `false`.
+            json!({
+                "id": id,
+                "role": role,
+                "agent_id": agent,
+                "resources": scalars_json(resources),
+                "prepare": prepare,
+            }),
+        ),
+        AccountingRequest::Start { id } => call_body("START", json!({ "id": id })),
+        AccountingRequest::UpdatePrepareQueue {
+            allocation_prepare_queue_length,
+        } => call_body(
+            "UPDATE_PREPARE_QUEUE",
+            json!({ "allocation_prepare_queue_length": allocation_prepare_queue_length }),
+        ),
+        AccountingRequest::Remove { kind, id } => call_body(
+            match kind {
+                RecordKind::Reservation => "UNRESERVE_RESOURCES",
+                RecordKind::Allocation => "RELEASE",
+            },
+            json!({ "id": id }),
+        ),
+        AccountingRequest::MarkAgentUnreachable { id } => {
+            call_body("MARK_AGENT_UNREACHABLE", json!({ "agent_id": id }))
+        }
+        AccountingRequest::MarkAgentGone { id } => {
+            call_body("MARK_AGENT_GONE", json!({ "agent_id": id }))
+        }
+        AccountingRequest::Repair | AccountingRequest::RecoveredTimedOut => return None,
     })
 }
 

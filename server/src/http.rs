@@ -220,10 +220,16 @@ async fn metrics_text(State(shared): State<Shared>) -> Response {
                 roles: engine.roles()?,
                 apply: engine.apply_stats()?,
                 allocation_prepare_queue: engine.allocation_prepare_queue()?,
+                agents: EngineGauges::count_agents(engine.agents()?.values()),
+                consumption_drift_rows: None,
             })
         })
         .await
-        .ok();
+        .ok()
+        .map(|gauges| EngineGauges {
+            consumption_drift_rows: shared.node.consumption_drift_rows.get(),
+            ..gauges
+        });
     let streams = StreamGauges {
         watch: shared.node.streams.watch.load(Ordering::Relaxed),
         keep_alive: shared.node.streams.keep_alive.load(Ordering::Relaxed),

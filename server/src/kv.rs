@@ -6,13 +6,17 @@
 //! - KV-1: each RPC translates its request (`convert`), makes one engine call (a read on the
 //!   blocking pool, a write submitted and awaited, NODE-1), and translates the answer or the
 //!   error (`status`); no semantics live here.
+//! - KV-2: a write's `kvd-operation-id` metadata is checked before the engine is called and
+//!   handed to it as the write's options (OPID-1); a retry's answer is the engine's
+//!   recorded response, translated as any other.
 //!
-//! Contact points: `server::convert`, `server::node`.
+//! Contact points: `server::convert`, `server::node`, `server::operation`.
 
 use tonic::{Request, Response, Status};
 
 use crate::convert;
 use crate::node::Node;
+use crate::operation;
 use crate::pb::etcdserverpb::kv_server::Kv;
 use crate::pb::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
@@ -46,54 +50,72 @@ impl Kv for KvService {
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let options = operation::write_options(request.metadata())?;
         let req = convert::put_request(request.into_inner());
+        let with = options.clone();
         let resp = self
             .node
-            .submit(move |engine, done| engine.submit_put(req, done))
+            .submit(move |engine, done| engine.submit_put_with(req, &with, done))
             .await?;
-        Ok(Response::new(self.node.ids.put(resp)))
+        let resp = self.node.ids.put(resp);
+        self.node.drop_after_commit.check(&options, &resp)?;
+        Ok(Response::new(resp))
     }
 
     async fn delete_range(
         &self,
         request: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
+        let options = operation::write_options(request.metadata())?;
         let req = convert::delete_range_request(request.into_inner());
+        let with = options.clone();
         let resp = self
             .node
-            .submit(move |engine, done| engine.submit_delete_range(req, done))
+            .submit(move |engine, done| engine.submit_delete_range_with(req, &with, done))
             .await?;
-        Ok(Response::new(self.node.ids.delete_range(resp)))
+        let resp = self.node.ids.delete_range(resp);
+        self.node.drop_after_commit.check(&options, &resp)?;
+        Ok(Response::new(resp))
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let options = operation::write_options(request.metadata())?;
         let req = convert::txn_request(request.into_inner(), self.node.settings.max_txn_ops)
             .map_err(|err| status::from_error(&err))?;
-        let resp = if req.is_read_only() {
-            // A read, served in the caller's thread: keep it off the reactor (NODE-1).
-            self.node.call(move |engine| engine.txn(req)).await?
-        } else {
-            self.node
-                .submit(move |engine, done| engine.submit_txn(req, done))
-                .await?
-        };
-        Ok(Response::new(self.node.ids.txn(resp)))
+        if req.is_read_only() {
+            // A read, served in the caller's thread: keep it off the reactor (NODE-1). It
+            // changes nothing, so its id (if any) records nothing.
+            let resp = self.node.call(move |engine| engine.txn(req)).await?;
+            return Ok(Response::new(self.node.ids.txn(resp)));
+        }
+        let with = options.clone();
+        let resp = self
+            .node
+            .submit(move |engine, done| engine.submit_txn_with(req, &with, done))
+            .await?;
+        let resp = self.node.ids.txn(resp);
+        self.node.drop_after_commit.check(&options, &resp)?;
+        Ok(Response::new(resp))
     }
 
     async fn compact(
         &self,
         request: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
+        let options = operation::write_options(request.metadata())?;
         let req = convert::compaction_request(request.get_ref());
+        let with = options.clone();
         let resp = self
             .node
-            .submit(move |engine, done| engine.submit_compact(req, done))
+            .submit(move |engine, done| engine.submit_compact_with(req, &with, done))
             .await?;
         tracing::info!(
             revision = req.revision,
             physical = req.physical,
             "compacted"
         );
-        Ok(Response::new(self.node.ids.compaction(resp)))
+        let resp = self.node.ids.compaction(resp);
+        self.node.drop_after_commit.check(&options, &resp)?;
+        Ok(Response::new(resp))
     }
 }

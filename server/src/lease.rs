@@ -14,13 +14,18 @@
 //!   loop waits for room before it reads the next request, so a client that sends without
 //!   reading is slowed down rather than buffered without bound.
 //!
-//! Contact points: `server::convert` (messages), `server::node` (engine calls, shutdown).
+//! - LEASE-SRV-4: LeaseGrant and LeaseRevoke take a `kvd-operation-id` as the KV writes do
+//!   (KV-2, OPID-1).
+//!
+//! Contact points: `server::convert` (messages), `server::node` (engine calls, shutdown),
+//! `server::operation` (operation ids).
 
 use tonic::codegen::BoxStream;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::node::{Node, SERVER_STOPPED, StreamGuard};
+use crate::operation;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::lease_server::Lease;
 use kvd as api;
@@ -50,28 +55,36 @@ impl Lease for LeaseService {
         &self,
         request: Request<pb::LeaseGrantRequest>,
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
+        let options = operation::write_options(request.metadata())?;
         let req = request.into_inner();
         let req = api::LeaseGrantRequest {
             ttl: req.ttl,
             id: req.id,
         };
+        let with = options.clone();
         let resp = self
             .node
-            .submit(move |engine, done| engine.submit_lease_grant(req, done))
+            .submit(move |engine, done| engine.submit_lease_grant_with(req, &with, done))
             .await?;
-        Ok(Response::new(self.node.ids.lease_grant(resp)))
+        let resp = self.node.ids.lease_grant(resp);
+        self.node.drop_after_commit.check(&options, &resp)?;
+        Ok(Response::new(resp))
     }
 
     async fn lease_revoke(
         &self,
         request: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
+        let options = operation::write_options(request.metadata())?;
         let id = request.get_ref().id;
+        let with = options.clone();
         let resp = self
             .node
-            .submit(move |engine, done| engine.submit_lease_revoke(id, done))
+            .submit(move |engine, done| engine.submit_lease_revoke_with(id, &with, done))
             .await?;
-        Ok(Response::new(self.node.ids.lease_revoke(resp)))
+        let resp = self.node.ids.lease_revoke(resp);
+        self.node.drop_after_commit.check(&options, &resp)?;
+        Ok(Response::new(resp))
     }
 
     type LeaseKeepAliveStream = BoxStream<pb::LeaseKeepAliveResponse>;

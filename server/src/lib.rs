@@ -29,6 +29,7 @@ mod auth;
 mod authority;
 mod cluster;
 mod convert;
+mod drift;
 #[doc(hidden)]
 pub mod fuzzing;
 mod http;
@@ -38,6 +39,7 @@ mod lease;
 mod maintenance;
 mod metrics;
 mod node;
+mod operation;
 mod operator;
 pub mod pb;
 mod status;
@@ -61,6 +63,9 @@ use kvd::sync::Arc;
 use kvd::{Config, Engine};
 
 pub use crate::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, QUOTA_BACKEND_BYTES_DEFAULT};
+pub use crate::operation::{
+    DROP_RESPONSE_AFTER_COMMIT_ENV, DROPPED_MESSAGE, OPERATION_ID_METADATA,
+};
 
 /// Bytes etcd adds to `--max-request-bytes` for the gRPC receive limit (SRV-2).
 pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
@@ -100,6 +105,18 @@ pub struct ServerConfig {
     /// The allocation prepare queue length (`--allocation-prepare-queue-length`): `Some`
     /// replaces the persisted one, `None` keeps it.
     pub allocation_prepare_queue_length: Option<u64>,
+    /// How many outcomes of writes with an operation id are kept, and for how long
+    /// (`--operation-retention-count`, `--operation-retention`).
+    pub operation_retention: kvd::Retention,
+    /// How long a recovered agent may take to register again before it becomes
+    /// unreachable (`--agent-reregister-timeout`).
+    pub agent_reregister_timeout: Duration,
+    /// How often the consumption counters are checked against a recount
+    /// (`--consumption-check-interval`); `None` is off.
+    pub consumption_check_interval: Option<Duration>,
+    /// Responses of committed writes with an operation id to drop (tests only, from
+    /// `KVD_TEST_DROP_RESPONSE_AFTER_COMMIT`; 0 in production).
+    pub drop_responses_after_commit: u64,
 }
 
 /// Default of `--prepare-queue-length` (etcd's gap between committed and applied entries).
@@ -159,6 +176,8 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
         quota_backend_bytes: config.quota_backend_bytes,
         auto_compaction: config.auto_compaction,
         allocation_prepare_queue_length: config.allocation_prepare_queue_length,
+        operation_retention: config.operation_retention,
+        agent_reregister_timeout: config.agent_reregister_timeout,
         ..Config::default()
     };
     if kvd::space_quota_bytes(config.quota_backend_bytes).is_some_and(|q| q > QUOTA_BYTES_WARN) {
@@ -263,11 +282,15 @@ async fn serve(
         quota_bytes: quota_reported(config.quota_backend_bytes),
         max_txn_ops: config.max_txn_ops,
         data_dir: config.data_dir.clone(),
+        drop_responses_after_commit: config.drop_responses_after_commit,
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let node = Arc::new(Node::new(engine, ids, settings, stopped.clone()));
     let max_receive_bytes = config.max_request_bytes.saturating_add(GRPC_OVERHEAD_BYTES);
-    let router = http::router(node, Arc::new(Metrics::new()), max_receive_bytes);
+    let router = http::router(node.clone(), Arc::new(Metrics::new()), max_receive_bytes);
+    if let Some(interval) = config.consumption_check_interval {
+        tokio::spawn(drift::check_periodically(node, interval));
+    }
 
     let mut servers = tokio::task::JoinSet::new();
     for (listener, url) in listeners.into_iter().zip(&urls) {

@@ -117,6 +117,27 @@ pub struct EngineGauges {
     pub apply: kvd::ApplyStats,
     /// The allocation prepare queue: its length and the allocations preparing.
     pub allocation_prepare_queue: kvd::AllocationPrepareQueue,
+    /// Agents by Mesos state name, every state present (0 when none).
+    pub agents: [(&'static str, usize); 4],
+    /// Rows the last periodic consumption check found drifted; `None` before the first
+    /// check or when the check is off.
+    pub consumption_drift_rows: Option<u64>,
+}
+
+impl EngineGauges {
+    /// Returns the agent counts by state of `agents`, in the order of [`EngineGauges::agents`].
+    pub fn count_agents<'a>(
+        agents: impl IntoIterator<Item = &'a kvd::Agent>,
+    ) -> [(&'static str, usize); 4] {
+        use kvd::AgentState::{Gone, Recovered, Registered, Unreachable};
+        let mut counts = [Registered, Recovered, Unreachable, Gone].map(|s| (s.name(), 0));
+        for agent in agents {
+            if let Some(entry) = counts.iter_mut().find(|(n, _)| *n == agent.state.name()) {
+                entry.1 += 1;
+            }
+        }
+        counts
+    }
 }
 
 /// The long-lived gRPC streams open at scrape time.
@@ -200,6 +221,26 @@ fn render_engine(out: &mut String, engine: Option<&EngineGauges>) {
     }
     render_apply(out, &engine.apply);
     render_allocation_prepare_queue(out, &engine.allocation_prepare_queue);
+    render_agents(out, engine);
+}
+
+/// Agents by state, and the last consumption check's drift when one has run.
+fn render_agents(out: &mut String, engine: &EngineGauges) {
+    let name = "kvd_agents";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Agents by state (REGISTERED, RECOVERED, UNREACHABLE, GONE).\n# TYPE {name} gauge"
+    );
+    for (state, n) in engine.agents {
+        let _ = writeln!(out, "{name}{{state=\"{state}\"}} {n}");
+    }
+    if let Some(rows) = engine.consumption_drift_rows {
+        let name = "kvd_consumption_drift_rows";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Consumption rows that differed from a recount at the last periodic check.\n# TYPE {name} gauge\n{name} {rows}"
+        );
+    }
 }
 
 /// The allocation prepare queue: allocations preparing and the queue length.
@@ -578,6 +619,14 @@ mod tests {
                 preparing: 3,
                 by_role: BTreeMap::new(),
             },
+            agents: EngineGauges::count_agents(&[
+                kvd::Agent::default(),
+                kvd::Agent {
+                    state: kvd::AgentState::Gone,
+                    ..kvd::Agent::default()
+                },
+            ]),
+            consumption_drift_rows: Some(0),
         };
         let streams = StreamGauges {
             watch: 1,
@@ -602,6 +651,10 @@ mod tests {
             "kvd_allocation_prepare_queue_capacity 8",
             "kvd_group_commit_batches_total{requests_at_most=\"1\"} 3",
             "kvd_group_commit_batches_total{requests_at_most=\"+Inf\"} 1",
+            "kvd_agents{state=\"REGISTERED\"} 1",
+            "kvd_agents{state=\"RECOVERED\"} 0",
+            "kvd_agents{state=\"GONE\"} 1",
+            "kvd_consumption_drift_rows 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

@@ -9,8 +9,9 @@
 //!   submitted from the reactor thread ([`Node::submit`]: admission takes only short
 //!   locks and never waits) and its answer awaited there, so no thread is parked per
 //!   write in flight.
-//! - NODE-2: the node holds no state of its own beyond configuration, the shutdown signal
-//!   and the gauges of open streams; everything a client sees comes from the engine at the
+//! - NODE-2: the node holds no state of its own beyond configuration, the shutdown signal,
+//!   the gauges of open streams, the last consumption drift check's figure and the test
+//!   failpoint's counter (`server::operation`); everything a client sees comes from the engine at the
 //!   time of the call (surfaces hold no state).
 //! - NODE-3: once the shutdown signal is raised, every long-lived stream (Watch,
 //!   LeaseKeepAlive) ends with `Unavailable "etcdserver: server stopped"` within
@@ -23,9 +24,10 @@ use std::time::Duration;
 use tonic::Status;
 
 use crate::convert::HeaderIds;
+use crate::operation::DropAfterCommit;
 use crate::status;
 use kvd as api;
-use kvd::sync::{Arc, AtomicUsize, Ordering};
+use kvd::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 use kvd::{Completion, Engine};
 use kvd::{Error, Result};
 
@@ -59,6 +61,8 @@ pub struct NodeSettings {
     pub max_txn_ops: usize,
     /// The data directory, where Maintenance.Snapshot writes its copy before streaming it.
     pub data_dir: std::path::PathBuf,
+    /// Responses of committed writes with an operation id to drop (tests only; OPID-2).
+    pub drop_responses_after_commit: u64,
 }
 
 /// Gauges of the long-lived streams open right now, for `/metrics`.
@@ -103,6 +107,41 @@ pub struct Node {
     shutdown: tokio::sync::watch::Receiver<bool>,
     /// The long-lived streams open now.
     pub streams: OpenStreams,
+    /// The test failpoint that drops responses of committed writes (OPID-2).
+    pub drop_after_commit: DropAfterCommit,
+    /// Rows the last consumption drift check found, or `None` before the first check.
+    pub consumption_drift_rows: ConsumptionDrift,
+}
+
+/// The figure of the last periodic consumption drift check (`--consumption-check-interval`).
+#[derive(Debug)]
+pub struct ConsumptionDrift {
+    /// The rows found, or `u64::MAX` before the first check.
+    rows: AtomicU64,
+}
+
+impl Default for ConsumptionDrift {
+    fn default() -> ConsumptionDrift {
+        ConsumptionDrift {
+            rows: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl ConsumptionDrift {
+    /// Records the rows a check found.
+    pub fn set(&self, rows: usize) {
+        let rows = u64::try_from(rows)
+            .unwrap_or(u64::MAX - 1)
+            .min(u64::MAX - 1);
+        self.rows.store(rows, Ordering::Relaxed);
+    }
+
+    /// Returns the rows the last check found, `None` before the first one.
+    pub fn get(&self) -> Option<u64> {
+        let rows = self.rows.load(Ordering::Relaxed);
+        (rows != u64::MAX).then_some(rows)
+    }
 }
 
 impl Node {
@@ -113,12 +152,15 @@ impl Node {
         settings: NodeSettings,
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) -> Node {
+        let drop_after_commit = DropAfterCommit::new(settings.drop_responses_after_commit);
         Node {
             engine,
             ids,
             settings,
             shutdown,
             streams: OpenStreams::default(),
+            drop_after_commit,
+            consumption_drift_rows: ConsumptionDrift::default(),
         }
     }
 

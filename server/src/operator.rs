@@ -1,8 +1,11 @@
 //! The operator API on the client port: Mesos's v1 operator calls for quota on
-//! `POST /api/v1` (`UPDATE_QUOTA`, `GET_QUOTA`), kvd's calls for agents, reservations,
+//! `POST /api/v1` (`UPDATE_QUOTA`, `GET_QUOTA`), kvd's calls for agents (`REGISTER_AGENT`,
+//! Mesos's `MARK_AGENT_UNREACHABLE`, `MARK_AGENT_GONE`, `GET_AGENTS`), reservations,
 //! allocations (preparing ones, `START`, and the allocation prepare queue length,
-//! `UPDATE_PREPARE_QUEUE`) and consumption reconciliation on the same endpoint, and Mesos's
-//! `GET /roles` (`docs/api.md` is the reference with examples).
+//! `UPDATE_PREPARE_QUEUE`), Mesos's reconciliation calls (`RECONCILE_OPERATIONS`, and
+//! `RECONCILE` over the allocations, which play Mesos's tasks) and consumption
+//! reconciliation on the same endpoint, and Mesos's `GET /roles` (`docs/api.md` is the
+//! reference with examples).
 //!
 //! Owns: the JSON shapes of these requests and answers, the decoding of a request and the
 //! messages for a malformed one, and the HTTP code of every engine error an operator call can
@@ -27,6 +30,11 @@
 //! - OPS-5: answers are deterministic: configurations and roles sorted by role, resources by
 //!   name, object keys in Mesos's order. Empty maps and lists are left out of GET_QUOTA, as
 //!   Mesos leaves them out; `/roles` always shows every field, `{}` when empty.
+//! - OPS-6: a call that changes something may carry a top-level `"operation_id"` beside
+//!   `"type"` (checked as OPID-1; on any other call it is refused), which the engine makes
+//!   exactly-once (OPER-2): a retry with the same id and the same call gets the same answer
+//!   without being applied again, another call under the id gets a 409. The reconciliation
+//!   calls are answered synchronously, in apply order: kvd has no event stream.
 //!
 //! Contact points: `server::http` routes `POST /api/v1` to [`api`] and `GET /roles` to
 //! [`roles`]; the engine's quota methods (`Engine::update_quota`, `get_quota`, `roles`,
@@ -44,11 +52,13 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use crate::node::Node;
+use crate::operation;
 use kvd::Engine;
 use kvd::quota::{QuotaConfig, RawQuotaConfig, SCALAR_MILLI_PER_UNIT, Scalar};
 use kvd::sync::Arc;
-use kvd::{AccountingRequest, AgentState, Counters, RecordKind, RoleQueue, RoleUsage};
+use kvd::{AccountingRequest, Agent, AgentState, Counters, RecordKind, RoleQueue, RoleUsage};
 use kvd::{Error, StorageError};
+use kvd::{OperationQuery, OperationStatus, TaskQuery, TaskStatus, WriteOptions};
 
 /// Mesos's prefix for a body that is not JSON.
 const PARSE_PREFIX: &str = "Failed to parse body into JSON: ";
@@ -61,18 +71,25 @@ const ROOT_PATH: &str = "Call";
 /// The only media type the API reads and writes.
 const JSON_MEDIA_TYPE: &str = "application/json";
 /// The call types `POST /api/v1` serves, as the unknown-type message lists them.
-const CALL_TYPES: [&str; 10] = [
+const CALL_TYPES: [&str; 15] = [
     "GET_QUOTA",
     "UPDATE_QUOTA",
     "REGISTER_AGENT",
+    "MARK_AGENT_UNREACHABLE",
+    "MARK_AGENT_GONE",
+    "GET_AGENTS",
     "RESERVE_RESOURCES",
     "UNRESERVE_RESOURCES",
     "ALLOCATE",
     "START",
     "RELEASE",
     "UPDATE_PREPARE_QUEUE",
+    "RECONCILE_OPERATIONS",
+    "RECONCILE",
     "RECONCILE_CONSUMPTION",
 ];
+/// The top-level field that carries a write's operation id (OPS-6).
+const OPERATION_ID_FIELD: &str = "operation_id";
 /// Whole doubles below this are exact integers (2^53).
 const WHOLE_F64_MAX: f64 = 9_007_199_254_740_992.0;
 /// The weight `/roles` shows: kvd has no role weights, and Mesos's default is 1.
@@ -82,8 +99,18 @@ const ROLE_WEIGHT_DEFAULT: f64 = 1.0;
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Call {
     GetQuota,
-    /// A registry or record change, applied as the engine's own request.
-    Write(AccountingRequest),
+    /// A registry, agent or record change, applied as the engine's own request with the
+    /// call's operation id (OPS-6).
+    Write(AccountingRequest, WriteOptions),
+    GetAgents,
+    ReconcileOperations {
+        queries: Vec<OperationQuery>,
+        prefix: String,
+    },
+    Reconcile {
+        tasks: Vec<TaskQuery>,
+        partition_aware: bool,
+    },
     ReconcileConsumption {
         repair: bool,
     },
@@ -196,9 +223,13 @@ pub async fn api(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes)
 
 /// `GET /roles`: every role with a quota, consumption or a reservation.
 pub async fn roles(State(node): State<Arc<Node>>) -> Response {
-    let both = |engine: &Engine| Ok((engine.roles()?, engine.prepare_queue()?));
-    match run(&node, both).await {
-        Ok((roles, queue)) => json_response(&roles_json(&roles, &queue)),
+    let all = |engine: &Engine| Ok((engine.roles()?, engine.prepare_queue()?, engine.agents()?));
+    match run(&node, all).await {
+        Ok((roles, queue, agents)) => {
+            let mut body = roles_json(&roles, &queue);
+            body["agents"] = agents_json(&agents);
+            json_response(&body)
+        }
         Err(refusal) => refusal.into_response(),
     }
 }
@@ -258,23 +289,84 @@ fn decode_value(value: &Value) -> Result<Call, Refusal> {
             "{VALIDATE_PREFIX}Expecting 'type' to be present"
         )));
     };
+    let options = decode_operation_id(&call)?;
+    let call = decode_type(&call, kind)?;
+    match (call, options.operation_id) {
+        (Call::Write(request, _), operation_id) => {
+            Ok(Call::Write(request, WriteOptions { operation_id }))
+        }
+        (call, None) => Ok(call),
+        (_, Some(_)) => Err(Refusal::bad_request(format!(
+            "{VALIDATE_PREFIX}'{OPERATION_ID_FIELD}' is only accepted on calls that change \
+             something, not on {kind}"
+        ))),
+    }
+}
+
+/// Decodes the top-level `"operation_id"` (OPS-6, OPID-1).
+fn decode_operation_id(call: &Fields<'_>) -> Result<WriteOptions, Refusal> {
+    let convert = |message: String| Refusal::bad_request(format!("{CONVERT_PREFIX}{message}"));
+    let Some(id) = call.string(OPERATION_ID_FIELD).map_err(convert)? else {
+        return Ok(WriteOptions::default());
+    };
+    match operation::check_id(id) {
+        Ok(()) => Ok(WriteOptions::with_operation_id(id)),
+        // OPS-1: a decoding refusal keeps Mesos's prefix; the reason is the engine's.
+        Err(kvd::Error::InvalidArgument(what)) => {
+            Err(Refusal::bad_request(format!("{VALIDATE_PREFIX}{what}")))
+        }
+        Err(other) => Err(Refusal::bad_request(format!("{VALIDATE_PREFIX}{other}"))),
+    }
+}
+
+/// Decodes the arguments of a call of type `kind`; a write comes without its options.
+fn decode_type(call: &Fields<'_>, kind: &str) -> Result<Call, Refusal> {
+    let convert = |message: String| Refusal::bad_request(format!("{CONVERT_PREFIX}{message}"));
     // The object that carries a type's arguments is named after the type in lower case.
     let field = kind.to_ascii_lowercase();
+    let write = |request| Call::Write(request, WriteOptions::default());
+    let agent_id = |call: &Fields<'_>| -> Result<String, Refusal> {
+        required(call, &field)?
+            .required_string("agent_id")
+            .map(str::to_owned)
+            .map_err(convert)
+    };
     let decoded = match kind {
         "GET_QUOTA" => Ok(Call::GetQuota),
-        "UPDATE_QUOTA" => decode_update_quota(&required(&call, &field)?),
-        "REGISTER_AGENT" => decode_agent(&required(&call, &field)?),
-        "RESERVE_RESOURCES" => decode_record(RecordKind::Reservation, &required(&call, &field)?),
-        "ALLOCATE" => decode_record(RecordKind::Allocation, &required(&call, &field)?),
-        "START" => required(&call, &field)?
+        "UPDATE_QUOTA" => decode_update_quota(&required(call, &field)?),
+        "REGISTER_AGENT" => decode_agent(&required(call, &field)?),
+        "MARK_AGENT_UNREACHABLE" => Ok(write(AccountingRequest::MarkAgentUnreachable {
+            id: agent_id(call)?,
+        })),
+        "MARK_AGENT_GONE" => Ok(write(AccountingRequest::MarkAgentGone {
+            id: agent_id(call)?,
+        })),
+        "GET_AGENTS" => Ok(Call::GetAgents),
+        "RECONCILE_OPERATIONS" => match call.object(&field).map_err(convert)? {
+            Some(f) => decode_reconcile_operations(&f),
+            None => Ok(Call::ReconcileOperations {
+                queries: Vec::new(),
+                prefix: String::new(),
+            }),
+        },
+        "RECONCILE" => match call.object(&field).map_err(convert)? {
+            Some(f) => decode_reconcile(&f),
+            None => Ok(Call::Reconcile {
+                tasks: Vec::new(),
+                partition_aware: false,
+            }),
+        },
+        "RESERVE_RESOURCES" => decode_record(RecordKind::Reservation, &required(call, &field)?),
+        "ALLOCATE" => decode_record(RecordKind::Allocation, &required(call, &field)?),
+        "START" => required(call, &field)?
             .required_string("id")
-            .map(|id| Call::Write(AccountingRequest::Start { id: id.to_owned() })),
-        "UNRESERVE_RESOURCES" => decode_removal(RecordKind::Reservation, &required(&call, &field)?),
-        "RELEASE" => decode_removal(RecordKind::Allocation, &required(&call, &field)?),
-        "UPDATE_PREPARE_QUEUE" => required(&call, &field)?
+            .map(|id| write(AccountingRequest::Start { id: id.to_owned() })),
+        "UNRESERVE_RESOURCES" => decode_removal(RecordKind::Reservation, &required(call, &field)?),
+        "RELEASE" => decode_removal(RecordKind::Allocation, &required(call, &field)?),
+        "UPDATE_PREPARE_QUEUE" => required(call, &field)?
             .required_u64("allocation_prepare_queue_length")
             .map(|allocation_prepare_queue_length| {
-                Call::Write(AccountingRequest::UpdatePrepareQueue {
+                write(AccountingRequest::UpdatePrepareQueue {
                     allocation_prepare_queue_length,
                 })
             }),
@@ -315,10 +407,45 @@ fn decode_update_quota(fields: &Fields<'_>) -> Result<Call, String> {
             limits: config.scalars("limits")?,
         });
     }
-    Ok(Call::Write(AccountingRequest::UpdateQuota {
-        configs,
-        force,
-    }))
+    Ok(Call::Write(
+        AccountingRequest::UpdateQuota { configs, force },
+        WriteOptions::default(),
+    ))
+}
+
+/// Decodes RECONCILE_OPERATIONS: the operations asked about (none: every retained one) and
+/// the id prefix of an implicit query.
+fn decode_reconcile_operations(fields: &Fields<'_>) -> Result<Call, String> {
+    let mut queries = Vec::new();
+    for (i, item) in fields.array("operations")?.iter().enumerate() {
+        let operation = Fields::of(item, &format!("{}.operations[{i}]", fields.path))?;
+        queries.push(OperationQuery {
+            operation_id: operation.required_string("operation_id")?.to_owned(),
+            agent_id: operation.string("agent_id")?.map(str::to_owned),
+        });
+    }
+    Ok(Call::ReconcileOperations {
+        queries,
+        prefix: fields.string("prefix")?.unwrap_or("").to_owned(),
+    })
+}
+
+/// Decodes RECONCILE: the allocations asked about as Mesos's tasks (none: every live one)
+/// and whether the caller is partition-aware (default: not, as a Mesos framework that
+/// does not declare the capability).
+fn decode_reconcile(fields: &Fields<'_>) -> Result<Call, String> {
+    let mut tasks = Vec::new();
+    for (i, item) in fields.array("tasks")?.iter().enumerate() {
+        let task = Fields::of(item, &format!("{}.tasks[{i}]", fields.path))?;
+        tasks.push(TaskQuery {
+            task_id: task.required_string("task_id")?.to_owned(),
+            agent_id: task.string("agent_id")?.map(str::to_owned),
+        });
+    }
+    Ok(Call::Reconcile {
+        tasks,
+        partition_aware: fields.bool("partition_aware")?.unwrap_or(false),
+    })
 }
 
 fn decode_agent(fields: &Fields<'_>) -> Result<Call, String> {
@@ -334,11 +461,14 @@ fn decode_agent(fields: &Fields<'_>) -> Result<Call, String> {
             ));
         }
     };
-    Ok(Call::Write(AccountingRequest::RegisterAgent {
-        id: fields.required_string("agent_id")?.to_owned(),
-        state,
-        resources: fields.scalars("resources")?,
-    }))
+    Ok(Call::Write(
+        AccountingRequest::RegisterAgent {
+            id: fields.required_string("agent_id")?.to_owned(),
+            state,
+            resources: fields.scalars("resources")?,
+        },
+        WriteOptions::default(),
+    ))
 }
 
 /// Decodes RESERVE_RESOURCES or ALLOCATE: the id, role, agent and resources of a record,
@@ -349,20 +479,26 @@ fn decode_record(kind: RecordKind, fields: &Fields<'_>) -> Result<Call, String> 
         RecordKind::Allocation => fields.bool("prepare")?.unwrap_or(false),
         RecordKind::Reservation => false,
     };
-    Ok(Call::Write(AccountingRequest::Record {
-        kind,
-        id: fields.required_string("id")?.to_owned(),
-        role: fields.required_string("role")?.to_owned(),
-        agent: fields.required_string("agent_id")?.to_owned(),
-        resources: fields.scalars("resources")?,
-        prepare,
-    }))
+    Ok(Call::Write(
+        AccountingRequest::Record {
+            kind,
+            id: fields.required_string("id")?.to_owned(),
+            role: fields.required_string("role")?.to_owned(),
+            agent: fields.required_string("agent_id")?.to_owned(),
+            resources: fields.scalars("resources")?,
+            prepare,
+        },
+        WriteOptions::default(),
+    ))
 }
 
 /// Decodes UNRESERVE_RESOURCES or RELEASE: the id of the record to remove.
 fn decode_removal(kind: RecordKind, fields: &Fields<'_>) -> Result<Call, String> {
     let id = fields.required_string("id")?.to_owned();
-    Ok(Call::Write(AccountingRequest::Remove { kind, id }))
+    Ok(Call::Write(
+        AccountingRequest::Remove { kind, id },
+        WriteOptions::default(),
+    ))
 }
 
 /// A JSON object being decoded, with its path for messages (`update_quota.quota_configs[0]`).
@@ -527,11 +663,58 @@ async fn execute(node: &Node, call: Call) -> Result<Response, Refusal> {
             let configs = run(node, Engine::get_quota).await?;
             Ok(json_response(&get_quota_json(&configs)))
         }
-        Call::Write(request) => {
+        Call::Write(request, options) => {
             let logged = format!("{request:?}");
-            run(node, move |engine| engine.apply_accounting(request)).await?;
-            tracing::info!(request = %logged, "operator request applied");
+            let with = options.clone();
+            run(node, move |engine| {
+                engine.apply_accounting_with(request, &with)
+            })
+            .await?;
+            tracing::info!(
+                request = %logged,
+                operation_id = options.operation_id.as_deref().unwrap_or(""),
+                "operator request applied"
+            );
+            if node.drop_after_commit.take(&options) {
+                tracing::warn!("test failpoint: dropping the answer of an applied operator call");
+                return Err(Refusal::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    operation::DROPPED_MESSAGE.to_owned(),
+                ));
+            }
             Ok(StatusCode::OK.into_response())
+        }
+        Call::GetAgents => {
+            let agents = run(node, Engine::agents).await?;
+            Ok(json_response(&json!({
+                "type": "GET_AGENTS",
+                "get_agents": { "agents": agents_json(&agents) },
+            })))
+        }
+        Call::ReconcileOperations { queries, prefix } => {
+            let statuses = run(node, move |engine| {
+                engine.reconcile_operations(queries, &prefix)
+            })
+            .await?;
+            let statuses: Vec<Value> = statuses.iter().map(operation_status_json).collect();
+            Ok(json_response(&json!({
+                "type": "RECONCILE_OPERATIONS",
+                "reconcile_operations": { "operation_statuses": statuses },
+            })))
+        }
+        Call::Reconcile {
+            tasks,
+            partition_aware,
+        } => {
+            let statuses = run(node, move |engine| {
+                engine.reconcile_tasks(tasks, partition_aware)
+            })
+            .await?;
+            let statuses: Vec<Value> = statuses.iter().map(task_status_json).collect();
+            Ok(json_response(&json!({
+                "type": "RECONCILE",
+                "reconcile": { "statuses": statuses },
+            })))
         }
         Call::ReconcileConsumption { repair } => {
             let drift = run(node, Engine::consumption_drift).await?;
@@ -710,6 +893,70 @@ fn role_json(role: &RoleUsage) -> Value {
     })
 }
 
+/// Every agent as GET_AGENTS and `/roles` show it, by id: its state, total resources and,
+/// for an unreachable one, since when (`{"nanoseconds": N}`, Mesos's `TimeInfo`).
+fn agents_json(agents: &BTreeMap<String, Agent>) -> Value {
+    let agents: Vec<Value> = agents
+        .iter()
+        .map(|(id, agent)| {
+            let mut out = Map::new();
+            out.insert("agent_id".to_owned(), Value::from(id.as_str()));
+            out.insert("state".to_owned(), Value::from(agent.state.name()));
+            out.insert(
+                "resources".to_owned(),
+                Value::Object(scalar_map_json(agent.resources.iter())),
+            );
+            if let Some(nanos) = agent.unreachable_since {
+                out.insert("unreachable_time".to_owned(), time_json(nanos));
+            }
+            Value::Object(out)
+        })
+        .collect();
+    Value::Array(agents)
+}
+
+/// Mesos's `TimeInfo`: nanoseconds since the Unix epoch.
+fn time_json(nanos: u64) -> Value {
+    json!({ "nanoseconds": nanos })
+}
+
+/// One RECONCILE_OPERATIONS answer; absent fields are left out.
+fn operation_status_json(status: &OperationStatus) -> Value {
+    let mut out = Map::new();
+    out.insert(
+        "operation_id".to_owned(),
+        Value::from(status.operation_id.as_str()),
+    );
+    if let Some(agent) = &status.agent_id {
+        out.insert("agent_id".to_owned(), Value::from(agent.as_str()));
+    }
+    out.insert("state".to_owned(), Value::from(status.state.name()));
+    if let Some(message) = status.message {
+        out.insert("message".to_owned(), Value::from(message));
+    }
+    if let Some(revision) = status.revision {
+        out.insert("revision".to_owned(), Value::from(revision));
+    }
+    Value::Object(out)
+}
+
+/// One RECONCILE answer, a Mesos `TaskStatus` with the fields that apply.
+fn task_status_json(status: &TaskStatus) -> Value {
+    let mut out = Map::new();
+    out.insert("task_id".to_owned(), Value::from(status.task_id.as_str()));
+    if let Some(agent) = &status.agent_id {
+        out.insert("agent_id".to_owned(), Value::from(agent.as_str()));
+    }
+    out.insert("state".to_owned(), Value::from(status.state.name()));
+    out.insert("message".to_owned(), Value::from(status.message));
+    out.insert("reason".to_owned(), Value::from(TaskStatus::REASON));
+    out.insert("source".to_owned(), Value::from(TaskStatus::SOURCE));
+    if let Some(nanos) = status.unreachable_time {
+        out.insert("unreachable_time".to_owned(), time_json(nanos));
+    }
+    Value::Object(out)
+}
+
 /// One drift entry's counters, in units.
 fn counters_json(c: &Counters) -> Value {
     json!({
@@ -754,6 +1001,10 @@ mod tests {
         decode_call(body.as_bytes()).map_err(|r| r.message)
     }
 
+    fn write(request: AccountingRequest) -> Call {
+        Call::Write(request, WriteOptions::default())
+    }
+
     #[test]
     fn units_print_as_mesos_prints_scalars() {
         let cases: [(i64, &str); 9] = [
@@ -778,14 +1029,14 @@ mod tests {
         assert_eq!(decode(r#"{"type":"GET_QUOTA"}"#), Ok(Call::GetQuota));
         assert_eq!(
             decode(r#"{"type":"UPDATE_QUOTA","update_quota":{}}"#),
-            Ok(Call::Write(AccountingRequest::UpdateQuota {
+            Ok(write(AccountingRequest::UpdateQuota {
                 configs: vec![],
                 force: false
             }))
         );
         assert_eq!(
             decode(r#"{"type":"REGISTER_AGENT","register_agent":{"agent_id":"a"}}"#),
-            Ok(Call::Write(AccountingRequest::RegisterAgent {
+            Ok(write(AccountingRequest::RegisterAgent {
                 id: "a".into(),
                 state: AgentState::Registered,
                 resources: BTreeMap::new()
@@ -798,11 +1049,147 @@ mod tests {
         let limits = decode(
             r#"{"type":"UPDATE_QUOTA","update_quota":{"quota_configs":[{"role":"r","limits":{"cpus":{"value":"inf"},"mem":{"value":2}}}]}}"#,
         );
-        let Ok(Call::Write(AccountingRequest::UpdateQuota { configs, .. })) = limits else {
+        let Ok(Call::Write(AccountingRequest::UpdateQuota { configs, .. }, _)) = limits else {
             panic!("{limits:?}");
         };
         assert_eq!(configs[0].limits["mem"], 2.0);
         assert!(configs[0].limits["cpus"].is_infinite());
+    }
+
+    #[test]
+    fn operation_ids_decode_on_writes_only() {
+        assert_eq!(
+            decode(r#"{"type":"START","operation_id":"c7/1","start":{"id":"x"}}"#),
+            Ok(Call::Write(
+                AccountingRequest::Start { id: "x".into() },
+                WriteOptions::with_operation_id("c7/1")
+            ))
+        );
+        assert_eq!(
+            decode(
+                r#"{"type":"MARK_AGENT_GONE","mark_agent_gone":{"agent_id":"a3"},"operation_id":"g"}"#
+            ),
+            Ok(Call::Write(
+                AccountingRequest::MarkAgentGone { id: "a3".into() },
+                WriteOptions::with_operation_id("g")
+            ))
+        );
+        let long = "x".repeat(kvd::OPERATION_ID_BYTES_MAX + 1);
+        for (body, message) in [
+            (
+                r#"{"type":"START","operation_id":"","start":{"id":"x"}}"#.to_owned(),
+                format!("{VALIDATE_PREFIX}operation id must not be empty"),
+            ),
+            (
+                format!(r#"{{"type":"START","operation_id":"{long}","start":{{"id":"x"}}}}"#),
+                format!("{VALIDATE_PREFIX}operation id is 257 bytes, more than 256"),
+            ),
+            (
+                r#"{"type":"START","operation_id":7,"start":{"id":"x"}}"#.to_owned(),
+                format!(
+                    "{CONVERT_PREFIX}Expecting a JSON string for field 'operation_id', found a JSON number"
+                ),
+            ),
+            (
+                r#"{"type":"GET_AGENTS","operation_id":"o"}"#.to_owned(),
+                format!(
+                    "{VALIDATE_PREFIX}'operation_id' is only accepted on calls that change something, not on GET_AGENTS"
+                ),
+            ),
+        ] {
+            assert_eq!(decode(&body), Err(message), "{body}");
+        }
+    }
+
+    #[test]
+    fn new_calls_pass_the_fuzz_harness_checks() {
+        // The harness writes each decoded call back as JSON and requires the same decoding
+        // (OPS-1); these bodies exercise the calls and fields its corpus predates.
+        for body in [
+            r#"{"type":"ALLOCATE","operation_id":"s/1","allocate":{"id":"x","role":"r","agent_id":"a","resources":{"cpus":{"value":1.5}},"prepare":true}}"#,
+            r#"{"type":"UPDATE_QUOTA","operation_id":"q","update_quota":{"quota_configs":[{"role":"r","limits":{"cpus":{"value":1}}}]}}"#,
+            r#"{"type":"MARK_AGENT_UNREACHABLE","operation_id":"u","mark_agent_unreachable":{"agent_id":"a2"}}"#,
+            r#"{"type":"MARK_AGENT_GONE","mark_agent_gone":{"agent_id":"a3"}}"#,
+            r#"{"type":"GET_AGENTS"}"#,
+            r#"{"type":"RECONCILE_OPERATIONS","reconcile_operations":{"operations":[{"operation_id":"o1","agent_id":"a1"},{"operation_id":"o2"}],"prefix":"c/"}}"#,
+            r#"{"type":"RECONCILE_OPERATIONS"}"#,
+            r#"{"type":"RECONCILE","reconcile":{"partition_aware":true,"tasks":[{"task_id":"x1","agent_id":"a1"},{"task_id":"x2"}]}}"#,
+            r#"{"type":"RECONCILE"}"#,
+            r#"{"type":"START","operation_id":"","start":{"id":"x"}}"#,
+            r#"{"type":"GET_QUOTA","operation_id":"o"}"#,
+            r#"{"type":"RECONCILE","reconcile":{"tasks":[{"task_id":7}]}}"#,
+        ] {
+            crate::fuzzing::operator_call(body.as_bytes());
+        }
+    }
+
+    #[test]
+    fn agent_and_reconciliation_calls_decode() {
+        assert_eq!(
+            decode(
+                r#"{"type":"MARK_AGENT_UNREACHABLE","mark_agent_unreachable":{"agent_id":"a2"}}"#
+            ),
+            Ok(write(AccountingRequest::MarkAgentUnreachable {
+                id: "a2".into()
+            }))
+        );
+        assert_eq!(
+            decode(r#"{"type":"MARK_AGENT_GONE","mark_agent_gone":{}}"#),
+            Err(format!(
+                "{CONVERT_PREFIX}Missing required fields: mark_agent_gone.agent_id"
+            ))
+        );
+        assert_eq!(decode(r#"{"type":"GET_AGENTS"}"#), Ok(Call::GetAgents));
+        assert_eq!(
+            decode(r#"{"type":"RECONCILE_OPERATIONS"}"#),
+            Ok(Call::ReconcileOperations {
+                queries: vec![],
+                prefix: String::new()
+            })
+        );
+        assert_eq!(
+            decode(
+                r#"{"type":"RECONCILE_OPERATIONS","reconcile_operations":{"operations":[{"operation_id":"o1","agent_id":"a1"},{"operation_id":"o2"}],"prefix":"c7/"}}"#
+            ),
+            Ok(Call::ReconcileOperations {
+                queries: vec![
+                    OperationQuery {
+                        operation_id: "o1".into(),
+                        agent_id: Some("a1".into())
+                    },
+                    OperationQuery {
+                        operation_id: "o2".into(),
+                        agent_id: None
+                    },
+                ],
+                prefix: "c7/".into()
+            })
+        );
+        assert_eq!(
+            decode(
+                r#"{"type":"RECONCILE","reconcile":{"partition_aware":true,"tasks":[{"task_id":"x1","agent_id":"a1"}]}}"#
+            ),
+            Ok(Call::Reconcile {
+                tasks: vec![TaskQuery {
+                    task_id: "x1".into(),
+                    agent_id: Some("a1".into())
+                }],
+                partition_aware: true
+            })
+        );
+        assert_eq!(
+            decode(r#"{"type":"RECONCILE","reconcile":{"tasks":[{"agent_id":"a1"}]}}"#),
+            Err(format!(
+                "{CONVERT_PREFIX}Missing required fields: reconcile.tasks[0].task_id"
+            ))
+        );
+        assert_eq!(
+            decode(r#"{"type":"RECONCILE"}"#),
+            Ok(Call::Reconcile {
+                tasks: vec![],
+                partition_aware: false
+            })
+        );
     }
 
     #[test]
@@ -813,7 +1200,7 @@ mod tests {
             ))
         };
         let record = |prepare| {
-            Ok(Call::Write(AccountingRequest::Record {
+            Ok(write(AccountingRequest::Record {
                 kind: RecordKind::Allocation,
                 id: "x".into(),
                 role: "r".into(),
@@ -826,14 +1213,14 @@ mod tests {
         assert_eq!(allocate(r#","prepare":true"#), record(true));
         assert_eq!(
             decode(r#"{"type":"START","start":{"id":"x"}}"#),
-            Ok(Call::Write(AccountingRequest::Start { id: "x".into() }))
+            Ok(write(AccountingRequest::Start { id: "x".into() }))
         );
         for length in ["4", r#""4""#] {
             assert_eq!(
                 decode(&format!(
                     r#"{{"type":"UPDATE_PREPARE_QUEUE","update_prepare_queue":{{"allocation_prepare_queue_length":{length}}}}}"#
                 )),
-                Ok(Call::Write(AccountingRequest::UpdatePrepareQueue {
+                Ok(write(AccountingRequest::UpdatePrepareQueue {
                     allocation_prepare_queue_length: 4
                 }))
             );

@@ -15,6 +15,12 @@
 //!   instead of serving; it prints its report on stdout (text, or one JSON line with
 //!   `--json`) and exits 0 if every request succeeded, 2 if some failed, 1 if the run could
 //!   not be made. Serving flags and `bench` do not mix.
+//! - BIN-5: `kvd reconcile [--repair] [--endpoints URLS]` asks a running kvd for its
+//!   consumption drift (the operator API's `RECONCILE_CONSUMPTION`), prints the JSON answer
+//!   on stdout and a summary on stderr, and exits 0 if the counters agree (or were
+//!   repaired), 2 if they drift and were not repaired, 1 if no endpoint answered.
+//! - BIN-6: a flag value kvd cannot use is refused at start with a message that names the
+//!   flag; durations are written as etcd's (Go's) are: `90s`, `10m`, `1h30m`, `0`.
 //!
 //! Contact points: `kvd_server::run`; `docs/operations.md` documents the flags.
 
@@ -56,6 +62,28 @@ mod cli {
         /// Load generator: sends etcd KV requests (put, range or txn) to any etcd v3
         /// endpoint, kvd or etcd, and reports throughput and latency percentiles.
         Bench(BenchFlags),
+        /// Consumption reconciliation: asks a running kvd whether its consumption counters
+        /// agree with a recount from the keys and records, and with --repair replaces the
+        /// ones that drifted (the operator API's RECONCILE_CONSUMPTION).
+        Reconcile(ReconcileFlags),
+    }
+
+    /// Flags of `kvd reconcile` (BIN-5).
+    #[derive(Debug, Args)]
+    struct ReconcileFlags {
+        /// Replace drifted counters with the recount (idempotent).
+        #[arg(long)]
+        repair: bool,
+
+        /// Comma-separated client URLs of the kvd to ask (`http://host:port`, or
+        /// `host:port`); the first that answers is used.
+        #[arg(
+            long,
+            value_name = "URLS",
+            value_delimiter = ',',
+            default_value = "http://127.0.0.1:2379"
+        )]
+        endpoints: Vec<String>,
     }
 
     /// The serving flags (the default command).
@@ -130,6 +158,31 @@ mod cli {
         /// without the flag keeps the last value set (by a flag or UPDATE_PREPARE_QUEUE).
         #[arg(long, value_name = "N", allow_negative_numbers = true)]
         allocation_prepare_queue_length: Option<i64>,
+
+        /// Outcomes of writes with an operation id kept at most (oldest evicted first); a
+        /// retry of an evicted one is applied again.
+        #[arg(
+            long,
+            value_name = "N",
+            default_value_t = kvd::OPERATION_RETENTION_COUNT_DEFAULT,
+            value_parser = parse_retention_count
+        )]
+        operation_retention_count: u64,
+
+        /// How long outcomes of writes with an operation id are kept (engine clock), a
+        /// duration like '1h' or '30m'.
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_positive_duration)]
+        operation_retention: Duration,
+
+        /// How long an agent known from before a restart may take to register again
+        /// before it is marked unreachable, a duration like '10m'.
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_positive_duration)]
+        agent_reregister_timeout: Duration,
+
+        /// How often the consumption counters are checked against a recount (metric
+        /// kvd_consumption_drift_rows; drift is logged, never repaired); '0' disables.
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_go_duration)]
+        consumption_check_interval: Duration,
 
         /// Log level: debug, info, warn or error. Debug logs one line per gRPC request.
         #[arg(long, value_name = "LEVEL", default_value = "info")]
@@ -254,6 +307,65 @@ mod cli {
         Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
     }
 
+    /// Parses a duration as etcd's flags (Go's `time.ParseDuration`) write it: `0`, or one
+    /// or more numbers each with a unit (`ns`, `us`, `µs`, `ms`, `s`, `m`, `h`), such as
+    /// `90s`, `1.5h` or `1h30m`.
+    fn parse_go_duration(text: &str) -> Result<Duration, String> {
+        let bad = || format!("{text:?} is not a duration like 90s, 10m or 1h30m");
+        let mut rest = text.trim();
+        if rest == "0" {
+            return Ok(Duration::ZERO);
+        }
+        if rest.is_empty() {
+            return Err(bad());
+        }
+        let mut total = 0.0_f64;
+        while !rest.is_empty() {
+            let digits = rest
+                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .ok_or_else(bad)?;
+            let (number, tail) = rest.split_at(digits);
+            let value: f64 = number.parse().map_err(|_| bad())?;
+            let unit_len = tail
+                .find(|c: char| c.is_ascii_digit() || c == '.')
+                .unwrap_or(tail.len());
+            let (unit, tail) = tail.split_at(unit_len);
+            let seconds_per = match unit {
+                "ns" => 1e-9,
+                "us" | "µs" => 1e-6,
+                "ms" => 1e-3,
+                "s" => 1.0,
+                "m" => 60.0,
+                "h" => 3_600.0,
+                _ => {
+                    return Err(format!(
+                        "unknown unit {unit:?} in {text:?} (ns, us, ms, s, m or h)"
+                    ));
+                }
+            };
+            total += value * seconds_per;
+            rest = tail;
+        }
+        Duration::try_from_secs_f64(total).map_err(|e| format!("{text:?}: {e}"))
+    }
+
+    /// Parses a duration that must be longer than zero.
+    fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+        let duration = parse_go_duration(text)?;
+        if duration.is_zero() {
+            return Err("must be longer than 0".into());
+        }
+        Ok(duration)
+    }
+
+    /// Parses `--operation-retention-count`: at least 1.
+    fn parse_retention_count(text: &str) -> Result<u64, String> {
+        match text.trim().parse::<u64>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(format!("{text:?} is not a count of at least 1")),
+        }
+    }
+
     /// Returns `endpoint` with `http://` in front if it has no scheme.
     fn with_scheme(endpoint: &str) -> String {
         if endpoint.contains("://") {
@@ -315,8 +427,10 @@ mod cli {
     /// Parses the flags, runs the server (or `bench`) and returns the exit code (BIN-2).
     pub fn main() -> ExitCode {
         let cli = Cli::parse();
-        if let Some(Command::Bench(flags)) = cli.command {
-            return bench_main(flags);
+        match cli.command {
+            Some(Command::Bench(flags)) => return bench_main(flags),
+            Some(Command::Reconcile(flags)) => return reconcile_main(&flags),
+            None => {}
         }
         let flags = cli.serve;
         tracing_subscriber::fmt()
@@ -346,7 +460,22 @@ mod cli {
                 }
             },
         };
+        let drop_responses_after_commit = match drop_responses_after_commit() {
+            Ok(n) => n,
+            Err(message) => {
+                eprintln!("kvd: {message}");
+                return ExitCode::FAILURE;
+            }
+        };
         let config = kvd_server::ServerConfig {
+            operation_retention: kvd::Retention {
+                count: flags.operation_retention_count,
+                age: flags.operation_retention,
+            },
+            agent_reregister_timeout: flags.agent_reregister_timeout,
+            consumption_check_interval: Some(flags.consumption_check_interval)
+                .filter(|d| !d.is_zero()),
+            drop_responses_after_commit,
             allocation_prepare_queue_length,
             auto_compaction,
             data_dir: flags.data_dir,
@@ -366,6 +495,122 @@ mod cli {
                 ExitCode::FAILURE
             }
         }
+    }
+
+    /// Reads the test failpoint's variable (`server::operation`): unset is 0.
+    fn drop_responses_after_commit() -> Result<u64, String> {
+        let name = kvd_server::DROP_RESPONSE_AFTER_COMMIT_ENV;
+        match std::env::var(name) {
+            Err(std::env::VarError::NotPresent) => Ok(0),
+            Ok(text) => text
+                .trim()
+                .parse()
+                .map_err(|_| format!("{name}={text:?} is not a count")),
+            Err(std::env::VarError::NotUnicode(_)) => Err(format!("{name} is not a count")),
+        }
+    }
+
+    /// How long `kvd reconcile` waits for an endpoint to connect and to answer.
+    const RECONCILE_TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// Runs `kvd reconcile` and returns its exit code (BIN-5).
+    fn reconcile_main(flags: &ReconcileFlags) -> ExitCode {
+        let body = serde_json::json!({
+            "type": "RECONCILE_CONSUMPTION",
+            "reconcile_consumption": { "repair": flags.repair },
+        })
+        .to_string();
+        let mut failures = Vec::new();
+        for endpoint in &flags.endpoints {
+            let endpoint = with_scheme(endpoint);
+            match post_json(&endpoint, "/api/v1", &body) {
+                Ok((200, answer)) => return report_reconcile(&answer, flags.repair),
+                Ok((code, answer)) => failures.push(format!("{endpoint}: HTTP {code}: {answer}")),
+                Err(err) => failures.push(format!("{endpoint}: {err}")),
+            }
+        }
+        eprintln!(
+            "kvd reconcile: no endpoint answered: {}",
+            failures.join("; ")
+        );
+        ExitCode::FAILURE
+    }
+
+    /// Prints a RECONCILE_CONSUMPTION answer and returns the exit code it means (BIN-5).
+    fn report_reconcile(answer: &str, repair: bool) -> ExitCode {
+        let parsed: serde_json::Value = match serde_json::from_str(answer) {
+            Ok(value) => value,
+            Err(err) => {
+                eprintln!("kvd reconcile: the answer is not JSON ({err}): {answer}");
+                return ExitCode::FAILURE;
+            }
+        };
+        println!("{answer}");
+        let body = &parsed["reconcile_consumption"];
+        let drifted = body["drift"].as_array().map_or(0, Vec::len);
+        if repair {
+            let repaired = body["repaired"].as_u64().unwrap_or(0);
+            eprintln!("kvd reconcile: {drifted} drifted rows found, {repaired} rows repaired");
+            return ExitCode::SUCCESS;
+        }
+        if drifted == 0 {
+            eprintln!("kvd reconcile: the consumption counters agree with the recount");
+            ExitCode::SUCCESS
+        } else {
+            eprintln!("kvd reconcile: {drifted} drifted rows; `kvd reconcile --repair` fixes them");
+            ExitCode::from(2)
+        }
+    }
+
+    /// Posts `body` as JSON to `path` at `endpoint` (`http://host:port`) over HTTP/1.1 and
+    /// returns the status code and the body of the answer.
+    fn post_json(endpoint: &str, path: &str, body: &str) -> Result<(u16, String), String> {
+        use std::io::Read;
+        use std::net::ToSocketAddrs;
+        let Some(host) = endpoint.strip_prefix("http://") else {
+            return Err("only http:// endpoints are supported".into());
+        };
+        let host = host.trim_end_matches('/');
+        let address = host
+            .to_socket_addrs()
+            .map_err(|e| format!("resolve {host}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("resolve {host}: no address"))?;
+        let mut stream = std::net::TcpStream::connect_timeout(&address, RECONCILE_TIMEOUT)
+            .map_err(|e| format!("connect: {e}"))?;
+        let io = |e: std::io::Error| format!("request: {e}");
+        stream
+            .set_read_timeout(Some(RECONCILE_TIMEOUT))
+            .map_err(io)?;
+        stream
+            .set_write_timeout(Some(RECONCILE_TIMEOUT))
+            .map_err(io)?;
+        write!(
+            stream,
+            "POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nAccept: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .map_err(io)?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).map_err(io)?;
+        let text = String::from_utf8_lossy(&raw);
+        let (head, rest) = text
+            .split_once("\r\n\r\n")
+            .ok_or_else(|| "the answer has no end of headers".to_owned())?;
+        let code = head
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| format!("bad status line: {head}"))?;
+        if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            return Err("the answer is chunked, which kvd does not send".into());
+        }
+        Ok((code, rest.to_owned()))
     }
 
     /// Prints the listening URLs on stdout (BIN-3) and flushes, so a supervisor reading a
@@ -420,6 +665,38 @@ mod cli {
             _ => Err(format!(
                 "invalid --auto-compaction-mode {mode:?}: want 'periodic' or 'revision'"
             )),
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn durations_read_as_etcds_flags_write_them() {
+            let secs = |s: f64| Ok(Duration::from_secs_f64(s));
+            assert_eq!(parse_go_duration("0"), Ok(Duration::ZERO));
+            assert_eq!(parse_go_duration("90s"), secs(90.0));
+            assert_eq!(parse_go_duration("1h30m"), secs(5_400.0));
+            assert_eq!(parse_go_duration("1.5h"), secs(5_400.0));
+            assert_eq!(parse_go_duration("250ms"), secs(0.25));
+            for bad in ["", "5", "1x", "h", "1h-5m", "-1m"] {
+                assert!(parse_go_duration(bad).is_err(), "{bad:?}");
+            }
+            assert!(parse_positive_duration("0").is_err());
+            assert_eq!(parse_retention_count("1"), Ok(1));
+            assert!(parse_retention_count("0").is_err());
+        }
+
+        #[test]
+        fn reconcile_exits_2_on_drift_unless_repaired() {
+            let drift = r#"{"type":"RECONCILE_CONSUMPTION","reconcile_consumption":{"drift":[{"role":"dev","resource":"kv_keys"}]}}"#;
+            assert_eq!(report_reconcile(drift, false), ExitCode::from(2));
+            let repaired = r#"{"type":"RECONCILE_CONSUMPTION","reconcile_consumption":{"drift":[{"role":"dev","resource":"kv_keys"}],"repaired":1}}"#;
+            assert_eq!(report_reconcile(repaired, true), ExitCode::SUCCESS);
+            let clean = r#"{"type":"RECONCILE_CONSUMPTION","reconcile_consumption":{"drift":[]}}"#;
+            assert_eq!(report_reconcile(clean, false), ExitCode::SUCCESS);
+            assert_eq!(report_reconcile("not json", false), ExitCode::FAILURE);
         }
     }
 }

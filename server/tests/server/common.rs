@@ -79,9 +79,21 @@ pub fn start_kvd(extra_args: &[&str]) -> Server {
 // The child is waited for by `Server`'s `Drop`, or before returning an error.
 #[allow(clippy::zombie_processes)]
 pub fn start_kvd_in(data_dir: &Path, extra_args: &[&str]) -> Result<Server, String> {
+    start_kvd_with_env(data_dir, extra_args, &[])
+}
+
+/// Starts kvd as [`start_kvd_in`] does, with `env` added to its environment (the child's
+/// only: this process's environment is left alone).
+#[allow(clippy::zombie_processes)]
+pub fn start_kvd_with_env(
+    data_dir: &Path,
+    extra_args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<Server, String> {
     let log = data_dir.with_extension(format!("kvd-{}.log", unique()));
     let log_file = File::create(&log).unwrap();
     let mut child = Command::new(kvd_binary())
+        .envs(env.iter().copied())
         .arg("--data-dir")
         .arg(data_dir)
         .args(["--listen-client-urls", "http://127.0.0.1:0"])

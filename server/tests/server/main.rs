@@ -12,6 +12,9 @@
 //! - `server_bench`: smoke test of the `kvd bench` load generator.
 //! - `server_lease_watch`: the Lease and Watch services over the wire.
 //! - `server_nospace`: the NOSPACE story through etcdctl, and `snapshot save`.
+//! - `server_operations`: operation ids (exactly-once writes, a dropped response retried,
+//!   across a restart), agents that fail over and reconciliation, over gRPC and HTTP; the
+//!   flags and `kvd reconcile`.
 //! - `server_operator`: the quota operator API over HTTP and its enforcement on the etcd API.
 //! - `server_prepare_queue`: the allocation prepare queue over HTTP (ALLOCATE with
 //!   `prepare`, START, UPDATE_PREPARE_QUEUE, 429 with `Retry-After`, the flag).
@@ -32,6 +35,7 @@ mod etcdctl;
 mod server_bench;
 mod server_lease_watch;
 mod server_nospace;
+mod server_operations;
 mod server_operator;
 mod server_prepare_queue;
 mod server_process;

@@ -230,6 +230,9 @@ fn the_queue_length_changes_at_run_time_persists_and_a_start_flag_replaces_it() 
         line.contains("previous=Some(1)") && line.contains("allocation_prepare_queue_length=4"),
         "{line}"
     );
+    // After a restart the agent is recovered and takes no new records until it registers
+    // again, as in Mesos.
+    register_agent(&server.endpoint);
     accepted(&server.endpoint, &allocate("y1", "b", 1.0, true));
 }
 

@@ -138,6 +138,10 @@ fn every_flag_has_help() {
         "--prepare-queue-length",
         "--name",
         "--log-level",
+        "--operation-retention-count",
+        "--operation-retention",
+        "--agent-reregister-timeout",
+        "--consumption-check-interval",
     ] {
         assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
     }
