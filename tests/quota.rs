@@ -368,6 +368,24 @@ fn registry_records_and_counters_survive_restart() {
         ])
     );
     engine.unreserve("r1").unwrap();
+    // The agent is recovered after the restart and takes no record until it registers
+    // again.
+    let err = engine
+        .allocate("a2", "p", "agent-1", resources(&[("cpus", 1.0)]))
+        .unwrap_err();
+    assert_eq!(err.to_string(), "Agent 'agent-1' is not registered");
+    assert_eq!(
+        engine.agents().unwrap()["agent-1"].state,
+        kvd::AgentState::Recovered
+    );
+    let total = engine.agents().unwrap()["agent-1"].resources.clone();
+    let total = total
+        .iter()
+        .map(|(name, value)| (name.to_owned(), value.to_f64()))
+        .collect();
+    engine
+        .register_agent("agent-1", kvd::AgentState::Registered, total)
+        .unwrap();
     // The limits came back: a fourth cpu beyond the limit of 4 is refused.
     let err = engine
         .allocate("a2", "p", "agent-1", resources(&[("cpus", 5.0)]))

@@ -2,14 +2,15 @@
 //! that lost track (its own failover, or the engine's restart) asks for the true state of
 //! its allocations and gets Mesos's answers, branch for branch.
 //!
-//! Invariant RECON-1: an explicit query is answered by the first matching branch of Mesos's
-//! six, in Mesos's order: (1) a live allocation is a known task and gets its latest state;
-//! (2) an unknown task whose agent is recovered (or, with no agent given, while any agent
-//! is recovered) gets no answer at all, since the agent may still report it; (3) agent
-//! registered: `TASK_GONE`; (4) agent unreachable: `TASK_UNREACHABLE` with the time;
-//! (5) agent gone: `TASK_GONE_BY_OPERATOR`; (6) otherwise `TASK_UNKNOWN`. A scheduler that
-//! is not partition-aware gets `TASK_LOST` wherever a partition-aware one gets a state
-//! other than running. Every answer carries `REASON_RECONCILIATION` and `SOURCE_MASTER`.
+//! Invariants:
+//! - RECON-1: an explicit query is answered by the first matching branch of Mesos's
+//!   six, in Mesos's order: (1) a live allocation is a known task and gets its latest state;
+//!   (2) an unknown task whose agent is recovered (or, with no agent given, while any agent
+//!   is recovered) gets no answer at all, since the agent may still report it; (3) agent
+//!   registered: `TASK_GONE`; (4) agent unreachable: `TASK_UNREACHABLE` with the time;
+//!   (5) agent gone: `TASK_GONE_BY_OPERATOR`; (6) otherwise `TASK_UNKNOWN`. A scheduler that
+//!   is not partition-aware gets `TASK_LOST` wherever a partition-aware one gets a state
+//!   other than running. Every answer carries `REASON_RECONCILIATION` and `SOURCE_MASTER`.
 //!
 //! Contact points: the engine's reconcile call runs it in the apply thread, so it sees
 //! every record applied before it; `operations::reconcile` uses [`Accounts::agent`] for

@@ -7,9 +7,10 @@
 //! kind of request. Neither is a cryptographic hash: a client choosing its own ids has no
 //! reason to forge a collision with itself, and 96 bits make an accidental one negligible.
 //!
-//! Invariant DIGEST-1: equal requests give equal digests, in every process of the same
-//! build on the same platform (`Hash` writes integers in the platform's byte order); a
-//! retry after an upgrade that changed a request type is seen as a different request.
+//! Invariants:
+//! - DIGEST-1: equal requests give equal digests, in every process of the same
+//!   build on the same platform (`Hash` writes integers in the platform's byte order); a
+//!   retry after an upgrade that changed a request type is seen as a different request.
 
 use std::hash::{Hash, Hasher};
 

@@ -1,13 +1,14 @@
 //! Operation reconciliation: the state of operations a client names (explicit) or of every
 //! retained one (implicit), in Mesos's `RECONCILE_OPERATIONS` shape.
 //!
-//! Invariant RECON-2: an explicit query is answered, in this order, `OPERATION_FINISHED`
-//! (with the revision) for a retained outcome, `OPERATION_PENDING` for an operation
-//! admitted and not yet applied, and otherwise by Mesos's agent branches: recovered →
-//! `OPERATION_RECOVERING`, registered → `OPERATION_UNKNOWN`, unreachable →
-//! `OPERATION_UNREACHABLE`, gone → `OPERATION_GONE_BY_OPERATOR`, agent given but unknown
-//! or no agent given → `OPERATION_UNKNOWN`, each with Mesos's message. Every query gets an
-//! answer (unlike task reconciliation's branch 2).
+//! Invariants:
+//! - RECON-2: an explicit query is answered, in this order, `OPERATION_FINISHED`
+//!   (with the revision) for a retained outcome, `OPERATION_PENDING` for an operation
+//!   admitted and not yet applied, and otherwise by Mesos's agent branches: recovered →
+//!   `OPERATION_RECOVERING`, registered → `OPERATION_UNKNOWN`, unreachable →
+//!   `OPERATION_UNREACHABLE`, gone → `OPERATION_GONE_BY_OPERATOR`, agent given but unknown
+//!   or no agent given → `OPERATION_UNKNOWN`, each with Mesos's message. Every query gets an
+//!   answer (unlike task reconciliation's branch 2).
 //!
 //! Contact points: the engine's reconcile call runs it in the apply thread with the
 //! pending ids admission tracks.
