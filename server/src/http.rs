@@ -15,6 +15,8 @@
 //!   `ALARM <TYPE>` or the engine's error as the reason (etcd 3.5+).
 //! - HTTP-4: a path no route knows gets gRPC `Unimplemented` if the request is gRPC, else a
 //!   plain 404.
+//! - HTTP-5: the body of a gRPC request to a method that takes one message passes through
+//!   `server::single_message` (ONE-1), so a second message is an `INTERNAL` error.
 //!
 //! Contact points: `server::run` serves this router; the gRPC services live in `kv.rs`,
 //! `lease.rs`, `watch.rs`, `maintenance.rs`, `cluster.rs` and `auth.rs`.
@@ -44,6 +46,7 @@ use crate::pb::etcdserverpb::kv_server::KvServer;
 use crate::pb::etcdserverpb::lease_server::LeaseServer;
 use crate::pb::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::pb::etcdserverpb::watch_server::WatchServer;
+use crate::single_message::{self, SingleMessage};
 use crate::watch::WatchService;
 use kvd::sync::{Arc, Ordering};
 
@@ -119,6 +122,12 @@ async fn track(State(shared): State<Shared>, request: Request, next: Next) -> Re
         return next.run(request).await;
     }
     let path = request.uri().path().to_owned();
+    // ONE-1: a method that takes one request message refuses a second.
+    let request = if single_message::is_client_streaming(&path) {
+        request
+    } else {
+        request.map(SingleMessage::wrap)
+    };
     let started = Instant::now();
     let response = next.run(request).await;
     let response = match Status::from_header_map(response.headers()) {

@@ -40,6 +40,7 @@ mod metrics;
 mod node;
 mod operator;
 pub mod pb;
+mod single_message;
 mod status;
 mod watch;
 

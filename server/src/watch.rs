@@ -25,6 +25,9 @@
 //! - WATCH-SRV-5: at most [`WATCH_RESPONSES_BUFFERED`] translated responses wait for a slow
 //!   client; past that the thread waits, the engine's per-watch buffers fill, and the engine
 //!   moves the watch to catch-up from history (WATCH-3) instead of growing memory.
+//! - WATCH-SRV-6: a request that cannot be decoded ends the whole stream with the
+//!   decoder's status (`INTERNAL`, as gRPC-go ends it); no request after it is read, and
+//!   the stream is never left open without its request reader.
 //!
 //! Contact points: `server::convert` (messages), `server::node` (engine, shutdown, gauges);
 //! the engine's [`WatchStream`].
@@ -144,8 +147,13 @@ async fn read_requests(
             Ok(Some(request)) => request,
             // The client closed its sending side: its watches go on (WATCH-SRV-4).
             Ok(None) => return,
-            // The client reset the stream or the connection broke.
-            Err(_) => return,
+            // WATCH-SRV-6: an undecodable message (or a broken connection) ends the stream
+            // with the decoder's status; a client that reset the stream never gets here
+            // (tonic reports a reset as the end of the requests).
+            Err(status) => {
+                end_with(sender, status).await;
+                return;
+            }
         };
         // etcd ignores a request with no known variant and keeps the stream.
         let Some(request) = request.request_union else {
@@ -154,10 +162,18 @@ async fn read_requests(
         let stream = stream.clone();
         let applied = node::blocking(move || apply(&stream, request)).await;
         if let Err(status) = applied {
-            let _ = sender.send(Err(status)).await;
+            end_with(sender, status).await;
             return;
         }
     }
+}
+
+/// Ends the response stream with `status`: tonic sends it as the trailers and drops the
+/// receiver, which stops the stream's thread (WATCH-SRV-4, WATCH-SRV-6).
+async fn end_with(sender: &ResponseSender, status: Status) {
+    tracing::debug!(code = ?status.code(), message = status.message(), "watch stream ends with an error");
+    // Fails only if the client is gone already; nobody is left to tell then.
+    let _ = sender.send(Err(status)).await;
 }
 
 /// Applies one request to the engine's stream; its answer (if any) arrives on the stream.

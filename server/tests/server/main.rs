@@ -10,6 +10,8 @@
 //! - `etcdctl`: etcdctl 3.4 scenarios against kvd and against etcd 3.4.23, the transcripts
 //!   compared.
 //! - `server_bench`: smoke test of the `kvd bench` load generator.
+//! - `server_hardening`: hostile clients (issue 16): protocol errors, many streams on one
+//!   connection, oversized header blocks, slow connections.
 //! - `server_lease_watch`: the Lease and Watch services over the wire.
 //! - `server_nospace`: the NOSPACE story through etcdctl, and `snapshot save`.
 //! - `server_operator`: the quota operator API over HTTP and its enforcement on the etcd API.
@@ -30,6 +32,7 @@ mod common;
 mod client_crate;
 mod etcdctl;
 mod server_bench;
+mod server_hardening;
 mod server_lease_watch;
 mod server_nospace;
 mod server_operator;
