@@ -23,18 +23,24 @@
 //!   reports the error it would have reported without the wrapper. By AUTH-2, falling back
 //!   to pass-through at any point is safe.
 //! - AUTH-4: every decoder here is total: bad bytes lead to pass-through, never a panic.
+//! - AUTH-5: whenever the wrapper waits for the socket, it tells the connection's watchdog
+//!   whether it holds an unfinished piece of HTTP/2 input (the preface, a frame header, a
+//!   header block or the rest of a forwarded frame), so a stalled client is closed after
+//!   the header timeout (CONN-2).
 //!
-//! Contact points: `server::run` wraps every accepted TCP connection ([`FixingListener`]).
+//! Contact points: `server::connections` wraps every accepted TCP connection
+//! ([`AuthorityFix::watched`]).
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::connections::Activity;
 use axum::http::uri::Authority;
 use bytes::{BufMut, BytesMut};
 use fluke_hpack::huffman::HuffmanDecoder;
+use kvd::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
 
 /// The HTTP/2 client connection preface.
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -64,39 +70,6 @@ const STATIC_AUTHORITY_INDEX: u64 = 1;
 
 const _: () = assert!(FRAME_PAYLOAD_BYTES_MAX > PRIORITY_BYTES);
 
-/// A listener whose connections repair `:authority` (see the module documentation).
-#[derive(Debug)]
-pub struct FixingListener {
-    inner: TcpListener,
-}
-
-impl FixingListener {
-    /// Wraps `inner`.
-    pub fn new(inner: TcpListener) -> FixingListener {
-        FixingListener { inner }
-    }
-}
-
-impl axum::serve::Listener for FixingListener {
-    type Io = AuthorityFix<TcpStream>;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        // axum's listener retries accept errors (with a pause for running out of descriptors).
-        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
-        if let Err(e) = stream.set_nodelay(true) {
-            // Small gRPC answers must not wait for Nagle's algorithm, but a connection
-            // without TCP_NODELAY still works.
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-        (AuthorityFix::new(stream), addr)
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.inner.local_addr()
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     /// Matching the HTTP/2 preface.
@@ -121,6 +94,8 @@ pub struct AuthorityFix<S> {
     eof: bool,
     /// Built on first use: constructing it builds its code tables.
     huffman: Option<HuffmanDecoder>,
+    /// Where the connection's watchdog learns of unfinished input (AUTH-5).
+    activity: Option<Arc<Activity>>,
 }
 
 impl<S> std::fmt::Debug for AuthorityFix<S> {
@@ -142,6 +117,35 @@ impl<S> AuthorityFix<S> {
             forward_remaining: 0,
             eof: false,
             huffman: None,
+            activity: None,
+        }
+    }
+
+    /// Wraps the connection `inner` and reports to `activity` whenever it waits for input
+    /// with an unfinished piece in hand (AUTH-5).
+    pub fn watched(inner: S, activity: Arc<Activity>) -> AuthorityFix<S> {
+        AuthorityFix {
+            activity: Some(activity),
+            ..AuthorityFix::new(inner)
+        }
+    }
+
+    /// Tells the watchdog, before waiting for the socket, whether an unfinished preface,
+    /// frame or header block is held (AUTH-5).
+    fn note_wait(&self) {
+        let Some(activity) = &self.activity else {
+            return;
+        };
+        let holding = match self.mode {
+            Mode::Preface => true,
+            Mode::Frames => !self.input.is_empty() || self.forward_remaining > 0,
+            // HTTP/1: hyper's header read timeout watches the request head.
+            Mode::Passthrough => false,
+        };
+        if holding {
+            activity.unfinished();
+        } else {
+            activity.finished();
         }
     }
 
@@ -247,7 +251,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
             let mut chunk = [0u8; READ_CHUNK_BYTES];
             let mut chunk_buf = ReadBuf::new(&mut chunk);
             match Pin::new(&mut this.inner).poll_read(cx, &mut chunk_buf) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    this.note_wait();
+                    return Poll::Pending;
+                }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Ready(Ok(())) if chunk_buf.filled().is_empty() => this.eof = true,
                 Poll::Ready(Ok(())) => this.input.extend_from_slice(chunk_buf.filled()),

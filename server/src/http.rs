@@ -34,6 +34,7 @@ use tonic::{Code, Status};
 
 use crate::auth::AuthService;
 use crate::cluster::ClusterService;
+use crate::connections::Connections;
 use crate::kv::KvService;
 use crate::lease::LeaseService;
 use crate::maintenance::MaintenanceService;
@@ -58,14 +59,21 @@ const TONIC_OVERSIZE_PREFIX: &str = "Error, decoded message length too large: fo
 struct Shared {
     node: Arc<Node>,
     metrics: Arc<Metrics>,
+    connections: Arc<Connections>,
 }
 
 /// Returns the router of the client port. `max_receive_bytes` is the gRPC receive limit
 /// (etcd: `--max-request-bytes` + 512 KiB).
-pub fn router(node: Arc<Node>, metrics: Arc<Metrics>, max_receive_bytes: usize) -> axum::Router {
+pub fn router(
+    node: Arc<Node>,
+    metrics: Arc<Metrics>,
+    connections: Arc<Connections>,
+    max_receive_bytes: usize,
+) -> axum::Router {
     let shared = Shared {
         node: node.clone(),
         metrics,
+        connections,
     };
     let routes = Routes::new(
         KvServer::new(KvService::new(node.clone())).max_decoding_message_size(max_receive_bytes),
@@ -236,6 +244,8 @@ async fn metrics_text(State(shared): State<Shared>) -> Response {
     let streams = StreamGauges {
         watch: shared.node.streams.watch.load(Ordering::Relaxed),
         keep_alive: shared.node.streams.keep_alive.load(Ordering::Relaxed),
+        connections_open: shared.connections.open(),
+        connections_refused: shared.connections.refused(),
     };
     let body = shared.metrics.render(engine.as_ref(), &streams);
     let mut response = (StatusCode::OK, body).into_response();

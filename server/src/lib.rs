@@ -28,6 +28,7 @@
 mod auth;
 mod authority;
 mod cluster;
+pub mod connections;
 mod convert;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -54,14 +55,16 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
-use crate::authority::FixingListener;
+use crate::connections::{Connections, serve_listener};
 use crate::convert::HeaderIds;
 use crate::metrics::Metrics;
 use crate::node::{Node, NodeSettings};
 use kvd::sync::Arc;
 use kvd::{Config, Engine};
 
+pub use crate::connections::ConnectionLimits;
 pub use crate::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, QUOTA_BACKEND_BYTES_DEFAULT};
+pub use crate::watch::WATCH_STREAMS_MAX_DEFAULT;
 
 /// Bytes etcd adds to `--max-request-bytes` for the gRPC receive limit (SRV-2).
 pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
@@ -101,6 +104,11 @@ pub struct ServerConfig {
     /// The allocation prepare queue length (`--allocation-prepare-queue-length`): `Some`
     /// replaces the persisted one, `None` keeps it.
     pub allocation_prepare_queue_length: Option<u64>,
+    /// The connection limits and timeouts (`--max-connections`, `--connection-*-timeout`,
+    /// `--grpc-keepalive-*`).
+    pub connections: ConnectionLimits,
+    /// Most Watch streams open at once (`--max-watch-streams`).
+    pub max_watch_streams: usize,
 }
 
 /// Default of `--prepare-queue-length` (etcd's gap between committed and applied entries).
@@ -169,6 +177,8 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
             "quota exceeds the maximum value (8 GiB)"
         );
     }
+    let mut config = config;
+    config.connections = connection_limits(config.connections)?;
     let engine = Engine::open(&config.data_dir, engine_config).map_err(ServerError::Engine)?;
     log_prepare_queue(&engine);
     // SRV-4: the engine holds the directory's lock from here on.
@@ -189,6 +199,29 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
     let closed = close_engine(engine);
     served?;
     closed
+}
+
+/// Raises the descriptor limit and caps `--max-connections` by it (CONN-1).
+fn connection_limits(limits: ConnectionLimits) -> Result<ConnectionLimits, ServerError> {
+    if limits.max_connections == 0 {
+        return Err(ServerError::Config(
+            "--max-connections must be at least 1".into(),
+        ));
+    }
+    let descriptors = connections::raise_descriptor_limit();
+    let max_connections = connections::cap_to_descriptors(limits.max_connections, descriptors);
+    if max_connections < limits.max_connections {
+        tracing::warn!(
+            requested = limits.max_connections,
+            max_connections,
+            open_file_limit = ?descriptors,
+            "--max-connections lowered to fit the open-file limit"
+        );
+    }
+    Ok(ConnectionLimits {
+        max_connections,
+        ..limits
+    })
 }
 
 /// Logs the allocation prepare queue length in force, and whether the flag replaced the
@@ -264,27 +297,31 @@ async fn serve(
         quota_bytes: quota_reported(config.quota_backend_bytes),
         max_txn_ops: config.max_txn_ops,
         data_dir: config.data_dir.clone(),
+        max_watch_streams: config.max_watch_streams,
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let node = Arc::new(Node::new(engine, ids, settings, stopped.clone()));
     let max_receive_bytes = config.max_request_bytes.saturating_add(GRPC_OVERHEAD_BYTES);
-    let router = http::router(node, Arc::new(Metrics::new()), max_receive_bytes);
+    let connections = Arc::new(Connections::new(config.connections));
+    let router = http::router(
+        node,
+        Arc::new(Metrics::new()),
+        connections.clone(),
+        max_receive_bytes,
+    );
 
     let mut servers = tokio::task::JoinSet::new();
     for (listener, url) in listeners.into_iter().zip(&urls) {
-        let listener = FixingListener::new(listener);
-        let mut stopped = stopped.clone();
-        let router = router.clone();
+        let task = serve_listener(
+            listener,
+            router.clone(),
+            connections.clone(),
+            stopped.clone(),
+        );
         let url = url.clone();
         servers.spawn(async move {
-            let shutdown = async move {
-                // An error means the sender is gone, which also means stop.
-                let _ = stopped.wait_for(|stop| *stop).await;
-            };
-            let result = axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown)
-                .await;
-            (url, result)
+            task.await;
+            url
         });
     }
     tracing::info!(
@@ -310,8 +347,7 @@ async fn serve(
     let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
         while let Some(joined) = servers.join_next().await {
             match joined {
-                Ok((url, Ok(()))) => tracing::info!(url, "listener closed"),
-                Ok((url, Err(e))) => tracing::error!(url, error = %e, "listener failed"),
+                Ok(url) => tracing::info!(url, "listener closed"),
                 Err(e) => tracing::error!(error = %e, "listener task failed"),
             }
         }

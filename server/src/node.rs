@@ -59,6 +59,8 @@ pub struct NodeSettings {
     pub max_txn_ops: usize,
     /// The data directory, where Maintenance.Snapshot writes its copy before streaming it.
     pub data_dir: std::path::PathBuf,
+    /// Most Watch streams open at once (`--max-watch-streams`, WATCH-SRV-3).
+    pub max_watch_streams: usize,
 }
 
 /// Gauges of the long-lived streams open right now, for `/metrics`.

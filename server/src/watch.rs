@@ -16,8 +16,11 @@
 //! - WATCH-SRV-2: responses reach the client in the order the engine produced them; the
 //!   created (or refused) response of a watch precedes its events because the engine puts
 //!   both on the same stream in that order.
-//! - WATCH-SRV-3: at most [`WATCH_STREAMS_MAX`] streams (and so threads) are open at once;
-//!   a further Watch call is refused with `Unavailable`.
+//! - WATCH-SRV-3: at most `--max-watch-streams` ([`WATCH_STREAMS_MAX_DEFAULT`]) streams,
+//!   and so threads, are open at once; a further Watch call is refused with `Unavailable`.
+//!   A stream's thread reserves [`WATCH_THREAD_STACK_BYTES`] of stack, of which it touches
+//!   little (it only receives, translates and sends), so the bound is memory: about the
+//!   touched stack plus [`WATCH_RESPONSES_BUFFERED`] responses per stream.
 //! - WATCH-SRV-4: the stream's thread ends within [`STREAM_POLL`] of the client going away
 //!   or the server shutting down (NODE-3); dropping the engine's stream cancels its watches.
 //!   The client closing only its sending side ends nothing: watches keep delivering, as in
@@ -45,8 +48,10 @@ use crate::status;
 use kvd::WatchStream;
 use kvd::sync::{Arc, Ordering};
 
-/// Most Watch streams open at once (WATCH-SRV-3).
-pub const WATCH_STREAMS_MAX: usize = 1_024;
+/// Default of `--max-watch-streams` (WATCH-SRV-3).
+pub const WATCH_STREAMS_MAX_DEFAULT: usize = 4_096;
+/// Stack reserved for each stream's thread (WATCH-SRV-3); the receive loop is shallow.
+pub const WATCH_THREAD_STACK_BYTES: usize = 256 * 1024;
 /// Translated responses buffered per stream for a slow client (WATCH-SRV-5).
 pub const WATCH_RESPONSES_BUFFERED: usize = 128;
 
@@ -75,9 +80,10 @@ impl Watch for WatchService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let guard = StreamGuard::new(self.node.clone(), |streams| &streams.watch);
         // WATCH-SRV-3: the guard has counted this stream already.
-        if self.node.streams.watch.load(Ordering::Relaxed) > WATCH_STREAMS_MAX {
+        let most = self.node.settings.max_watch_streams;
+        if self.node.streams.watch.load(Ordering::Relaxed) > most {
             return Err(Status::unavailable(format!(
-                "kvd: too many watch streams (at most {WATCH_STREAMS_MAX}); retry later"
+                "kvd: too many watch streams (at most {most}, --max-watch-streams); retry later"
             )));
         }
         let stream = Arc::new(self.node.call(|engine| engine.watch_stream()).await?);
@@ -87,6 +93,7 @@ impl Watch for WatchService {
         let forward_sender = sender.clone();
         std::thread::Builder::new()
             .name("kvd-watch".to_owned())
+            .stack_size(WATCH_THREAD_STACK_BYTES)
             .spawn(move || {
                 forward(&node, &forwarded, &forward_sender);
                 drop(guard);

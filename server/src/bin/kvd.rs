@@ -131,6 +131,38 @@ mod cli {
         #[arg(long, value_name = "N", allow_negative_numbers = true)]
         allocation_prepare_queue_length: Option<i64>,
 
+        /// Most client connections served at once; a connection beyond it gets an HTTP/2
+        /// GOAWAY (ENHANCE_YOUR_CALM, "kvd: too many open connections") and is closed. Lowered
+        /// at start to fit the open-file limit (which kvd raises to its hard limit first).
+        #[arg(long, value_name = "N", default_value_t = kvd_server::connections::MAX_CONNECTIONS_DEFAULT)]
+        max_connections: usize,
+
+        /// How long a connection may take to send its HTTP/2 preface, any one frame or
+        /// header block, or an HTTP/1 request head before it is closed.
+        #[arg(long, value_name = "TIME", default_value = "10s", value_parser = parse_duration)]
+        connection_header_timeout: Duration,
+
+        /// How long a connection may stay with no request open (a Watch or LeaseKeepAlive
+        /// stream is an open request) before it is shut down gracefully.
+        #[arg(long, value_name = "TIME", default_value = "5m", value_parser = parse_duration)]
+        connection_idle_timeout: Duration,
+
+        /// Time without frames after which the server pings an HTTP/2 client (etcd's flag
+        /// and default).
+        #[arg(long, value_name = "TIME", default_value = "2h", value_parser = parse_duration)]
+        grpc_keepalive_interval: Duration,
+
+        /// How long a ping may go unanswered before the connection is dropped (etcd's flag
+        /// and default).
+        #[arg(long, value_name = "TIME", default_value = "20s", value_parser = parse_duration)]
+        grpc_keepalive_timeout: Duration,
+
+        /// Most Watch streams open at once; a further Watch call gets Unavailable. Each
+        /// stream holds a thread (256 KiB of stack reserved) and up to 128 responses for a
+        /// slow client.
+        #[arg(long, value_name = "N", default_value_t = kvd_server::WATCH_STREAMS_MAX_DEFAULT)]
+        max_watch_streams: usize,
+
         /// Log level: debug, info, warn or error. Debug logs one line per gRPC request.
         #[arg(long, value_name = "LEVEL", default_value = "info")]
         log_level: tracing::Level,
@@ -357,6 +389,14 @@ mod cli {
             max_request_bytes: flags.max_request_bytes,
             max_txn_ops: flags.max_txn_ops,
             prepare_queue_length: flags.prepare_queue_length,
+            max_watch_streams: flags.max_watch_streams,
+            connections: kvd_server::ConnectionLimits {
+                max_connections: flags.max_connections,
+                header_timeout: flags.connection_header_timeout,
+                idle_timeout: flags.connection_idle_timeout,
+                keepalive_interval: flags.grpc_keepalive_interval,
+                keepalive_timeout: flags.grpc_keepalive_timeout,
+            },
         };
         match kvd_server::run(config, print_urls) {
             Ok(()) => ExitCode::SUCCESS,

@@ -76,12 +76,36 @@ pub fn start_kvd(extra_args: &[&str]) -> Server {
 
 /// Starts kvd on a free loopback port on `data_dir`; `Err` carries the exit code and log if
 /// it exits instead of listening.
+pub fn start_kvd_in(data_dir: &Path, extra_args: &[&str]) -> Result<Server, String> {
+    start_kvd_command(Command::new(kvd_binary()), data_dir, extra_args)
+}
+
+/// Starts kvd as [`start_kvd`] does, with its open-file limit (soft and hard) set to
+/// `open_files` by the shell that execs it.
+pub fn start_kvd_with_open_files(open_files: u32, extra_args: &[&str]) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(format!("ulimit -n {open_files} && exec \"$0\" \"$@\""))
+        .arg(kvd_binary());
+    let mut server =
+        start_kvd_command(command, &data_dir, extra_args).unwrap_or_else(|e| panic!("{e}"));
+    server._dir = Some(dir);
+    server
+}
+
 // The child is waited for by `Server`'s `Drop`, or before returning an error.
 #[allow(clippy::zombie_processes)]
-pub fn start_kvd_in(data_dir: &Path, extra_args: &[&str]) -> Result<Server, String> {
+fn start_kvd_command(
+    mut command: Command,
+    data_dir: &Path,
+    extra_args: &[&str],
+) -> Result<Server, String> {
     let log = data_dir.with_extension(format!("kvd-{}.log", unique()));
     let log_file = File::create(&log).unwrap();
-    let mut child = Command::new(kvd_binary())
+    let mut child = command
         .arg("--data-dir")
         .arg(data_dir)
         .args(["--listen-client-urls", "http://127.0.0.1:0"])

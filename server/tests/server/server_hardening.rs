@@ -241,3 +241,252 @@ async fn a_unary_call_with_two_messages_is_refused_and_applies_nothing() {
     let (code, _, _) = call.status::<pb::PutResponse>().await;
     assert_eq!(code, "0");
 }
+
+/// Streams opened at once on one connection: more than hyper's default limit of 200.
+const STREAMS_ON_ONE_CONNECTION: usize = 300;
+
+#[tokio::test]
+async fn three_hundred_streams_on_one_connection_are_all_served() {
+    use kvd_server::pb::etcdserverpb::lease_client::LeaseClient;
+    let server = common::start_kvd(&[]);
+    // One tonic channel is one HTTP/2 connection; its client obeys the server's
+    // SETTINGS_MAX_CONCURRENT_STREAMS and queues streams beyond it.
+    let channel = tonic::transport::Channel::from_shared(server.endpoint.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let (answered, mut answers) = tokio::sync::mpsc::channel(STREAMS_ON_ONE_CONNECTION);
+    let (release, released) = tokio::sync::watch::channel(false);
+    for id in 0..STREAMS_ON_ONE_CONNECTION {
+        let mut lease = LeaseClient::new(channel.clone());
+        let answered = answered.clone();
+        let mut released = released.clone();
+        tokio::spawn(async move {
+            let (requests, receiver) = tokio::sync::mpsc::channel(1);
+            requests
+                .send(pb::LeaseKeepAliveRequest { id: id as i64 + 1 })
+                .await
+                .unwrap();
+            let stream = tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(receiver);
+            let mut responses = lease.lease_keep_alive(stream).await.unwrap().into_inner();
+            let first = responses.message().await.unwrap().unwrap();
+            answered.send(first.id).await.unwrap();
+            // Every stream stays open until all have been answered.
+            let _ = released.wait_for(|r| *r).await;
+            drop(requests);
+        });
+    }
+    drop(answered);
+    let mut ids = Vec::new();
+    let all = tokio::time::timeout(Duration::from_secs(60), async {
+        while ids.len() < STREAMS_ON_ONE_CONNECTION {
+            ids.push(answers.recv().await.unwrap());
+        }
+    })
+    .await;
+    let _ = release.send(true);
+    assert!(
+        all.is_ok(),
+        "{} of {STREAMS_ON_ONE_CONNECTION} streams answered on one connection",
+        ids.len()
+    );
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        (1..=STREAMS_ON_ONE_CONNECTION as i64).collect::<Vec<_>>()
+    );
+}
+
+/// Watch streams opened at once: more than the former fixed cap of 1,024.
+const WATCH_STREAMS: usize = 1_100;
+
+#[tokio::test]
+async fn more_than_a_thousand_watch_streams_are_served() {
+    use kvd_server::pb::etcdserverpb::watch_client::WatchClient;
+    let server = common::start_kvd(&[]);
+    let channel = tonic::transport::Channel::from_shared(server.endpoint.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let (created, mut creations) = tokio::sync::mpsc::channel(WATCH_STREAMS);
+    let (release, released) = tokio::sync::watch::channel(false);
+    for n in 0..WATCH_STREAMS {
+        let mut watch = WatchClient::new(channel.clone());
+        let created = created.clone();
+        let mut released = released.clone();
+        tokio::spawn(async move {
+            let (requests, receiver) = tokio::sync::mpsc::channel(1);
+            let create = pb::WatchRequest {
+                request_union: Some(pb::watch_request::RequestUnion::CreateRequest(
+                    pb::WatchCreateRequest {
+                        key: Bytes::from(format!("w{n}")),
+                        ..pb::WatchCreateRequest::default()
+                    },
+                )),
+            };
+            requests.send(create).await.unwrap();
+            let stream = tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(receiver);
+            let answer = match watch.watch(stream).await {
+                Ok(responses) => responses.into_inner().message().await.map(|r| r.unwrap()),
+                Err(status) => Err(status),
+            };
+            let _ = created.send(answer.map(|r| r.created)).await;
+            let _ = released.wait_for(|r| *r).await;
+            drop(requests);
+        });
+    }
+    drop(created);
+    let mut answers = Vec::new();
+    let collected = tokio::time::timeout(Duration::from_secs(120), async {
+        while answers.len() < WATCH_STREAMS {
+            answers.push(creations.recv().await.unwrap());
+        }
+    })
+    .await;
+    let _ = release.send(true);
+    assert!(collected.is_ok(), "{} answers in time", answers.len());
+    let refused: Vec<_> = answers.iter().filter(|a| !matches!(a, Ok(true))).collect();
+    assert!(
+        refused.is_empty(),
+        "{} refused, e.g. {:?}",
+        refused.len(),
+        refused.first()
+    );
+}
+
+#[tokio::test]
+async fn watch_streams_beyond_the_flag_are_unavailable() {
+    use kvd_server::pb::etcdserverpb::watch_client::WatchClient;
+    let server = common::start_kvd(&["--max-watch-streams", "2"]);
+    let channel = tonic::transport::Channel::from_shared(server.endpoint.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let (requests, receiver) = tokio::sync::mpsc::channel::<pb::WatchRequest>(1);
+        let stream = tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(receiver);
+        let responses = WatchClient::new(channel.clone())
+            .watch(stream)
+            .await
+            .unwrap();
+        open.push((requests, responses));
+    }
+    let (_requests, receiver) = tokio::sync::mpsc::channel::<pb::WatchRequest>(1);
+    let stream = tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(receiver);
+    let third = WatchClient::new(channel.clone()).watch(stream).await;
+    let status = third.expect_err("the third stream is refused");
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert!(
+        status.message().contains("--max-watch-streams"),
+        "{status:?}"
+    );
+}
+
+/// The server's open-file limit in the slow-connection test: kvd keeps 128 descriptors for
+/// itself, so at most 128 connections are served.
+const SLOW_TEST_OPEN_FILES: u32 = 256;
+/// Connections the slow-connection test opens: more than the server has descriptors for.
+const SLOW_CONNECTIONS: usize = 300;
+/// How long the test's attackers keep trickling bytes, at most.
+const TRICKLE_FOR: Duration = Duration::from_secs(40);
+/// The HTTP/2 client preface; the attackers send all of it but its last byte.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Puts `key` through the established gRPC client `kv` on `runtime`; returns the revision.
+fn established_put(
+    runtime: &tokio::runtime::Runtime,
+    kv: &mut kvd_server::pb::etcdserverpb::kv_client::KvClient<tonic::transport::Channel>,
+    key: &str,
+) -> i64 {
+    let request = pb::PutRequest {
+        key: Bytes::from(key.to_owned()),
+        value: Bytes::from_static(b"v"),
+        ..pb::PutRequest::default()
+    };
+    let put = runtime.block_on(async { tokio::time::timeout(CALL_TIMEOUT, kv.put(request)).await });
+    put.expect("the established client answered in time")
+        .unwrap()
+        .into_inner()
+        .header
+        .unwrap()
+        .revision
+}
+
+#[test]
+fn slow_and_silent_connections_leave_new_clients_and_health_answered() {
+    use std::io::Write;
+    let server = common::start_kvd_with_open_files(
+        SLOW_TEST_OPEN_FILES,
+        &["--connection-header-timeout", "2s"],
+    );
+    let host = server.endpoint.trim_start_matches("http://").to_owned();
+    // An established gRPC client, connected before the attack.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let channel = tonic::transport::Channel::from_shared(server.endpoint.clone()).unwrap();
+    let channel = runtime.block_on(channel.connect()).unwrap();
+    let mut established = kvd_server::pb::etcdserverpb::kv_client::KvClient::new(channel);
+    assert_eq!(established_put(&runtime, &mut established, "before"), 2);
+
+    // Half the attackers send nothing; half trickle the HTTP/2 preface a byte at a time and
+    // never send its last byte, so no connection ever completes anything.
+    let mut silent = Vec::new();
+    let mut trickling = Vec::new();
+    for n in 0..SLOW_CONNECTIONS {
+        let stream = std::net::TcpStream::connect(&host).unwrap();
+        if n % 2 == 0 {
+            silent.push(stream);
+        } else {
+            trickling.push(stream);
+        }
+    }
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let trickler = std::thread::spawn(move || {
+        for sent in 0..PREFACE.len() - 1 {
+            for stream in &mut trickling {
+                let _ = stream.write_all(&PREFACE[sent..=sent]);
+            }
+            if stopped.recv_timeout(Duration::from_millis(500)).is_ok() {
+                return trickling;
+            }
+        }
+        // Hold the connections (without sending) until the test is done.
+        let _ = stopped.recv_timeout(TRICKLE_FOR);
+        trickling
+    });
+
+    // A new client and /health are answered while the attackers are still connected.
+    let healthy = common::wait_until(Duration::from_secs(30), || {
+        matches!(common::http_get(&server.endpoint, "/health"), Ok((200, _)))
+    });
+    let put = common::wait_until(Duration::from_secs(30), || {
+        common::etcdctl(&server.endpoint, &["put", "after", "attack"], None).code == 0
+    });
+    let refused = common::http_get(&server.endpoint, "/metrics")
+        .ok()
+        .and_then(|(_, metrics)| {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix("kvd_connections_refused_total "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        });
+    let _ = stop.send(());
+    let trickling = trickler.join().unwrap();
+    assert!(healthy, "/health unanswered; log:\n{}", server.log());
+    assert!(put, "a new client was not served; log:\n{}", server.log());
+    // The established connection was never dropped: its put follows the new client's.
+    assert_eq!(established_put(&runtime, &mut established, "during"), 4);
+    assert!(
+        refused.is_some_and(|n| n > 0),
+        "refusals counted: {refused:?}"
+    );
+    assert!(
+        server
+            .log()
+            .contains("--max-connections lowered to fit the open-file limit")
+    );
+    drop((silent, trickling));
+}
