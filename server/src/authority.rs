@@ -27,6 +27,10 @@
 //!   whether it holds an unfinished piece of HTTP/2 input (the preface, a frame header, a
 //!   header block or the rest of a forwarded frame), so a stalled client is closed after
 //!   the header timeout (CONN-2).
+//! - AUTH-6: the wrapper holds at most [`HEADER_BLOCK_BYTES_MAX`] (one frame's worth) of
+//!   unexamined input per connection: a HEADERS frame announcing more than the maximum frame
+//!   size, or a header block that does not fit, passes through at once (AUTH-3), and reads
+//!   from the socket never go past the bound.
 //!
 //! Contact points: `server::connections` wraps every accepted TCP connection
 //! ([`AuthorityFix::watched`]).
@@ -46,12 +50,15 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Bytes of an HTTP/2 frame header.
 const FRAME_HEADER_BYTES: usize = 9;
-/// Largest header block (HEADERS plus CONTINUATIONs) the wrapper examines; larger ones pass
-/// through unchanged (AUTH-3). hyper's own limit on a header list is 16 KiB by default.
-pub const HEADER_BLOCK_BYTES_MAX: usize = 1 << 20;
-/// Largest frame payload the wrapper writes: HTTP/2's default SETTINGS_MAX_FRAME_SIZE, which
-/// hyper's server keeps unless configured otherwise.
+/// Largest frame payload the wrapper writes or examines: HTTP/2's default
+/// SETTINGS_MAX_FRAME_SIZE, which hyper's server keeps (and enforces) unless configured
+/// otherwise.
 const FRAME_PAYLOAD_BYTES_MAX: usize = 16_384;
+/// Largest header block (HEADERS plus CONTINUATIONs, frame headers included) the wrapper
+/// holds to examine: one frame's worth (AUTH-6). Larger ones pass through unchanged
+/// (AUTH-3); hyper's own limit on a header list is 16 KiB by default, so a request whose
+/// block is larger would be refused anyway.
+pub const HEADER_BLOCK_BYTES_MAX: usize = FRAME_HEADER_BYTES + FRAME_PAYLOAD_BYTES_MAX;
 /// Bytes read from the socket at a time.
 const READ_CHUNK_BYTES: usize = 16_384;
 /// Largest HPACK integer continuation shift accepted (values up to 2^35).
@@ -199,8 +206,14 @@ impl<S> AuthorityFix<S> {
             self.forward_remaining = header.len;
             return true;
         }
+        if header.len > FRAME_PAYLOAD_BYTES_MAX {
+            // AUTH-6: hyper refuses a frame over its maximum size as soon as it reads the
+            // frame header; holding its payload would only cost memory.
+            self.mode = Mode::Passthrough;
+            return true;
+        }
         match header_block_extent(&self.input) {
-            Extent::Incomplete if self.input.len() <= HEADER_BLOCK_BYTES_MAX => false,
+            Extent::Incomplete if self.input.len() < HEADER_BLOCK_BYTES_MAX => false,
             Extent::Incomplete | Extent::Malformed => {
                 self.mode = Mode::Passthrough;
                 true
@@ -249,7 +262,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
                 continue;
             }
             let mut chunk = [0u8; READ_CHUNK_BYTES];
-            let mut chunk_buf = ReadBuf::new(&mut chunk);
+            // AUTH-6: never read past what the wrapper may hold. `process` only asks for
+            // more while the input is under the bound, so there is room for a byte at least.
+            let room = HEADER_BLOCK_BYTES_MAX
+                .saturating_sub(this.input.len())
+                .clamp(1, READ_CHUNK_BYTES);
+            let mut chunk_buf = ReadBuf::new(&mut chunk[..room]);
             match Pin::new(&mut this.inner).poll_read(cx, &mut chunk_buf) {
                 Poll::Pending => {
                     this.note_wait();
@@ -699,6 +717,48 @@ mod tests {
     #[tokio::test]
     async fn http1_passes_through() {
         let input = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
+        let mut got = Vec::new();
+        AuthorityFix::new(input.as_slice())
+            .read_to_end(&mut got)
+            .await
+            .unwrap();
+        assert_eq!(got, input);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_headers_frame_passes_through_at_once() {
+        // A HEADERS frame announcing 16 MiB - 1 bytes, of which 64 KiB arrive: the wrapper
+        // must not wait for (or hold) the payload.
+        let mut input = PREFACE.to_vec();
+        input.extend_from_slice(&[0xff, 0xff, 0xff, FRAME_HEADERS, 0, 0, 0, 0, 1]);
+        input.extend(std::iter::repeat_n(0u8, 64 * 1024));
+        let mut fix = AuthorityFix::new(input.as_slice());
+        let mut first = vec![0u8; 64];
+        let n = fix.read(&mut first).await.unwrap();
+        assert_eq!(&first[..n], PREFACE);
+        let n = fix.read(&mut first).await.unwrap();
+        assert_eq!(&first[..9], &input[PREFACE.len()..PREFACE.len() + 9]);
+        assert!(n > 0 && fix.mode == Mode::Passthrough);
+        assert!(fix.input.len() + fix.output.len() <= HEADER_BLOCK_BYTES_MAX);
+    }
+
+    #[tokio::test]
+    async fn a_header_block_over_one_frame_passes_through() {
+        // HEADERS without END_HEADERS, then CONTINUATIONs past the bound: passed on unchanged.
+        let mut input = PREFACE.to_vec();
+        let mut block = vec![0x82];
+        block.extend(authority_literal(b"http://127.0.0.1:2379"));
+        input.extend(headers_frame(0, 1, &block));
+        for _ in 0..3 {
+            FrameHeader {
+                len: 8_000,
+                kind: FRAME_CONTINUATION,
+                flags: 0,
+                stream: 1,
+            }
+            .write(&mut input);
+            input.extend(std::iter::repeat_n(0x82u8, 8_000));
+        }
         let mut got = Vec::new();
         AuthorityFix::new(input.as_slice())
             .read_to_end(&mut got)

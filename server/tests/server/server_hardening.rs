@@ -490,3 +490,53 @@ fn slow_and_silent_connections_leave_new_clients_and_health_answered() {
     );
     drop((silent, trickling));
 }
+
+/// Connections that each announce an oversized HEADERS frame.
+const OVERSIZED_HEADER_CONNECTIONS: usize = 300;
+/// Payload bytes each of them sends before stalling: just under the former 1 MiB the
+/// `:authority` repair held per connection.
+const OVERSIZED_HEADER_SENT_BYTES: usize = 1_000_000;
+/// Most the server's resident memory may grow meanwhile: a bound on memory, far below the
+/// 300 MB the former buffering took.
+const OVERSIZED_HEADER_RSS_GROWTH_MAX_KIB: u64 = 64 * 1024;
+
+#[test]
+fn announced_oversized_header_frames_leave_memory_bounded() {
+    use std::io::Write;
+    let server = common::start_kvd(&[]);
+    let host = server.endpoint.trim_start_matches("http://").to_owned();
+    assert!(matches!(
+        common::http_get(&server.endpoint, "/health"),
+        Ok((200, _))
+    ));
+    let before = server.rss_kib();
+    // The preface, an empty SETTINGS frame, and a HEADERS frame announcing 16 MiB - 1 bytes
+    // (the largest length a frame header holds) of which ~1 MB follows.
+    let mut attack = PREFACE.to_vec();
+    attack.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+    attack.extend_from_slice(&[0xff, 0xff, 0xff, 0x1, 0, 0, 0, 0, 1]);
+    attack.extend(std::iter::repeat_n(0u8, OVERSIZED_HEADER_SENT_BYTES));
+    let mut open = Vec::new();
+    for _ in 0..OVERSIZED_HEADER_CONNECTIONS {
+        let mut stream = std::net::TcpStream::connect(&host).unwrap();
+        stream
+            .set_write_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        // The server may close the connection before all of it is written.
+        let _ = stream.write_all(&attack);
+        open.push(stream);
+    }
+    // Let the server read what is in flight, then measure while the connections are open.
+    assert!(matches!(
+        common::http_get(&server.endpoint, "/health"),
+        Ok((200, _))
+    ));
+    std::thread::sleep(Duration::from_millis(500));
+    let after = server.rss_kib();
+    drop(open);
+    let growth = after.saturating_sub(before);
+    assert!(
+        growth < OVERSIZED_HEADER_RSS_GROWTH_MAX_KIB,
+        "RSS grew by {growth} KiB ({before} -> {after})"
+    );
+}
