@@ -41,7 +41,8 @@ pub use api::*;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{
     AllocationPrepareQueueReplaced, ApplyStats, AutoCompaction, CommitFailpoint, CommitStep,
-    Completion, Config, DefragFailpoint, Engine, RoleQueue, WriteRequest, write_cost,
+    Completion, Config, DefragFailpoint, Engine, RoleQueue, SnapshotStream, WriteRequest,
+    restore_snapshot, write_cost,
 };
 pub use error::{Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};

@@ -48,6 +48,7 @@ use crate::pb::etcdserverpb::lease_server::LeaseServer;
 use crate::pb::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::pb::etcdserverpb::watch_server::WatchServer;
 use crate::single_message::{self, SingleMessage};
+use crate::snapshot::Snapshots;
 use crate::watch::WatchService;
 use kvd::sync::{Arc, Ordering};
 
@@ -68,6 +69,7 @@ pub fn router(
     node: Arc<Node>,
     metrics: Arc<Metrics>,
     connections: Arc<Connections>,
+    snapshots: Arc<Snapshots>,
     max_receive_bytes: usize,
 ) -> axum::Router {
     let shared = Shared {
@@ -79,7 +81,7 @@ pub fn router(
         KvServer::new(KvService::new(node.clone())).max_decoding_message_size(max_receive_bytes),
     )
     .add_service(
-        MaintenanceServer::new(MaintenanceService::new(node.clone()))
+        MaintenanceServer::new(MaintenanceService::new(node.clone(), snapshots))
             .max_decoding_message_size(max_receive_bytes),
     )
     .add_service(

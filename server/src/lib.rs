@@ -20,7 +20,8 @@
 //! tests drive the server through the `kvd` binary and the generated clients in [`pb`].
 //! Module map: `authority` (repairs the HTTP/2 authority of etcd 3.4 clients), `http`
 //! (router, metrics layer, HTTP routes), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
-//! `auth` (answers "auth disabled"), `operator` (the quota operator API: `POST /api/v1`,
+//! `auth` (answers "auth disabled"), `connections` (accept loop, connection limits),
+//! `single_message` (one request message per unary call), `snapshot` (Snapshot streaming), `operator` (the quota operator API: `POST /api/v1`,
 //! `GET /roles`), `convert` (pb ↔ api), `status` (errors → gRPC),
 //! `identity` (ids on disk), `metrics`, `node` (shared state), `bench` (the load generator
 //! of `kvd bench`, a client of any etcd endpoint).
@@ -42,6 +43,7 @@ mod node;
 mod operator;
 pub mod pb;
 mod single_message;
+pub mod snapshot;
 mod status;
 mod watch;
 
@@ -59,6 +61,7 @@ use crate::connections::{Connections, serve_listener};
 use crate::convert::HeaderIds;
 use crate::metrics::Metrics;
 use crate::node::{Node, NodeSettings};
+use crate::snapshot::Snapshots;
 use kvd::sync::Arc;
 use kvd::{Config, Engine};
 
@@ -109,6 +112,10 @@ pub struct ServerConfig {
     pub connections: ConnectionLimits,
     /// Most Watch streams open at once (`--max-watch-streams`).
     pub max_watch_streams: usize,
+    /// Most Snapshot streams at once (`--max-snapshots`).
+    pub max_snapshots: usize,
+    /// How long a Snapshot stream may wait for its client to read (`--snapshot-stall-timeout`).
+    pub snapshot_stall_timeout: Duration,
 }
 
 /// Default of `--prepare-queue-length` (etcd's gap between committed and applied entries).
@@ -296,7 +303,6 @@ async fn serve(
         peer_url: PEER_URL_PLACEHOLDER.to_owned(),
         quota_bytes: quota_reported(config.quota_backend_bytes),
         max_txn_ops: config.max_txn_ops,
-        data_dir: config.data_dir.clone(),
         max_watch_streams: config.max_watch_streams,
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -307,6 +313,10 @@ async fn serve(
         node,
         Arc::new(Metrics::new()),
         connections.clone(),
+        Arc::new(Snapshots::new(
+            config.max_snapshots,
+            config.snapshot_stall_timeout,
+        )),
         max_receive_bytes,
     );
 

@@ -57,8 +57,6 @@ pub struct NodeSettings {
     pub quota_bytes: i64,
     /// `--max-txn-ops`, needed to order the errors of a Txn with an empty op.
     pub max_txn_ops: usize,
-    /// The data directory, where Maintenance.Snapshot writes its copy before streaming it.
-    pub data_dir: std::path::PathBuf,
     /// Most Watch streams open at once (`--max-watch-streams`, WATCH-SRV-3).
     pub max_watch_streams: usize,
 }

@@ -163,6 +163,15 @@ mod cli {
         #[arg(long, value_name = "N", default_value_t = kvd_server::WATCH_STREAMS_MAX_DEFAULT)]
         max_watch_streams: usize,
 
+        /// Most Snapshot streams at once; a further Snapshot call gets ResourceExhausted.
+        #[arg(long, value_name = "N", default_value_t = kvd_server::snapshot::SNAPSHOTS_MAX_DEFAULT)]
+        max_snapshots: usize,
+
+        /// How long a Snapshot stream waits for a client that reads nothing before it is
+        /// abandoned (the client then gets Aborted).
+        #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_duration)]
+        snapshot_stall_timeout: Duration,
+
         /// Log level: debug, info, warn or error. Debug logs one line per gRPC request.
         #[arg(long, value_name = "LEVEL", default_value = "info")]
         log_level: tracing::Level,
@@ -390,6 +399,8 @@ mod cli {
             max_txn_ops: flags.max_txn_ops,
             prepare_queue_length: flags.prepare_queue_length,
             max_watch_streams: flags.max_watch_streams,
+            max_snapshots: flags.max_snapshots,
+            snapshot_stall_timeout: flags.snapshot_stall_timeout,
             connections: kvd_server::ConnectionLimits {
                 max_connections: flags.max_connections,
                 header_timeout: flags.connection_header_timeout,

@@ -356,6 +356,24 @@ pub fn wait_until(max: Duration, mut done: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Waits until `done` resolves to true, for at most `max`; returns whether it did.
+pub async fn wait_until_async<F, Fut>(max: Duration, mut done: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + max;
+    loop {
+        if done().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Runs `etcdctl --endpoints=<endpoint> watch-args...` bounded in time: once the server
 /// counts the new watcher, runs `during` (the writes the watch should see), then waits until
 /// etcdctl exits or its stdout satisfies `enough` (at most [`WATCH_WAIT_MAX`]), lets it run

@@ -540,3 +540,142 @@ fn announced_oversized_header_frames_leave_memory_bounded() {
         "RSS grew by {growth} KiB ({before} -> {after})"
     );
 }
+
+/// Values written before the snapshot test: 160 × 256 KiB, a 40 MiB database.
+const SNAPSHOT_TEST_VALUES: usize = 160;
+const SNAPSHOT_TEST_VALUE_BYTES: usize = 256 * 1024;
+/// Stalled snapshot streams opened: more than `--max-snapshots 4` lets run.
+const STALLED_SNAPSHOTS: usize = 8;
+/// Most the data directory may grow while snapshots stall (no copy is written).
+const SNAPSHOT_DIR_GROWTH_MAX_BYTES: u64 = 8 << 20;
+/// Most the server's RSS may grow while snapshots stall: a bound on memory.
+const SNAPSHOT_RSS_GROWTH_MAX_KIB: u64 = 64 * 1024;
+
+/// Returns the bytes of the files in `dir` and its subdirectories.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| {
+            let entry = entry.unwrap();
+            let meta = entry.metadata().unwrap();
+            if meta.is_dir() {
+                dir_bytes(&entry.path())
+            } else {
+                meta.len()
+            }
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_snapshots_hold_no_disk_bounded_memory_and_raise_no_alarm() {
+    use kvd_server::pb::etcdserverpb::kv_client::KvClient;
+    use kvd_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
+    let server = common::start_kvd(&["--max-snapshots", "4", "--snapshot-stall-timeout", "3s"]);
+    let channel = tonic::transport::Channel::from_shared(server.endpoint.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut kv = KvClient::new(channel.clone());
+    for n in 0..SNAPSHOT_TEST_VALUES {
+        let request = pb::PutRequest {
+            key: Bytes::from(format!("big/{n:04}")),
+            value: Bytes::from(vec![b'a' + (n % 26) as u8; SNAPSHOT_TEST_VALUE_BYTES]),
+            ..pb::PutRequest::default()
+        };
+        kv.put(request).await.unwrap();
+    }
+    let dir_before = dir_bytes(&server.data_dir);
+    let rss_before = server.rss_kib();
+
+    // Each stall on its own connection: the client reads one message and then nothing, so
+    // the server sees its flow-control window close.
+    let mut stalled = Vec::new();
+    let mut refused = 0;
+    for _ in 0..STALLED_SNAPSHOTS {
+        let channel = tonic::transport::Channel::from_shared(server.endpoint.clone())
+            .unwrap()
+            .initial_stream_window_size(64 * 1024)
+            .initial_connection_window_size(64 * 1024)
+            .connect()
+            .await
+            .unwrap();
+        match MaintenanceClient::new(channel)
+            .snapshot(pb::SnapshotRequest {})
+            .await
+        {
+            Ok(response) => {
+                let mut stream = response.into_inner();
+                let first = stream.message().await.unwrap().unwrap();
+                assert!(first.remaining_bytes > 0);
+                stalled.push(stream);
+            }
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+                assert!(status.message().contains("--max-snapshots"), "{status:?}");
+                refused += 1;
+            }
+        }
+    }
+    let dir_during = dir_bytes(&server.data_dir);
+    let rss_during = server.rss_kib();
+    let dir_growth = dir_during.saturating_sub(dir_before);
+    assert!(
+        dir_growth < SNAPSHOT_DIR_GROWTH_MAX_BYTES,
+        "the data directory grew by {dir_growth} bytes ({dir_before} -> {dir_during})"
+    );
+    let rss_growth = rss_during.saturating_sub(rss_before);
+    assert!(
+        rss_growth < SNAPSHOT_RSS_GROWTH_MAX_KIB,
+        "RSS grew by {rss_growth} KiB ({rss_before} -> {rss_during})"
+    );
+    assert_eq!(
+        (stalled.len(), refused),
+        (4, STALLED_SNAPSHOTS - 4),
+        "four slots"
+    );
+    // Writes go on meanwhile.
+    kv.put(pb::PutRequest {
+        key: Bytes::from_static(b"during"),
+        value: Bytes::from_static(b"v"),
+        ..pb::PutRequest::default()
+    })
+    .await
+    .unwrap();
+
+    // After the stall timeout the slots are free again: a new snapshot is served whole.
+    let full = common::wait_until_async(Duration::from_secs(30), || async {
+        let mut maintenance = MaintenanceClient::new(channel.clone());
+        let Ok(response) = maintenance.snapshot(pb::SnapshotRequest {}).await else {
+            return false;
+        };
+        let mut stream = response.into_inner();
+        let mut image = Vec::new();
+        while let Some(chunk) = stream.message().await.unwrap() {
+            image.extend_from_slice(&chunk.blob);
+        }
+        image.len() > SNAPSHOT_TEST_VALUES * SNAPSHOT_TEST_VALUE_BYTES
+    })
+    .await;
+    assert!(full, "no full snapshot after the stall timeout");
+    // A stalled client that reads again gets Aborted, never an OK end of a short image.
+    for mut stream in stalled {
+        let ended = loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => break None,
+                Err(status) => break Some(status),
+            }
+        };
+        let status = ended.expect("a stalled stream must not end OK");
+        assert_eq!(status.code(), tonic::Code::Aborted, "{status:?}");
+    }
+    let alarms = MaintenanceClient::new(channel.clone())
+        .alarm(pb::AlarmRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .alarms;
+    assert!(alarms.is_empty(), "{alarms:?}");
+}
