@@ -46,6 +46,9 @@ pub use engine::{
 };
 pub use error::{Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};
-pub use space::{FreeSpace, ManualFreeSpace, StatvfsFreeSpace, quota_bytes as space_quota_bytes};
+pub use space::{
+    FreeSpace, ManualFreeSpace, StatvfsFreeSpace, default_fs_reserve_bytes,
+    quota_bytes as space_quota_bytes,
+};
 pub use storage::faults::Faults;
 pub use watch::WatchStream;

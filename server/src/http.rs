@@ -12,7 +12,8 @@
 //!   rewrites it.
 //! - HTTP-3: `/health` answers 200 only when the engine answers a status request and no
 //!   alarm is active other than those named by `?exclude=<TYPE>`; otherwise 503 with
-//!   `ALARM <TYPE>` or the engine's error as the reason (etcd 3.5+).
+//!   `ALARM <TYPE>` or the engine's error as the reason (etcd 3.5+), or
+//!   `STORAGE POISONED: ...` while the store waits for its reopen (REC-1).
 //! - HTTP-4: a path no route knows gets gRPC `Unimplemented` if the request is gRPC, else a
 //!   plain 404.
 //! - HTTP-5: the body of a gRPC request to a method that takes one message passes through
@@ -187,6 +188,14 @@ async fn health(State(shared): State<Shared>, RawQuery(query): RawQuery) -> Resp
         .filter_map(|pair| pair.strip_prefix("exclude="))
         .map(str::to_owned)
         .collect();
+    if let Some(refusal) = shared.node.engines.refusal() {
+        // REC-1: a poisoned store outranks the alarms; the reason says what kvd waits for.
+        let reason = json_escape(&format!("STORAGE POISONED: {refusal}"));
+        return json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{{\"health\":\"false\",\"reason\":\"{reason}\"}}"),
+        );
+    }
     match shared.node.status().await {
         Ok(status) => {
             let active = status
@@ -248,6 +257,7 @@ async fn metrics_text(State(shared): State<Shared>) -> Response {
         keep_alive: shared.node.streams.keep_alive.load(Ordering::Relaxed),
         connections_open: shared.connections.open(),
         connections_refused: shared.connections.refused(),
+        storage_poisoned: shared.node.engines.state().poisoned.is_some(),
     };
     let body = shared.metrics.render(engine.as_ref(), &streams);
     let mut response = (StatusCode::OK, body).into_response();

@@ -42,6 +42,7 @@ mod metrics;
 mod node;
 mod operator;
 pub mod pb;
+mod recovery;
 mod single_message;
 pub mod snapshot;
 mod status;
@@ -61,6 +62,7 @@ use crate::connections::{Connections, serve_listener};
 use crate::convert::HeaderIds;
 use crate::metrics::Metrics;
 use crate::node::{Node, NodeSettings};
+use crate::recovery::{EngineSlot, Recovery};
 use crate::snapshot::Snapshots;
 use kvd::sync::Arc;
 use kvd::{Config, Engine};
@@ -175,6 +177,7 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
         quota_backend_bytes: config.quota_backend_bytes,
         auto_compaction: config.auto_compaction,
         allocation_prepare_queue_length: config.allocation_prepare_queue_length,
+        fs_reserve_bytes: Some(fs_reserve(&config)),
         ..Config::default()
     };
     if kvd::space_quota_bytes(config.quota_backend_bytes).is_some_and(|q| q > QUOTA_BYTES_WARN) {
@@ -186,11 +189,17 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
     }
     let mut config = config;
     config.connections = connection_limits(config.connections)?;
-    let engine = Engine::open(&config.data_dir, engine_config).map_err(ServerError::Engine)?;
+    let engine =
+        Engine::open(&config.data_dir, engine_config.clone()).map_err(ServerError::Engine)?;
     log_prepare_queue(&engine);
     // SRV-4: the engine holds the directory's lock from here on.
     let identity = identity::load_or_create(&config.data_dir).map_err(ServerError::Identity)?;
-    let engine = Arc::new(engine);
+    let recovery = Recovery {
+        data_dir: config.data_dir.clone(),
+        reserve_bytes: engine_config.fs_reserve_bytes.unwrap_or_default(),
+        engine_config,
+    };
+    let engines = Arc::new(EngineSlot::new(Arc::new(engine)));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(BLOCKING_THREADS_MAX)
@@ -201,11 +210,36 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
         cluster_id: identity.cluster_id,
         member_id: identity.member_id,
     };
-    let served = runtime.block_on(serve(&config, engine.clone(), ids, listen, on_ready));
+    let served = runtime.block_on(serve(
+        &config,
+        engines.clone(),
+        recovery,
+        ids,
+        listen,
+        on_ready,
+    ));
     runtime.shutdown_timeout(SHUTDOWN_BLOCKING_MAX);
-    let closed = close_engine(engine);
+    let closed = match engines.take() {
+        Some(engine) => close_engine(engine),
+        None => Ok(()),
+    };
     served?;
     closed
+}
+
+/// Returns the filesystem reserve (REC-4): the engine's default for the quota, capped at a
+/// share of the data directory's filesystem, and logs it.
+fn fs_reserve(config: &ServerConfig) -> u64 {
+    let engine_default =
+        kvd::default_fs_reserve_bytes(kvd::space_quota_bytes(config.quota_backend_bytes));
+    let total = recovery::fs_total_bytes(&config.data_dir);
+    let reserve = recovery::scaled_reserve_bytes(engine_default, total);
+    tracing::info!(
+        fs_reserve_bytes = reserve,
+        fs_total_bytes = ?total,
+        "writes that need space stop while the filesystem has less than the reserve free"
+    );
+    reserve
 }
 
 /// Raises the descriptor limit and caps `--max-connections` by it (CONN-1).
@@ -275,7 +309,8 @@ fn url_of(addr: SocketAddr) -> String {
 
 async fn serve(
     config: &ServerConfig,
-    engine: Arc<Engine>,
+    engines: Arc<EngineSlot>,
+    recovery: Recovery,
     ids: HeaderIds,
     listen: Vec<String>,
     on_ready: impl FnOnce(&[String]),
@@ -306,7 +341,12 @@ async fn serve(
         max_watch_streams: config.max_watch_streams,
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let node = Arc::new(Node::new(engine, ids, settings, stopped.clone()));
+    let node = Arc::new(Node::new(engines.clone(), ids, settings, stopped.clone()));
+    let mut recovery_stopped = stopped.clone();
+    let recovering = tokio::spawn(recovery::run(engines, recovery, async move {
+        // An error means the sender is gone, which also means stop.
+        let _ = recovery_stopped.wait_for(|stop| *stop).await;
+    }));
     let max_receive_bytes = config.max_request_bytes.saturating_add(GRPC_OVERHEAD_BYTES);
     let connections = Arc::new(Connections::new(config.connections));
     let router = http::router(
@@ -369,6 +409,10 @@ async fn serve(
             "requests still in flight after the grace period; closing their connections"
         );
         servers.abort_all();
+    }
+    // The recovery task saw the stop signal; a reopen in progress finishes first.
+    if let Err(e) = recovering.await {
+        tracing::error!(error = %e, "the recovery task failed");
     }
     Ok(())
 }

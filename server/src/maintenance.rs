@@ -81,6 +81,12 @@ impl Maintenance for MaintenanceService {
             _ => api::AlarmAction::Get,
         };
         let alarm = alarm_type(req.alarm);
+        // REC-2: a disarm is also the operator's word that the cause of a poisoned store is
+        // gone; the reopen comes first, and the disarm then goes to the new engine.
+        if action == api::AlarmAction::Deactivate && !self.node.engines.reopen_for_disarm().await {
+            let why = self.node.engines.refusal().unwrap_or_default();
+            return Err(Status::unavailable(why));
+        }
         // MAINT-2: this member is the engine's member 0.
         let member_id = if req.member_id == member {
             0

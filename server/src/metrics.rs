@@ -130,6 +130,8 @@ pub struct StreamGauges {
     pub connections_open: usize,
     /// Client connections refused at the limit since start (CONN-1).
     pub connections_refused: u64,
+    /// The store is poisoned and waits for its reopen (REC-1).
+    pub storage_poisoned: bool,
 }
 
 fn render_engine(out: &mut String, engine: Option<&EngineGauges>) {
@@ -309,6 +311,12 @@ fn render_streams(out: &mut String, streams: &StreamGauges) {
         out,
         "# HELP {name} Client connections served now.\n# TYPE {name} gauge\n{name} {}",
         streams.connections_open
+    );
+    let name = "kvd_storage_poisoned";
+    let _ = writeln!(
+        out,
+        "# HELP {name} 1 while the store is poisoned after an I/O error and waits for kvd to reopen it.\n# TYPE {name} gauge\n{name} {}",
+        u8::from(streams.storage_poisoned)
     );
     let name = "kvd_connections_refused_total";
     let _ = writeln!(

@@ -23,6 +23,7 @@ use std::time::Duration;
 use tonic::Status;
 
 use crate::convert::HeaderIds;
+use crate::recovery::EngineSlot;
 use crate::status;
 use kvd as api;
 use kvd::sync::{Arc, AtomicUsize, Ordering};
@@ -94,7 +95,8 @@ impl Drop for StreamGuard {
 /// One running server's shared state.
 #[derive(Debug)]
 pub struct Node {
-    engine: Arc<Engine>,
+    /// The engine in service, which recovery may replace (REC-2).
+    pub engines: Arc<EngineSlot>,
     /// The identity that goes into every response header.
     pub ids: HeaderIds,
     /// The settings that show in answers.
@@ -108,13 +110,13 @@ pub struct Node {
 impl Node {
     /// Returns a node serving `engine`; `shutdown` turns true when the server stops.
     pub fn new(
-        engine: Arc<Engine>,
+        engines: Arc<EngineSlot>,
         ids: HeaderIds,
         settings: NodeSettings,
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) -> Node {
         Node {
-            engine,
+            engines,
             ids,
             settings,
             shutdown,
@@ -141,8 +143,35 @@ impl Node {
         F: FnOnce(&Engine) -> Result<T> + Send + 'static,
         T: Send + 'static,
     {
-        let engine = self.engine.clone();
-        blocking(move || f(&engine)).await
+        let engine = self.engine()?;
+        match tokio::task::spawn_blocking(move || f(&engine)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(self.engine_error(&err, false)),
+            Err(join) => {
+                tracing::error!(error = %join, "engine call did not finish");
+                Err(status::from_join_error(&join))
+            }
+        }
+    }
+
+    /// Returns the engine in service, or `Unavailable` while it is being reopened (REC-2).
+    fn engine(&self) -> std::result::Result<Arc<Engine>, Status> {
+        self.engines.engine().ok_or_else(|| {
+            let why = self.engines.refusal().unwrap_or_else(|| {
+                "kvd: the database is being reopened after a storage error".to_owned()
+            });
+            Status::unavailable(format!("{why}; retry shortly"))
+        })
+    }
+
+    /// Maps an engine error (of a `write` or not) to its gRPC status; a poisoned store is
+    /// reported to recovery and answered with what kvd waits for (REC-1).
+    fn engine_error(&self, err: &Error, write: bool) -> Status {
+        self.engines.note_poisoned(err, write);
+        match self.engines.refusal() {
+            Some(message) if err.is_poisoned() => Status::unavailable(message),
+            _ => status::from_error(err),
+        }
     }
 
     /// Submits a write with `submit` (one of the engine's `submit_*` calls) and awaits its
@@ -152,9 +181,10 @@ impl Node {
         F: FnOnce(&Engine, Completion<T>),
         T: Send + 'static,
     {
+        let engine = self.engine()?;
         let (reply, answer) = tokio::sync::oneshot::channel();
         submit(
-            &self.engine,
+            &engine,
             Box::new(move |result| {
                 // A client that went away is not an error of ours.
                 let _ = reply.send(result);
@@ -162,7 +192,7 @@ impl Node {
         );
         match answer.await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(status::from_error(&err)),
+            Ok(Err(err)) => Err(self.engine_error(&err, true)),
             Err(_) => Err(status::from_error(&Error::Closed)),
         }
     }

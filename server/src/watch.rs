@@ -21,8 +21,8 @@
 //!   A stream's thread reserves [`WATCH_THREAD_STACK_BYTES`] of stack, of which it touches
 //!   little (it only receives, translates and sends), so the bound is memory: about the
 //!   touched stack plus [`WATCH_RESPONSES_BUFFERED`] responses per stream.
-//! - WATCH-SRV-4: the stream's thread ends within [`STREAM_POLL`] of the client going away
-//!   or the server shutting down (NODE-3); dropping the engine's stream cancels its watches.
+//! - WATCH-SRV-4: the stream's thread ends within [`STREAM_POLL`] of the client going away,
+//!   the server shutting down (NODE-3) or the engine being reopened (REC-3); dropping the engine's stream cancels its watches.
 //!   The client closing only its sending side ends nothing: watches keep delivering, as in
 //!   etcd.
 //! - WATCH-SRV-5: at most [`WATCH_RESPONSES_BUFFERED`] translated responses wait for a slow
@@ -52,6 +52,9 @@ use kvd::sync::{Arc, Ordering};
 pub const WATCH_STREAMS_MAX_DEFAULT: usize = 4_096;
 /// Stack reserved for each stream's thread (WATCH-SRV-3); the receive loop is shallow.
 pub const WATCH_THREAD_STACK_BYTES: usize = 256 * 1024;
+/// The status a stream ends with when recovery reopened the database (REC-3).
+const DATABASE_REOPENED: &str =
+    "kvd: the database was reopened after a storage error; watch again from your last revision";
 /// Translated responses buffered per stream for a slow client (WATCH-SRV-5).
 pub const WATCH_RESPONSES_BUFFERED: usize = 128;
 
@@ -86,6 +89,7 @@ impl Watch for WatchService {
                 "kvd: too many watch streams (at most {most}, --max-watch-streams); retry later"
             )));
         }
+        let generation = self.node.engines.generation();
         let stream = Arc::new(self.node.call(|engine| engine.watch_stream()).await?);
         let (sender, receiver) = tokio::sync::mpsc::channel(WATCH_RESPONSES_BUFFERED);
         let node = self.node.clone();
@@ -95,7 +99,7 @@ impl Watch for WatchService {
             .name("kvd-watch".to_owned())
             .stack_size(WATCH_THREAD_STACK_BYTES)
             .spawn(move || {
-                forward(&node, &forwarded, &forward_sender);
+                forward(&node, &forwarded, &forward_sender, generation);
                 drop(guard);
             })
             .map_err(|e| {
@@ -111,10 +115,15 @@ impl Watch for WatchService {
 
 /// Forwards the engine's responses of one stream to the client until the client goes away
 /// or the server stops (WATCH-SRV-4). Runs on the stream's own thread (WATCH-SRV-1).
-fn forward(node: &Node, stream: &WatchStream, sender: &ResponseSender) {
+fn forward(node: &Node, stream: &WatchStream, sender: &ResponseSender, generation: u64) {
     loop {
         if node.is_stopping() {
             let _ = sender.blocking_send(Err(Status::unavailable(SERVER_STOPPED)));
+            return;
+        }
+        if node.engines.generation() != generation {
+            // REC-3: the engine this stream watched was replaced; its hub is gone.
+            let _ = sender.blocking_send(Err(Status::unavailable(DATABASE_REOPENED)));
             return;
         }
         if sender.is_closed() {
