@@ -45,7 +45,7 @@ pub use clock::{Clock, MANUAL_CLOCK_EPOCH, ManualClock, SystemClock};
 pub use engine::{
     AGENT_REREGISTER_TIMEOUT_DEFAULT, AllocationPrepareQueueReplaced, ApplyStats, AutoCompaction,
     CommitFailpoint, CommitStep, Completion, Config, DefragFailpoint, Engine, RoleQueue,
-    WriteOptions, WriteRequest, write_cost,
+    SnapshotStream, WriteOptions, WriteRequest, restore_snapshot, write_cost,
 };
 pub use error::{Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};
@@ -55,6 +55,9 @@ pub use operations::{
     Retention, validate_operation_id,
 };
 pub use reconciler::{ReconcileRun, Reconciler};
-pub use space::{FreeSpace, ManualFreeSpace, StatvfsFreeSpace, quota_bytes as space_quota_bytes};
+pub use space::{
+    FreeSpace, ManualFreeSpace, StatvfsFreeSpace, default_fs_reserve_bytes,
+    quota_bytes as space_quota_bytes,
+};
 pub use storage::faults::Faults;
 pub use watch::WatchStream;

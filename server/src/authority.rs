@@ -23,29 +23,42 @@
 //!   reports the error it would have reported without the wrapper. By AUTH-2, falling back
 //!   to pass-through at any point is safe.
 //! - AUTH-4: every decoder here is total: bad bytes lead to pass-through, never a panic.
+//! - AUTH-5: whenever the wrapper waits for the socket, it tells the connection's watchdog
+//!   whether it holds an unfinished piece of HTTP/2 input (the preface, a frame header, a
+//!   header block or the rest of a forwarded frame), so a stalled client is closed after
+//!   the header timeout (CONN-2).
+//! - AUTH-6: the wrapper holds at most [`HEADER_BLOCK_BYTES_MAX`] (one frame's worth) of
+//!   unexamined input per connection: a HEADERS frame announcing more than the maximum frame
+//!   size, or a header block that does not fit, passes through at once (AUTH-3), and reads
+//!   from the socket never go past the bound.
 //!
-//! Contact points: `server::run` wraps every accepted TCP connection ([`FixingListener`]).
+//! Contact points: `server::connections` wraps every accepted TCP connection
+//! ([`AuthorityFix::watched`]).
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::connections::Activity;
 use axum::http::uri::Authority;
 use bytes::{BufMut, BytesMut};
 use fluke_hpack::huffman::HuffmanDecoder;
+use kvd::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
 
 /// The HTTP/2 client connection preface.
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Bytes of an HTTP/2 frame header.
 const FRAME_HEADER_BYTES: usize = 9;
-/// Largest header block (HEADERS plus CONTINUATIONs) the wrapper examines; larger ones pass
-/// through unchanged (AUTH-3). hyper's own limit on a header list is 16 KiB by default.
-pub const HEADER_BLOCK_BYTES_MAX: usize = 1 << 20;
-/// Largest frame payload the wrapper writes: HTTP/2's default SETTINGS_MAX_FRAME_SIZE, which
-/// hyper's server keeps unless configured otherwise.
+/// Largest frame payload the wrapper writes or examines: HTTP/2's default
+/// SETTINGS_MAX_FRAME_SIZE, which hyper's server keeps (and enforces) unless configured
+/// otherwise.
 const FRAME_PAYLOAD_BYTES_MAX: usize = 16_384;
+/// Largest header block (HEADERS plus CONTINUATIONs, frame headers included) the wrapper
+/// holds to examine: one frame's worth (AUTH-6). Larger ones pass through unchanged
+/// (AUTH-3); hyper's own limit on a header list is 16 KiB by default, so a request whose
+/// block is larger would be refused anyway.
+pub const HEADER_BLOCK_BYTES_MAX: usize = FRAME_HEADER_BYTES + FRAME_PAYLOAD_BYTES_MAX;
 /// Bytes read from the socket at a time.
 const READ_CHUNK_BYTES: usize = 16_384;
 /// Largest HPACK integer continuation shift accepted (values up to 2^35).
@@ -63,39 +76,6 @@ const PRIORITY_BYTES: usize = 5;
 const STATIC_AUTHORITY_INDEX: u64 = 1;
 
 const _: () = assert!(FRAME_PAYLOAD_BYTES_MAX > PRIORITY_BYTES);
-
-/// A listener whose connections repair `:authority` (see the module documentation).
-#[derive(Debug)]
-pub struct FixingListener {
-    inner: TcpListener,
-}
-
-impl FixingListener {
-    /// Wraps `inner`.
-    pub fn new(inner: TcpListener) -> FixingListener {
-        FixingListener { inner }
-    }
-}
-
-impl axum::serve::Listener for FixingListener {
-    type Io = AuthorityFix<TcpStream>;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        // axum's listener retries accept errors (with a pause for running out of descriptors).
-        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
-        if let Err(e) = stream.set_nodelay(true) {
-            // Small gRPC answers must not wait for Nagle's algorithm, but a connection
-            // without TCP_NODELAY still works.
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-        (AuthorityFix::new(stream), addr)
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.inner.local_addr()
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -121,6 +101,8 @@ pub struct AuthorityFix<S> {
     eof: bool,
     /// Built on first use: constructing it builds its code tables.
     huffman: Option<HuffmanDecoder>,
+    /// Where the connection's watchdog learns of unfinished input (AUTH-5).
+    activity: Option<Arc<Activity>>,
 }
 
 impl<S> std::fmt::Debug for AuthorityFix<S> {
@@ -142,6 +124,35 @@ impl<S> AuthorityFix<S> {
             forward_remaining: 0,
             eof: false,
             huffman: None,
+            activity: None,
+        }
+    }
+
+    /// Wraps the connection `inner` and reports to `activity` whenever it waits for input
+    /// with an unfinished piece in hand (AUTH-5).
+    pub fn watched(inner: S, activity: Arc<Activity>) -> AuthorityFix<S> {
+        AuthorityFix {
+            activity: Some(activity),
+            ..AuthorityFix::new(inner)
+        }
+    }
+
+    /// Tells the watchdog, before waiting for the socket, whether an unfinished preface,
+    /// frame or header block is held (AUTH-5).
+    fn note_wait(&self) {
+        let Some(activity) = &self.activity else {
+            return;
+        };
+        let holding = match self.mode {
+            Mode::Preface => true,
+            Mode::Frames => !self.input.is_empty() || self.forward_remaining > 0,
+            // HTTP/1: hyper's header read timeout watches the request head.
+            Mode::Passthrough => false,
+        };
+        if holding {
+            activity.unfinished();
+        } else {
+            activity.finished();
         }
     }
 
@@ -195,8 +206,14 @@ impl<S> AuthorityFix<S> {
             self.forward_remaining = header.len;
             return true;
         }
+        if header.len > FRAME_PAYLOAD_BYTES_MAX {
+            // AUTH-6: hyper refuses a frame over its maximum size as soon as it reads the
+            // frame header; holding its payload would only cost memory.
+            self.mode = Mode::Passthrough;
+            return true;
+        }
         match header_block_extent(&self.input) {
-            Extent::Incomplete if self.input.len() <= HEADER_BLOCK_BYTES_MAX => false,
+            Extent::Incomplete if self.input.len() < HEADER_BLOCK_BYTES_MAX => false,
             Extent::Incomplete | Extent::Malformed => {
                 self.mode = Mode::Passthrough;
                 true
@@ -245,9 +262,17 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
                 continue;
             }
             let mut chunk = [0u8; READ_CHUNK_BYTES];
-            let mut chunk_buf = ReadBuf::new(&mut chunk);
+            // AUTH-6: never read past what the wrapper may hold. `process` only asks for
+            // more while the input is under the bound, so there is room for a byte at least.
+            let room = HEADER_BLOCK_BYTES_MAX
+                .saturating_sub(this.input.len())
+                .clamp(1, READ_CHUNK_BYTES);
+            let mut chunk_buf = ReadBuf::new(&mut chunk[..room]);
             match Pin::new(&mut this.inner).poll_read(cx, &mut chunk_buf) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    this.note_wait();
+                    return Poll::Pending;
+                }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Ready(Ok(())) if chunk_buf.filled().is_empty() => this.eof = true,
                 Poll::Ready(Ok(())) => this.input.extend_from_slice(chunk_buf.filled()),
@@ -692,6 +717,48 @@ mod tests {
     #[tokio::test]
     async fn http1_passes_through() {
         let input = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
+        let mut got = Vec::new();
+        AuthorityFix::new(input.as_slice())
+            .read_to_end(&mut got)
+            .await
+            .unwrap();
+        assert_eq!(got, input);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_headers_frame_passes_through_at_once() {
+        // A HEADERS frame announcing 16 MiB - 1 bytes, of which 64 KiB arrive: the wrapper
+        // must not wait for (or hold) the payload.
+        let mut input = PREFACE.to_vec();
+        input.extend_from_slice(&[0xff, 0xff, 0xff, FRAME_HEADERS, 0, 0, 0, 0, 1]);
+        input.extend(std::iter::repeat_n(0u8, 64 * 1024));
+        let mut fix = AuthorityFix::new(input.as_slice());
+        let mut first = vec![0u8; 64];
+        let n = fix.read(&mut first).await.unwrap();
+        assert_eq!(&first[..n], PREFACE);
+        let n = fix.read(&mut first).await.unwrap();
+        assert_eq!(&first[..9], &input[PREFACE.len()..PREFACE.len() + 9]);
+        assert!(n > 0 && fix.mode == Mode::Passthrough);
+        assert!(fix.input.len() + fix.output.len() <= HEADER_BLOCK_BYTES_MAX);
+    }
+
+    #[tokio::test]
+    async fn a_header_block_over_one_frame_passes_through() {
+        // HEADERS without END_HEADERS, then CONTINUATIONs past the bound: passed on unchanged.
+        let mut input = PREFACE.to_vec();
+        let mut block = vec![0x82];
+        block.extend(authority_literal(b"http://127.0.0.1:2379"));
+        input.extend(headers_frame(0, 1, &block));
+        for _ in 0..3 {
+            FrameHeader {
+                len: 8_000,
+                kind: FRAME_CONTINUATION,
+                flags: 0,
+                stream: 1,
+            }
+            .write(&mut input);
+            input.extend(std::iter::repeat_n(0x82u8, 8_000));
+        }
         let mut got = Vec::new();
         AuthorityFix::new(input.as_slice())
             .read_to_end(&mut got)

@@ -12,9 +12,12 @@
 //!   rewrites it.
 //! - HTTP-3: `/health` answers 200 only when the engine answers a status request and no
 //!   alarm is active other than those named by `?exclude=<TYPE>`; otherwise 503 with
-//!   `ALARM <TYPE>` or the engine's error as the reason (etcd 3.5+).
+//!   `ALARM <TYPE>` or the engine's error as the reason (etcd 3.5+), or
+//!   `STORAGE POISONED: ...` while the store waits for its reopen (REC-1).
 //! - HTTP-4: a path no route knows gets gRPC `Unimplemented` if the request is gRPC, else a
 //!   plain 404.
+//! - HTTP-5: the body of a gRPC request to a method that takes one message passes through
+//!   `server::single_message` (ONE-1), so a second message is an `INTERNAL` error.
 //!
 //! Contact points: `server::run` serves this router; the gRPC services live in `kv.rs`,
 //! `lease.rs`, `watch.rs`, `maintenance.rs`, `cluster.rs` and `auth.rs`.
@@ -32,6 +35,7 @@ use tonic::{Code, Status};
 
 use crate::auth::AuthService;
 use crate::cluster::ClusterService;
+use crate::connections::Connections;
 use crate::kv::KvService;
 use crate::lease::LeaseService;
 use crate::maintenance::MaintenanceService;
@@ -44,6 +48,8 @@ use crate::pb::etcdserverpb::kv_server::KvServer;
 use crate::pb::etcdserverpb::lease_server::LeaseServer;
 use crate::pb::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::pb::etcdserverpb::watch_server::WatchServer;
+use crate::single_message::{self, SingleMessage};
+use crate::snapshot::Snapshots;
 use crate::watch::WatchService;
 use kvd::sync::{Arc, Ordering};
 
@@ -55,20 +61,28 @@ const TONIC_OVERSIZE_PREFIX: &str = "Error, decoded message length too large: fo
 struct Shared {
     node: Arc<Node>,
     metrics: Arc<Metrics>,
+    connections: Arc<Connections>,
 }
 
 /// Returns the router of the client port. `max_receive_bytes` is the gRPC receive limit
 /// (etcd: `--max-request-bytes` + 512 KiB).
-pub fn router(node: Arc<Node>, metrics: Arc<Metrics>, max_receive_bytes: usize) -> axum::Router {
+pub fn router(
+    node: Arc<Node>,
+    metrics: Arc<Metrics>,
+    connections: Arc<Connections>,
+    snapshots: Arc<Snapshots>,
+    max_receive_bytes: usize,
+) -> axum::Router {
     let shared = Shared {
         node: node.clone(),
         metrics,
+        connections,
     };
     let routes = Routes::new(
         KvServer::new(KvService::new(node.clone())).max_decoding_message_size(max_receive_bytes),
     )
     .add_service(
-        MaintenanceServer::new(MaintenanceService::new(node.clone()))
+        MaintenanceServer::new(MaintenanceService::new(node.clone(), snapshots))
             .max_decoding_message_size(max_receive_bytes),
     )
     .add_service(
@@ -119,6 +133,12 @@ async fn track(State(shared): State<Shared>, request: Request, next: Next) -> Re
         return next.run(request).await;
     }
     let path = request.uri().path().to_owned();
+    // ONE-1: a method that takes one request message refuses a second.
+    let request = if single_message::is_client_streaming(&path) {
+        request
+    } else {
+        request.map(SingleMessage::wrap)
+    };
     let started = Instant::now();
     let response = next.run(request).await;
     let response = match Status::from_header_map(response.headers()) {
@@ -168,6 +188,14 @@ async fn health(State(shared): State<Shared>, RawQuery(query): RawQuery) -> Resp
         .filter_map(|pair| pair.strip_prefix("exclude="))
         .map(str::to_owned)
         .collect();
+    if let Some(refusal) = shared.node.engines.refusal() {
+        // REC-1: a poisoned store outranks the alarms; the reason says what kvd waits for.
+        let reason = json_escape(&format!("STORAGE POISONED: {refusal}"));
+        return json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{{\"health\":\"false\",\"reason\":\"{reason}\"}}"),
+        );
+    }
     match shared.node.status().await {
         Ok(status) => {
             let active = status
@@ -233,6 +261,9 @@ async fn metrics_text(State(shared): State<Shared>) -> Response {
     let streams = StreamGauges {
         watch: shared.node.streams.watch.load(Ordering::Relaxed),
         keep_alive: shared.node.streams.keep_alive.load(Ordering::Relaxed),
+        connections_open: shared.connections.open(),
+        connections_refused: shared.connections.refused(),
+        storage_poisoned: shared.node.engines.state().poisoned.is_some(),
     };
     let body = shared.metrics.render(engine.as_ref(), &streams);
     let mut response = (StatusCode::OK, body).into_response();

@@ -13,6 +13,8 @@
 //! - LEASE-SRV-3: at most [`KEEP_ALIVE_RESPONSES_MAX`] responses wait for a slow client; the
 //!   loop waits for room before it reads the next request, so a client that sends without
 //!   reading is slowed down rather than buffered without bound.
+//! - LEASE-SRV-4: a request that cannot be decoded ends the stream with the decoder's status
+//!   (`INTERNAL`, as gRPC-go), never with OK.
 //!
 //! - LEASE-SRV-4: LeaseGrant and LeaseRevoke take a `kvd-operation-id` as the KV writes do
 //!   (KV-2, OPID-1).
@@ -145,8 +147,13 @@ async fn keep_alive_loop(
             Ok(Some(request)) => request.id,
             // The client closed its side: etcd ends the stream with OK.
             Ok(None) => return,
-            // The client reset the stream or the connection broke; nobody is left to tell.
-            Err(_) => return,
+            // LEASE-SRV-4: an undecodable request ends the stream with the decoder's status.
+            // A client that reset the stream never gets here (tonic reports a reset as the
+            // end of the requests); if the connection broke, the send fails harmlessly.
+            Err(status) => {
+                let _ = sender.send(Err(status)).await;
+                return;
+            }
         };
         let answer = node
             .call(move |engine| engine.lease_keep_alive(id))

@@ -20,7 +20,8 @@
 //! tests drive the server through the `kvd` binary and the generated clients in [`pb`].
 //! Module map: `authority` (repairs the HTTP/2 authority of etcd 3.4 clients), `http`
 //! (router, metrics layer, HTTP routes), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
-//! `auth` (answers "auth disabled"), `operator` (the quota operator API: `POST /api/v1`,
+//! `auth` (answers "auth disabled"), `connections` (accept loop, connection limits),
+//! `single_message` (one request message per unary call), `snapshot` (Snapshot streaming), `operator` (the quota operator API: `POST /api/v1`,
 //! `GET /roles`), `convert` (pb ↔ api), `status` (errors → gRPC),
 //! `identity` (ids on disk), `metrics`, `node` (shared state), `bench` (the load generator
 //! of `kvd bench`, a client of any etcd endpoint).
@@ -28,6 +29,7 @@
 mod auth;
 mod authority;
 mod cluster;
+pub mod connections;
 mod convert;
 mod drift;
 #[doc(hidden)]
@@ -42,6 +44,9 @@ mod node;
 mod operation;
 mod operator;
 pub mod pb;
+mod recovery;
+mod single_message;
+pub mod snapshot;
 mod status;
 mod watch;
 
@@ -55,17 +60,21 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
-use crate::authority::FixingListener;
+use crate::connections::{Connections, serve_listener};
 use crate::convert::HeaderIds;
 use crate::metrics::Metrics;
 use crate::node::{Node, NodeSettings};
+use crate::recovery::{EngineSlot, Recovery};
+use crate::snapshot::Snapshots;
 use kvd::sync::Arc;
 use kvd::{Config, Engine};
 
+pub use crate::connections::ConnectionLimits;
 pub use crate::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, QUOTA_BACKEND_BYTES_DEFAULT};
 pub use crate::operation::{
     DROP_RESPONSE_AFTER_COMMIT_ENV, DROPPED_MESSAGE, OPERATION_ID_METADATA,
 };
+pub use crate::watch::WATCH_STREAMS_MAX_DEFAULT;
 
 /// Bytes etcd adds to `--max-request-bytes` for the gRPC receive limit (SRV-2).
 pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
@@ -117,6 +126,15 @@ pub struct ServerConfig {
     /// Responses of committed writes with an operation id to drop (tests only, from
     /// `KVD_TEST_DROP_RESPONSE_AFTER_COMMIT`; 0 in production).
     pub drop_responses_after_commit: u64,
+    /// The connection limits and timeouts (`--max-connections`, `--connection-*-timeout`,
+    /// `--grpc-keepalive-*`).
+    pub connections: ConnectionLimits,
+    /// Most Watch streams open at once (`--max-watch-streams`).
+    pub max_watch_streams: usize,
+    /// Most Snapshot streams at once (`--max-snapshots`).
+    pub max_snapshots: usize,
+    /// How long a Snapshot stream may wait for its client to read (`--snapshot-stall-timeout`).
+    pub snapshot_stall_timeout: Duration,
 }
 
 /// Default of `--prepare-queue-length` (etcd's gap between committed and applied entries).
@@ -178,6 +196,7 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
         allocation_prepare_queue_length: config.allocation_prepare_queue_length,
         operation_retention: config.operation_retention,
         agent_reregister_timeout: config.agent_reregister_timeout,
+        fs_reserve_bytes: Some(fs_reserve(&config)),
         ..Config::default()
     };
     if kvd::space_quota_bytes(config.quota_backend_bytes).is_some_and(|q| q > QUOTA_BYTES_WARN) {
@@ -187,11 +206,19 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
             "quota exceeds the maximum value (8 GiB)"
         );
     }
-    let engine = Engine::open(&config.data_dir, engine_config).map_err(ServerError::Engine)?;
+    let mut config = config;
+    config.connections = connection_limits(config.connections)?;
+    let engine =
+        Engine::open(&config.data_dir, engine_config.clone()).map_err(ServerError::Engine)?;
     log_prepare_queue(&engine);
     // SRV-4: the engine holds the directory's lock from here on.
     let identity = identity::load_or_create(&config.data_dir).map_err(ServerError::Identity)?;
-    let engine = Arc::new(engine);
+    let recovery = Recovery {
+        data_dir: config.data_dir.clone(),
+        reserve_bytes: engine_config.fs_reserve_bytes.unwrap_or_default(),
+        engine_config,
+    };
+    let engines = Arc::new(EngineSlot::new(Arc::new(engine)));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(BLOCKING_THREADS_MAX)
@@ -202,11 +229,59 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
         cluster_id: identity.cluster_id,
         member_id: identity.member_id,
     };
-    let served = runtime.block_on(serve(&config, engine.clone(), ids, listen, on_ready));
+    let served = runtime.block_on(serve(
+        &config,
+        engines.clone(),
+        recovery,
+        ids,
+        listen,
+        on_ready,
+    ));
     runtime.shutdown_timeout(SHUTDOWN_BLOCKING_MAX);
-    let closed = close_engine(engine);
+    let closed = match engines.take() {
+        Some(engine) => close_engine(engine),
+        None => Ok(()),
+    };
     served?;
     closed
+}
+
+/// Returns the filesystem reserve (REC-4): the engine's default for the quota, capped at a
+/// share of the data directory's filesystem, and logs it.
+fn fs_reserve(config: &ServerConfig) -> u64 {
+    let engine_default =
+        kvd::default_fs_reserve_bytes(kvd::space_quota_bytes(config.quota_backend_bytes));
+    let total = recovery::fs_total_bytes(&config.data_dir);
+    let reserve = recovery::scaled_reserve_bytes(engine_default, total);
+    tracing::info!(
+        fs_reserve_bytes = reserve,
+        fs_total_bytes = ?total,
+        "writes that need space stop while the filesystem has less than the reserve free"
+    );
+    reserve
+}
+
+/// Raises the descriptor limit and caps `--max-connections` by it (CONN-1).
+fn connection_limits(limits: ConnectionLimits) -> Result<ConnectionLimits, ServerError> {
+    if limits.max_connections == 0 {
+        return Err(ServerError::Config(
+            "--max-connections must be at least 1".into(),
+        ));
+    }
+    let descriptors = connections::raise_descriptor_limit();
+    let max_connections = connections::cap_to_descriptors(limits.max_connections, descriptors);
+    if max_connections < limits.max_connections {
+        tracing::warn!(
+            requested = limits.max_connections,
+            max_connections,
+            open_file_limit = ?descriptors,
+            "--max-connections lowered to fit the open-file limit"
+        );
+    }
+    Ok(ConnectionLimits {
+        max_connections,
+        ..limits
+    })
 }
 
 /// Logs the allocation prepare queue length in force, and whether the flag replaced the
@@ -253,7 +328,8 @@ fn url_of(addr: SocketAddr) -> String {
 
 async fn serve(
     config: &ServerConfig,
-    engine: Arc<Engine>,
+    engines: Arc<EngineSlot>,
+    recovery: Recovery,
     ids: HeaderIds,
     listen: Vec<String>,
     on_ready: impl FnOnce(&[String]),
@@ -281,32 +357,44 @@ async fn serve(
         peer_url: PEER_URL_PLACEHOLDER.to_owned(),
         quota_bytes: quota_reported(config.quota_backend_bytes),
         max_txn_ops: config.max_txn_ops,
-        data_dir: config.data_dir.clone(),
         drop_responses_after_commit: config.drop_responses_after_commit,
+        max_watch_streams: config.max_watch_streams,
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let node = Arc::new(Node::new(engine, ids, settings, stopped.clone()));
+    let node = Arc::new(Node::new(engines.clone(), ids, settings, stopped.clone()));
+    let mut recovery_stopped = stopped.clone();
+    let recovering = tokio::spawn(recovery::run(engines, recovery, async move {
+        // An error means the sender is gone, which also means stop.
+        let _ = recovery_stopped.wait_for(|stop| *stop).await;
+    }));
     let max_receive_bytes = config.max_request_bytes.saturating_add(GRPC_OVERHEAD_BYTES);
-    let router = http::router(node.clone(), Arc::new(Metrics::new()), max_receive_bytes);
     if let Some(interval) = config.consumption_check_interval {
-        tokio::spawn(drift::check_periodically(node, interval));
+        tokio::spawn(drift::check_periodically(node.clone(), interval));
     }
+    let connections = Arc::new(Connections::new(config.connections));
+    let router = http::router(
+        node,
+        Arc::new(Metrics::new()),
+        connections.clone(),
+        Arc::new(Snapshots::new(
+            config.max_snapshots,
+            config.snapshot_stall_timeout,
+        )),
+        max_receive_bytes,
+    );
 
     let mut servers = tokio::task::JoinSet::new();
     for (listener, url) in listeners.into_iter().zip(&urls) {
-        let listener = FixingListener::new(listener);
-        let mut stopped = stopped.clone();
-        let router = router.clone();
+        let task = serve_listener(
+            listener,
+            router.clone(),
+            connections.clone(),
+            stopped.clone(),
+        );
         let url = url.clone();
         servers.spawn(async move {
-            let shutdown = async move {
-                // An error means the sender is gone, which also means stop.
-                let _ = stopped.wait_for(|stop| *stop).await;
-            };
-            let result = axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown)
-                .await;
-            (url, result)
+            task.await;
+            url
         });
     }
     tracing::info!(
@@ -332,8 +420,7 @@ async fn serve(
     let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
         while let Some(joined) = servers.join_next().await {
             match joined {
-                Ok((url, Ok(()))) => tracing::info!(url, "listener closed"),
-                Ok((url, Err(e))) => tracing::error!(url, error = %e, "listener failed"),
+                Ok(url) => tracing::info!(url, "listener closed"),
                 Err(e) => tracing::error!(error = %e, "listener task failed"),
             }
         }
@@ -345,6 +432,10 @@ async fn serve(
             "requests still in flight after the grace period; closing their connections"
         );
         servers.abort_all();
+    }
+    // The recovery task saw the stop signal; a reopen in progress finishes first.
+    if let Err(e) = recovering.await {
+        tracing::error!(error = %e, "the recovery task failed");
     }
     Ok(())
 }

@@ -12,10 +12,10 @@
 //!   (etcd 3.5+; 3.4 left it empty). Status lists each alarm in `errors` as etcd's compact
 //!   text, `memberID:<id> alarm:<TYPE> ` (trailing space).
 //! - MAINT-3: Defragment is the engine's online defrag; writes pause only for the swap.
-//! - MAINT-4: Snapshot writes a consistent copy of the database next to it, streams it in
-//!   32 KiB chunks with `remaining_bytes`, then a 32-byte SHA-256 trailer (etcd's format),
-//!   and deletes the copy. Plain reads, not a memory map: the copy is private and read once,
-//!   so a map would buy nothing and need unsafe code.
+//! - MAINT-4: Snapshot streams the engine's dump of one read snapshot (SNAP-1) through
+//!   `server::snapshot`: 32 KiB chunks with `remaining_bytes`, then a 32-byte SHA-256
+//!   trailer (etcd's format), in a bounded number of slots, with bounded memory, no copy on
+//!   disk and a stall timeout (SNAPSHOT-1..5).
 //!
 //! Contact points: `server::node` (engine status), `server::status` (refusals).
 
@@ -31,16 +31,10 @@ use crate::pb::etcdserverpb::{
     DowngradeResponse, HashKvRequest, HashKvResponse, HashRequest, HashResponse, MoveLeaderRequest,
     MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest, StatusResponse,
 };
+use crate::snapshot::Snapshots;
 use crate::status;
 use kvd as api;
 use kvd::sync::Arc;
-
-/// etcd's snapshot chunk size.
-const SNAPSHOT_CHUNK_BYTES: usize = 32 * 1024;
-/// Chunks buffered between the reader thread and the gRPC stream.
-const SNAPSHOT_CHANNEL_CHUNKS: usize = 16;
-/// Numbers the snapshot copies of this process.
-static SNAPSHOTS: kvd::sync::AtomicU64 = kvd::sync::AtomicU64::new(0);
 
 pub(crate) fn alarm_type(wire: i32) -> api::AlarmType {
     match wire {
@@ -59,55 +53,17 @@ fn wire_member(engine_member: u64, this_member: u64) -> u64 {
     }
 }
 
-/// Sends the file at `path` as etcd's snapshot stream (MAINT-4).
-fn stream_file(
-    path: &std::path::Path,
-    total: u64,
-    sender: &tokio::sync::mpsc::Sender<Result<SnapshotResponse, Status>>,
-) -> std::io::Result<()> {
-    use sha2::Digest;
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = sha2::Sha256::new();
-    let mut remaining = total;
-    let mut buffer = vec![0u8; SNAPSHOT_CHUNK_BYTES];
-    while remaining > 0 {
-        let n = file.read(&mut buffer)?;
-        if n == 0 {
-            return Err(std::io::Error::other("the copy is shorter than its length"));
-        }
-        hasher.update(&buffer[..n]);
-        remaining = remaining.saturating_sub(n as u64);
-        let chunk = SnapshotResponse {
-            header: None,
-            remaining_bytes: remaining,
-            blob: bytes::Bytes::copy_from_slice(&buffer[..n]),
-            version: String::new(),
-        };
-        if sender.blocking_send(Ok(chunk)).is_err() {
-            return Ok(()); // The client went away.
-        }
-    }
-    let trailer = SnapshotResponse {
-        header: None,
-        remaining_bytes: 0,
-        blob: bytes::Bytes::copy_from_slice(&hasher.finalize()),
-        version: String::new(),
-    };
-    let _ = sender.blocking_send(Ok(trailer));
-    Ok(())
-}
-
 /// The Maintenance service.
 #[derive(Debug, Clone)]
 pub struct MaintenanceService {
     node: Arc<Node>,
+    snapshots: Arc<Snapshots>,
 }
 
 impl MaintenanceService {
-    /// Returns the service over `node`.
-    pub fn new(node: Arc<Node>) -> MaintenanceService {
-        MaintenanceService { node }
+    /// Returns the service over `node`, streaming snapshots in the slots of `snapshots`.
+    pub fn new(node: Arc<Node>, snapshots: Arc<Snapshots>) -> MaintenanceService {
+        MaintenanceService { node, snapshots }
     }
 }
 
@@ -125,6 +81,12 @@ impl Maintenance for MaintenanceService {
             _ => api::AlarmAction::Get,
         };
         let alarm = alarm_type(req.alarm);
+        // REC-2: a disarm is also the operator's word that the cause of a poisoned store is
+        // gone; the reopen comes first, and the disarm then goes to the new engine.
+        if action == api::AlarmAction::Deactivate && !self.node.engines.reopen_for_disarm().await {
+            let why = self.node.engines.refusal().unwrap_or_default();
+            return Err(Status::unavailable(why));
+        }
         // MAINT-2: this member is the engine's member 0.
         let member_id = if req.member_id == member {
             0
@@ -219,30 +181,16 @@ impl Maintenance for MaintenanceService {
         &self,
         _request: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        // MAINT-4: one copy per request, named so that concurrent requests never collide.
-        let sequence = SNAPSHOTS.fetch_add(1, kvd::sync::Ordering::Relaxed);
-        let path = self
-            .node
-            .settings
-            .data_dir
-            .join(format!("snapshot.{}.{sequence}.tmp", std::process::id()));
-        let copy = path.clone();
-        let (bytes, _) = self
-            .node
-            .call(move |engine| engine.snapshot_to(&copy))
-            .await?;
-        let (sender, receiver) = tokio::sync::mpsc::channel(SNAPSHOT_CHANNEL_CHUNKS);
-        tokio::task::spawn_blocking(move || {
-            let result = stream_file(&path, bytes, &sender);
-            // The copy served its purpose either way; a leftover would only take space.
-            let _ = std::fs::remove_file(&path);
-            if let Err(e) = result {
-                let _ = sender.blocking_send(Err(Status::internal(format!("kvd: snapshot: {e}"))));
-            }
-        });
-        Ok(Response::new(Box::pin(
-            tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(receiver),
-        )))
+        // MAINT-4, SNAPSHOT-1: the slot first, so a refused call costs nothing.
+        let permit = self.snapshots.reserve()?;
+        let source = self.node.call(|engine| engine.snapshot_stream()).await?;
+        tracing::info!(
+            revision = source.revision(),
+            size_estimate = source.size_estimate(),
+            "streaming a snapshot"
+        );
+        let body = self.snapshots.stream(Box::new(source), permit);
+        Ok(Response::new(Box::pin(body)))
     }
 
     async fn move_leader(

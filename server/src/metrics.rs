@@ -147,6 +147,12 @@ pub struct StreamGauges {
     pub watch: usize,
     /// LeaseKeepAlive streams.
     pub keep_alive: usize,
+    /// Client connections served now (CONN-1).
+    pub connections_open: usize,
+    /// Client connections refused at the limit since start (CONN-1).
+    pub connections_refused: u64,
+    /// The store is poisoned and waits for its reopen (REC-1).
+    pub storage_poisoned: bool,
 }
 
 fn render_engine(out: &mut String, engine: Option<&EngineGauges>) {
@@ -340,6 +346,24 @@ fn render_streams(out: &mut String, streams: &StreamGauges) {
         out,
         "{name}{{stream=\"lease_keep_alive\"}} {}",
         streams.keep_alive
+    );
+    let name = "kvd_connections_open";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Client connections served now.\n# TYPE {name} gauge\n{name} {}",
+        streams.connections_open
+    );
+    let name = "kvd_storage_poisoned";
+    let _ = writeln!(
+        out,
+        "# HELP {name} 1 while the store is poisoned after an I/O error and waits for kvd to reopen it.\n# TYPE {name} gauge\n{name} {}",
+        u8::from(streams.storage_poisoned)
+    );
+    let name = "kvd_connections_refused_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Client connections refused at --max-connections since start.\n# TYPE {name} counter\n{name} {}",
+        streams.connections_refused
     );
 }
 
@@ -631,6 +655,7 @@ mod tests {
         let streams = StreamGauges {
             watch: 1,
             keep_alive: 4,
+            ..StreamGauges::default()
         };
         let text = Metrics::new().render(Some(&engine), &streams);
         for line in [

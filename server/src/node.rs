@@ -25,6 +25,7 @@ use tonic::Status;
 
 use crate::convert::HeaderIds;
 use crate::operation::DropAfterCommit;
+use crate::recovery::EngineSlot;
 use crate::status;
 use kvd as api;
 use kvd::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
@@ -59,10 +60,10 @@ pub struct NodeSettings {
     pub quota_bytes: i64,
     /// `--max-txn-ops`, needed to order the errors of a Txn with an empty op.
     pub max_txn_ops: usize,
-    /// The data directory, where Maintenance.Snapshot writes its copy before streaming it.
-    pub data_dir: std::path::PathBuf,
     /// Responses of committed writes with an operation id to drop (tests only; OPID-2).
     pub drop_responses_after_commit: u64,
+    /// Most Watch streams open at once (`--max-watch-streams`, WATCH-SRV-3).
+    pub max_watch_streams: usize,
 }
 
 /// Gauges of the long-lived streams open right now, for `/metrics`.
@@ -98,7 +99,8 @@ impl Drop for StreamGuard {
 /// One running server's shared state.
 #[derive(Debug)]
 pub struct Node {
-    engine: Arc<Engine>,
+    /// The engine in service, which recovery may replace (REC-2).
+    pub engines: Arc<EngineSlot>,
     /// The identity that goes into every response header.
     pub ids: HeaderIds,
     /// The settings that show in answers.
@@ -147,14 +149,14 @@ impl ConsumptionDrift {
 impl Node {
     /// Returns a node serving `engine`; `shutdown` turns true when the server stops.
     pub fn new(
-        engine: Arc<Engine>,
+        engines: Arc<EngineSlot>,
         ids: HeaderIds,
         settings: NodeSettings,
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) -> Node {
         let drop_after_commit = DropAfterCommit::new(settings.drop_responses_after_commit);
         Node {
-            engine,
+            engines,
             ids,
             settings,
             shutdown,
@@ -183,8 +185,35 @@ impl Node {
         F: FnOnce(&Engine) -> Result<T> + Send + 'static,
         T: Send + 'static,
     {
-        let engine = self.engine.clone();
-        blocking(move || f(&engine)).await
+        let engine = self.engine()?;
+        match tokio::task::spawn_blocking(move || f(&engine)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(self.engine_error(&err, false)),
+            Err(join) => {
+                tracing::error!(error = %join, "engine call did not finish");
+                Err(status::from_join_error(&join))
+            }
+        }
+    }
+
+    /// Returns the engine in service, or `Unavailable` while it is being reopened (REC-2).
+    fn engine(&self) -> std::result::Result<Arc<Engine>, Status> {
+        self.engines.engine().ok_or_else(|| {
+            let why = self.engines.refusal().unwrap_or_else(|| {
+                "kvd: the database is being reopened after a storage error".to_owned()
+            });
+            Status::unavailable(format!("{why}; retry shortly"))
+        })
+    }
+
+    /// Maps an engine error (of a `write` or not) to its gRPC status; a poisoned store is
+    /// reported to recovery and answered with what kvd waits for (REC-1).
+    fn engine_error(&self, err: &Error, write: bool) -> Status {
+        self.engines.note_poisoned(err, write);
+        match self.engines.refusal() {
+            Some(message) if err.is_poisoned() => Status::unavailable(message),
+            _ => status::from_error(err),
+        }
     }
 
     /// Submits a write with `submit` (one of the engine's `submit_*` calls) and awaits its
@@ -194,9 +223,10 @@ impl Node {
         F: FnOnce(&Engine, Completion<T>),
         T: Send + 'static,
     {
+        let engine = self.engine()?;
         let (reply, answer) = tokio::sync::oneshot::channel();
         submit(
-            &self.engine,
+            &engine,
             Box::new(move |result| {
                 // A client that went away is not an error of ours.
                 let _ = reply.send(result);
@@ -204,7 +234,7 @@ impl Node {
         );
         match answer.await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(status::from_error(&err)),
+            Ok(Err(err)) => Err(self.engine_error(&err, true)),
             Err(_) => Err(status::from_error(&Error::Closed)),
         }
     }

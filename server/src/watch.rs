@@ -16,15 +16,21 @@
 //! - WATCH-SRV-2: responses reach the client in the order the engine produced them; the
 //!   created (or refused) response of a watch precedes its events because the engine puts
 //!   both on the same stream in that order.
-//! - WATCH-SRV-3: at most [`WATCH_STREAMS_MAX`] streams (and so threads) are open at once;
-//!   a further Watch call is refused with `Unavailable`.
-//! - WATCH-SRV-4: the stream's thread ends within [`STREAM_POLL`] of the client going away
-//!   or the server shutting down (NODE-3); dropping the engine's stream cancels its watches.
+//! - WATCH-SRV-3: at most `--max-watch-streams` ([`WATCH_STREAMS_MAX_DEFAULT`]) streams,
+//!   and so threads, are open at once; a further Watch call is refused with `Unavailable`.
+//!   A stream's thread reserves [`WATCH_THREAD_STACK_BYTES`] of stack, of which it touches
+//!   little (it only receives, translates and sends), so the bound is memory: about the
+//!   touched stack plus [`WATCH_RESPONSES_BUFFERED`] responses per stream.
+//! - WATCH-SRV-4: the stream's thread ends within [`STREAM_POLL`] of the client going away,
+//!   the server shutting down (NODE-3) or the engine being reopened (REC-3); dropping the engine's stream cancels its watches.
 //!   The client closing only its sending side ends nothing: watches keep delivering, as in
 //!   etcd.
 //! - WATCH-SRV-5: at most [`WATCH_RESPONSES_BUFFERED`] translated responses wait for a slow
 //!   client; past that the thread waits, the engine's per-watch buffers fill, and the engine
 //!   moves the watch to catch-up from history (WATCH-3) instead of growing memory.
+//! - WATCH-SRV-6: a request that cannot be decoded ends the whole stream with the
+//!   decoder's status (`INTERNAL`, as gRPC-go ends it); no request after it is read, and
+//!   the stream is never left open without its request reader.
 //!
 //! Contact points: `server::convert` (messages), `server::node` (engine, shutdown, gauges);
 //! the engine's [`WatchStream`].
@@ -42,8 +48,13 @@ use crate::status;
 use kvd::WatchStream;
 use kvd::sync::{Arc, Ordering};
 
-/// Most Watch streams open at once (WATCH-SRV-3).
-pub const WATCH_STREAMS_MAX: usize = 1_024;
+/// Default of `--max-watch-streams` (WATCH-SRV-3).
+pub const WATCH_STREAMS_MAX_DEFAULT: usize = 4_096;
+/// Stack reserved for each stream's thread (WATCH-SRV-3); the receive loop is shallow.
+pub const WATCH_THREAD_STACK_BYTES: usize = 256 * 1024;
+/// The status a stream ends with when recovery reopened the database (REC-3).
+const DATABASE_REOPENED: &str =
+    "kvd: the database was reopened after a storage error; watch again from your last revision";
 /// Translated responses buffered per stream for a slow client (WATCH-SRV-5).
 pub const WATCH_RESPONSES_BUFFERED: usize = 128;
 
@@ -72,11 +83,13 @@ impl Watch for WatchService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let guard = StreamGuard::new(self.node.clone(), |streams| &streams.watch);
         // WATCH-SRV-3: the guard has counted this stream already.
-        if self.node.streams.watch.load(Ordering::Relaxed) > WATCH_STREAMS_MAX {
+        let most = self.node.settings.max_watch_streams;
+        if self.node.streams.watch.load(Ordering::Relaxed) > most {
             return Err(Status::unavailable(format!(
-                "kvd: too many watch streams (at most {WATCH_STREAMS_MAX}); retry later"
+                "kvd: too many watch streams (at most {most}, --max-watch-streams); retry later"
             )));
         }
+        let generation = self.node.engines.generation();
         let stream = Arc::new(self.node.call(|engine| engine.watch_stream()).await?);
         let (sender, receiver) = tokio::sync::mpsc::channel(WATCH_RESPONSES_BUFFERED);
         let node = self.node.clone();
@@ -84,8 +97,9 @@ impl Watch for WatchService {
         let forward_sender = sender.clone();
         std::thread::Builder::new()
             .name("kvd-watch".to_owned())
+            .stack_size(WATCH_THREAD_STACK_BYTES)
             .spawn(move || {
-                forward(&node, &forwarded, &forward_sender);
+                forward(&node, &forwarded, &forward_sender, generation);
                 drop(guard);
             })
             .map_err(|e| {
@@ -101,10 +115,15 @@ impl Watch for WatchService {
 
 /// Forwards the engine's responses of one stream to the client until the client goes away
 /// or the server stops (WATCH-SRV-4). Runs on the stream's own thread (WATCH-SRV-1).
-fn forward(node: &Node, stream: &WatchStream, sender: &ResponseSender) {
+fn forward(node: &Node, stream: &WatchStream, sender: &ResponseSender, generation: u64) {
     loop {
         if node.is_stopping() {
             let _ = sender.blocking_send(Err(Status::unavailable(SERVER_STOPPED)));
+            return;
+        }
+        if node.engines.generation() != generation {
+            // REC-3: the engine this stream watched was replaced; its hub is gone.
+            let _ = sender.blocking_send(Err(Status::unavailable(DATABASE_REOPENED)));
             return;
         }
         if sender.is_closed() {
@@ -144,8 +163,13 @@ async fn read_requests(
             Ok(Some(request)) => request,
             // The client closed its sending side: its watches go on (WATCH-SRV-4).
             Ok(None) => return,
-            // The client reset the stream or the connection broke.
-            Err(_) => return,
+            // WATCH-SRV-6: an undecodable message (or a broken connection) ends the stream
+            // with the decoder's status; a client that reset the stream never gets here
+            // (tonic reports a reset as the end of the requests).
+            Err(status) => {
+                end_with(sender, status).await;
+                return;
+            }
         };
         // etcd ignores a request with no known variant and keeps the stream.
         let Some(request) = request.request_union else {
@@ -154,10 +178,18 @@ async fn read_requests(
         let stream = stream.clone();
         let applied = node::blocking(move || apply(&stream, request)).await;
         if let Err(status) = applied {
-            let _ = sender.send(Err(status)).await;
+            end_with(sender, status).await;
             return;
         }
     }
+}
+
+/// Ends the response stream with `status`: tonic sends it as the trailers and drops the
+/// receiver, which stops the stream's thread (WATCH-SRV-4, WATCH-SRV-6).
+async fn end_with(sender: &ResponseSender, status: Status) {
+    tracing::debug!(code = ?status.code(), message = status.message(), "watch stream ends with an error");
+    // Fails only if the client is gone already; nobody is left to tell then.
+    let _ = sender.send(Err(status)).await;
 }
 
 /// Applies one request to the engine's stream; its answer (if any) arrives on the stream.

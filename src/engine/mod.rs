@@ -38,6 +38,7 @@ mod prepare;
 mod proposal;
 mod publish;
 mod recover;
+mod snapshot;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -86,6 +87,7 @@ pub use prepare::RoleQueue;
 pub use proposal::{Completion, WriteRequest, write_cost};
 use proposal::{Identified, Proposal, ReconcileAnswer, ReconcileRequest};
 pub use publish::Published;
+pub use snapshot::{SnapshotStream, restore_snapshot};
 
 /// etcd's default `--max-request-bytes`.
 pub const MAX_REQUEST_BYTES_DEFAULT: usize = 1_572_864;

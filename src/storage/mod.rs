@@ -39,6 +39,7 @@ use redb::{
 };
 
 pub mod defrag;
+pub mod dump;
 pub mod faults;
 pub mod wal;
 
@@ -455,6 +456,11 @@ impl Store {
             history,
             _db: db,
         })
+    }
+
+    /// Starts a streamed dump of a new read snapshot (`dump`, DUMP-1).
+    pub fn dump(&self) -> Result<dump::Dump, StorageError> {
+        Ok(dump::Dump::new(self.snapshot()?, self.row_tables.clone()))
     }
 
     /// Returns the database in service.

@@ -183,6 +183,46 @@ mod cli {
         /// kvd_consumption_drift_rows; drift is logged, never repaired); '0' disables.
         #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_go_duration)]
         consumption_check_interval: Duration,
+        /// Most client connections served at once; a connection beyond it gets an HTTP/2
+        /// GOAWAY (ENHANCE_YOUR_CALM, "kvd: too many open connections") and is closed. Lowered
+        /// at start to fit the open-file limit (which kvd raises to its hard limit first).
+        #[arg(long, value_name = "N", default_value_t = kvd_server::connections::MAX_CONNECTIONS_DEFAULT)]
+        max_connections: usize,
+
+        /// How long a connection may take to send its HTTP/2 preface, any one frame or
+        /// header block, or an HTTP/1 request head before it is closed.
+        #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_go_duration)]
+        connection_header_timeout: Duration,
+
+        /// How long a connection may stay with no request open (a Watch or LeaseKeepAlive
+        /// stream is an open request) before it is shut down gracefully.
+        #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_go_duration)]
+        connection_idle_timeout: Duration,
+
+        /// Time without frames after which the server pings an HTTP/2 client (etcd's flag
+        /// and default).
+        #[arg(long, value_name = "DURATION", default_value = "2h", value_parser = parse_go_duration)]
+        grpc_keepalive_interval: Duration,
+
+        /// How long a ping may go unanswered before the connection is dropped (etcd's flag
+        /// and default).
+        #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_go_duration)]
+        grpc_keepalive_timeout: Duration,
+
+        /// Most Watch streams open at once; a further Watch call gets Unavailable. Each
+        /// stream holds a thread (256 KiB of stack reserved) and up to 128 responses for a
+        /// slow client.
+        #[arg(long, value_name = "N", default_value_t = kvd_server::WATCH_STREAMS_MAX_DEFAULT)]
+        max_watch_streams: usize,
+
+        /// Most Snapshot streams at once; a further Snapshot call gets ResourceExhausted.
+        #[arg(long, value_name = "N", default_value_t = kvd_server::snapshot::SNAPSHOTS_MAX_DEFAULT)]
+        max_snapshots: usize,
+
+        /// How long a Snapshot stream waits for a client that reads nothing before it is
+        /// abandoned (the client then gets Aborted).
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_go_duration)]
+        snapshot_stall_timeout: Duration,
 
         /// Log level: debug, info, warn or error. Debug logs one line per gRPC request.
         #[arg(long, value_name = "LEVEL", default_value = "info")]
@@ -254,7 +294,7 @@ mod cli {
         total: u64,
 
         /// Longest the measured run may take (e.g. 30s, 500ms, 2m).
-        #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_duration)]
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_go_duration)]
         duration: Duration,
 
         /// Write every key of the key space before measuring (the default for range).
@@ -285,26 +325,6 @@ mod cli {
         /// No progress line on stderr.
         #[arg(long)]
         quiet: bool,
-    }
-
-    /// Parses `30s`, `500ms`, `2m` or a bare number of seconds.
-    fn parse_duration(text: &str) -> Result<Duration, String> {
-        let text = text.trim();
-        let (number, unit) = match text.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
-            Some(at) => text.split_at(at),
-            None => (text, "s"),
-        };
-        let value: f64 = number
-            .parse()
-            .map_err(|_| format!("{text:?} is not a duration like 30s, 500ms or 2m"))?;
-        let seconds = match unit {
-            "ms" => value / 1_000.0,
-            "s" => value,
-            "m" => value * 60.0,
-            "h" => value * 3_600.0,
-            _ => return Err(format!("unknown unit {unit:?} in {text:?} (ms, s, m or h)")),
-        };
-        Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
     }
 
     /// Parses a duration as etcd's flags (Go's `time.ParseDuration`) write it: `0`, or one
@@ -486,6 +506,16 @@ mod cli {
             max_request_bytes: flags.max_request_bytes,
             max_txn_ops: flags.max_txn_ops,
             prepare_queue_length: flags.prepare_queue_length,
+            max_watch_streams: flags.max_watch_streams,
+            max_snapshots: flags.max_snapshots,
+            snapshot_stall_timeout: flags.snapshot_stall_timeout,
+            connections: kvd_server::ConnectionLimits {
+                max_connections: flags.max_connections,
+                header_timeout: flags.connection_header_timeout,
+                idle_timeout: flags.connection_idle_timeout,
+                keepalive_interval: flags.grpc_keepalive_interval,
+                keepalive_timeout: flags.grpc_keepalive_timeout,
+            },
         };
         match kvd_server::run(config, print_urls) {
             Ok(()) => ExitCode::SUCCESS,

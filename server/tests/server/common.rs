@@ -38,6 +38,21 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Returns the server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Returns the server's resident memory in KiB (`VmRSS` of `/proc/PID/status`).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/PID/status")
+    }
+
     /// Sends `signal` (e.g. "-INT", "-TERM") to the server and waits for it to exit,
     /// returning its exit code.
     pub fn signal_and_wait(&mut self, signal: &str) -> Option<i32> {
@@ -76,24 +91,48 @@ pub fn start_kvd(extra_args: &[&str]) -> Server {
 
 /// Starts kvd on a free loopback port on `data_dir`; `Err` carries the exit code and log if
 /// it exits instead of listening.
-// The child is waited for by `Server`'s `Drop`, or before returning an error.
-#[allow(clippy::zombie_processes)]
 pub fn start_kvd_in(data_dir: &Path, extra_args: &[&str]) -> Result<Server, String> {
     start_kvd_with_env(data_dir, extra_args, &[])
 }
 
+/// Starts kvd as [`start_kvd`] does, with its open-file limit (soft and hard) set to
+/// `open_files` by the shell that execs it.
+pub fn start_kvd_with_open_files(open_files: u32, extra_args: &[&str]) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(format!("ulimit -n {open_files} && exec \"$0\" \"$@\""))
+        .arg(kvd_binary());
+    let mut server =
+        start_kvd_command(command, &data_dir, extra_args).unwrap_or_else(|e| panic!("{e}"));
+    server._dir = Some(dir);
+    server
+}
+
 /// Starts kvd as [`start_kvd_in`] does, with `env` added to its environment (the child's
 /// only: this process's environment is left alone).
-#[allow(clippy::zombie_processes)]
 pub fn start_kvd_with_env(
     data_dir: &Path,
     extra_args: &[&str],
     env: &[(&str, &str)],
 ) -> Result<Server, String> {
+    let mut command = Command::new(kvd_binary());
+    command.envs(env.iter().copied());
+    start_kvd_command(command, data_dir, extra_args)
+}
+
+// The child is waited for by `Server`'s `Drop`, or before returning an error.
+#[allow(clippy::zombie_processes)]
+fn start_kvd_command(
+    mut command: Command,
+    data_dir: &Path,
+    extra_args: &[&str],
+) -> Result<Server, String> {
     let log = data_dir.with_extension(format!("kvd-{}.log", unique()));
     let log_file = File::create(&log).unwrap();
-    let mut child = Command::new(kvd_binary())
-        .envs(env.iter().copied())
+    let mut child = command
         .arg("--data-dir")
         .arg(data_dir)
         .args(["--listen-client-urls", "http://127.0.0.1:0"])
@@ -326,6 +365,24 @@ pub fn wait_until(max: Duration, mut done: impl FnMut() -> bool) -> bool {
             return false;
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until `done` resolves to true, for at most `max`; returns whether it did.
+pub async fn wait_until_async<F, Fut>(max: Duration, mut done: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + max;
+    loop {
+        if done().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

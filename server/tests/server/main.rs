@@ -10,6 +10,10 @@
 //! - `etcdctl`: etcdctl 3.4 scenarios against kvd and against etcd 3.4.23, the transcripts
 //!   compared.
 //! - `server_bench`: smoke test of the `kvd bench` load generator.
+//! - `server_full_disk`: a full disk on a tmpfs the test mounts (root): recovery without a
+//!   restart, the scaled filesystem reserve, the NOSPACE log line.
+//! - `server_hardening`: hostile clients (issue 16): protocol errors, many streams on one
+//!   connection, oversized header blocks, slow connections.
 //! - `server_lease_watch`: the Lease and Watch services over the wire.
 //! - `server_nospace`: the NOSPACE story through etcdctl, and `snapshot save`.
 //! - `server_operations`: operation ids (exactly-once writes, a dropped response retried,
@@ -33,6 +37,8 @@ mod common;
 mod client_crate;
 mod etcdctl;
 mod server_bench;
+mod server_full_disk;
+mod server_hardening;
 mod server_lease_watch;
 mod server_nospace;
 mod server_operations;

@@ -1,0 +1,576 @@
+//! The accept loop and the life of each client connection: a cap on open connections,
+//! timeouts for stalled and idle connections, HTTP/2 settings and keep-alive pings.
+//!
+//! Owns: the listener's accept loop, the count of open connections, each connection's
+//! watchdog.
+//!
+//! Invariants:
+//! - CONN-1: at most `max_connections` connections are served at once, over all listeners.
+//!   A connection accepted beyond that gets an HTTP/2 `GOAWAY(ENHANCE_YOUR_CALM)` whose
+//!   debug data says why, and is closed at once: it costs a descriptor for an instant, never
+//!   a task or a buffer.
+//! - CONN-2: a connection that holds an unfinished piece of input (the HTTP/2 preface, a
+//!   frame or a header block, `server::authority` AUTH-5) for `header_timeout` is closed;
+//!   so is an HTTP/1 connection that does not finish a request head within it (hyper's
+//!   header read timeout). Slow or silent clients thus hold a slot for a bounded time.
+//! - CONN-3: a connection with no request open for `idle_timeout` is shut down gracefully
+//!   (HTTP/2 `GOAWAY(NO_ERROR)`, which gRPC clients follow by reconnecting). A Watch or
+//!   LeaseKeepAlive stream is an open request, so long-lived streams never count as idle.
+//! - CONN-4: the HTTP/2 server advertises `SETTINGS_MAX_CONCURRENT_STREAMS` 2^32-1, as etcd
+//!   (gRPC-go's `math.MaxUint32`), so a client never waits for a stream slot; it pings an
+//!   HTTP/2 peer after `keepalive_interval` without frames and drops it if no answer comes
+//!   within `keepalive_timeout` (etcd's `--grpc-keepalive-interval`/`-timeout`).
+//! - CONN-5: on shutdown the loop stops accepting and every connection starts a graceful
+//!   shutdown: requests in flight finish (SRV-3).
+//!
+//! Contact points: `server::serve` runs one [`serve_listener`] per listener with a shared
+//! [`Connections`]; `server::authority` reports unfinished input through [`Activity`];
+//! `/metrics` shows [`Connections::open`] and [`Connections::refused`].
+
+use std::convert::Infallible;
+use std::io;
+use std::pin::{Pin, pin};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::service::Service;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::authority::AuthorityFix;
+use kvd::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
+
+/// Default of `--max-connections`.
+pub const MAX_CONNECTIONS_DEFAULT: usize = 10_000;
+/// Default of `--connection-header-timeout` (CONN-2).
+pub const HEADER_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Default of `--connection-idle-timeout` (CONN-3).
+pub const IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
+/// etcd's default `--grpc-keepalive-interval` (CONN-4).
+pub const KEEPALIVE_INTERVAL_DEFAULT: Duration = Duration::from_secs(2 * 60 * 60);
+/// etcd's default `--grpc-keepalive-timeout` (CONN-4).
+pub const KEEPALIVE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(20);
+/// The concurrent-stream limit advertised (CONN-4): gRPC-go's default, `math.MaxUint32`.
+pub const MAX_CONCURRENT_STREAMS: u32 = u32::MAX;
+/// Descriptors kept for everything but client connections (the database, the log, the
+/// blocking pool's files, listeners) when the descriptor limit caps `--max-connections`.
+pub const DESCRIPTORS_RESERVED: u64 = 128;
+/// Longest pause between two looks of a connection's watchdog.
+const WATCHDOG_TICK_MAX: Duration = Duration::from_secs(1);
+/// Shortest pause between two looks of a connection's watchdog.
+const WATCHDOG_TICK_MIN: Duration = Duration::from_millis(50);
+/// How long the accept loop pauses when the process is out of descriptors.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Least time between two log lines about refused connections.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// HTTP/2's `ENHANCE_YOUR_CALM` error code.
+const ENHANCE_YOUR_CALM: u32 = 0xb;
+/// Marks "no unfinished input" in [`Activity`].
+const NONE: u64 = u64::MAX;
+
+const _: () = assert!(WATCHDOG_TICK_MIN.as_millis() < WATCHDOG_TICK_MAX.as_millis());
+
+/// The connection limits and timeouts (flags of `kvd`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Most connections served at once (CONN-1); at least 1.
+    pub max_connections: usize,
+    /// How long a connection may hold an unfinished preface, frame or header (CONN-2).
+    pub header_timeout: Duration,
+    /// How long a connection may stay without a request open (CONN-3).
+    pub idle_timeout: Duration,
+    /// Frameless time after which an HTTP/2 peer is pinged (CONN-4).
+    pub keepalive_interval: Duration,
+    /// How long a ping may go unanswered (CONN-4).
+    pub keepalive_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: MAX_CONNECTIONS_DEFAULT,
+            header_timeout: HEADER_TIMEOUT_DEFAULT,
+            idle_timeout: IDLE_TIMEOUT_DEFAULT,
+            keepalive_interval: KEEPALIVE_INTERVAL_DEFAULT,
+            keepalive_timeout: KEEPALIVE_TIMEOUT_DEFAULT,
+        }
+    }
+}
+
+/// What every listener's connections share: the limits, the HTTP server settings and the
+/// counts.
+#[derive(Debug)]
+pub struct Connections {
+    limits: ConnectionLimits,
+    builder: Builder<TokioExecutor>,
+    open: AtomicUsize,
+    refused: AtomicU64,
+    started: Instant,
+    /// Milliseconds since `started` of the last refusal log line, or [`NONE`].
+    refusal_logged_ms: AtomicU64,
+}
+
+impl Connections {
+    /// Returns the shared state for `limits`.
+    pub fn new(limits: ConnectionLimits) -> Connections {
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+            .keep_alive_interval(limits.keepalive_interval)
+            .keep_alive_timeout(limits.keepalive_timeout);
+        Connections {
+            limits,
+            builder,
+            open: AtomicUsize::new(0),
+            refused: AtomicU64::new(0),
+            started: Instant::now(),
+            refusal_logged_ms: AtomicU64::new(NONE),
+        }
+    }
+
+    /// Returns the number of connections served now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Returns the number of connections refused since start (CONN-1).
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Takes a connection slot, or returns `None` at the limit (CONN-1).
+    fn admit(self: &Arc<Self>) -> Option<Slot> {
+        let admitted = self
+            .open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                (open < self.limits.max_connections).then_some(open + 1)
+            })
+            .is_ok();
+        admitted.then(|| Slot {
+            connections: self.clone(),
+        })
+    }
+
+    /// Counts and logs (at most every [`REFUSAL_LOG_INTERVAL`]) a refused connection.
+    fn note_refusal(&self) {
+        let refused = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = millis(self.started.elapsed());
+        let last = self.refusal_logged_ms.load(Ordering::Relaxed);
+        let due = last == NONE || now.saturating_sub(last) >= millis(REFUSAL_LOG_INTERVAL);
+        if due
+            && self
+                .refusal_logged_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                max_connections = self.limits.max_connections,
+                refused_total = refused,
+                "refusing connections: the open-connection limit is reached (--max-connections)"
+            );
+        }
+    }
+
+    fn watchdog_tick(&self) -> Duration {
+        let shortest = self.limits.header_timeout.min(self.limits.idle_timeout) / 4;
+        shortest.clamp(WATCHDOG_TICK_MIN, WATCHDOG_TICK_MAX)
+    }
+}
+
+/// One counted connection (CONN-1); dropping it frees the slot.
+#[derive(Debug)]
+struct Slot {
+    connections: Arc<Connections>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.connections.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a connection's watchdog reads: requests open, and since when the connection has
+/// been idle or has held unfinished input. Times are milliseconds since the connection was
+/// accepted.
+#[derive(Debug)]
+pub struct Activity {
+    started: Instant,
+    requests_open: AtomicUsize,
+    idle_since_ms: AtomicU64,
+    unfinished_since_ms: AtomicU64,
+}
+
+impl Activity {
+    /// Returns the activity of a connection accepted now, which owes its preface (CONN-2).
+    pub fn new() -> Activity {
+        Activity {
+            started: Instant::now(),
+            requests_open: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(0),
+            unfinished_since_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        millis(self.started.elapsed())
+    }
+
+    /// Records that the connection waits for more input while holding an unfinished piece;
+    /// the first such wait starts the clock.
+    pub fn unfinished(&self) {
+        let now = self.now_ms();
+        let _ = self.unfinished_since_ms.compare_exchange(
+            NONE,
+            now,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Records that the connection waits for input holding nothing unfinished.
+    pub fn finished(&self) {
+        self.unfinished_since_ms.store(NONE, Ordering::Relaxed);
+    }
+
+    fn request_started(&self) {
+        self.requests_open.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn request_ended(&self) {
+        let now = self.now_ms();
+        if self.requests_open.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle_since_ms.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Returns what the watchdog should do now.
+    fn verdict(&self, limits: &ConnectionLimits) -> Verdict {
+        let now = self.now_ms();
+        let unfinished = self.unfinished_since_ms.load(Ordering::Relaxed);
+        if unfinished != NONE && now.saturating_sub(unfinished) >= millis(limits.header_timeout) {
+            return Verdict::Stalled;
+        }
+        let idle_since = self.idle_since_ms.load(Ordering::Relaxed);
+        if self.requests_open.load(Ordering::Acquire) == 0
+            && now.saturating_sub(idle_since) >= millis(limits.idle_timeout)
+        {
+            return Verdict::Idle;
+        }
+        Verdict::Healthy
+    }
+}
+
+impl Default for Activity {
+    fn default() -> Activity {
+        Activity::new()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Healthy,
+    /// CONN-2: close now.
+    Stalled,
+    /// CONN-3: shut down gracefully.
+    Idle,
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(NONE - 1)
+}
+
+/// Accepts and serves connections on `listener` until `stopped` turns true, then waits for
+/// the connections to finish (CONN-5). The caller bounds that wait.
+pub async fn serve_listener(
+    listener: TcpListener,
+    router: axum::Router,
+    connections: Arc<Connections>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stopped.wait_for(|stop| *stop) => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+        };
+        let stream = match accepted {
+            Ok((stream, _peer)) => stream,
+            Err(e) => {
+                accept_failed(&e).await;
+                continue;
+            }
+        };
+        let Some(slot) = connections.admit() else {
+            connections.note_refusal();
+            refuse(&stream, connections.limits.max_connections);
+            continue;
+        };
+        let task = serve_connection(
+            stream,
+            router.clone(),
+            connections.clone(),
+            slot,
+            stopped.clone(),
+        );
+        tasks.spawn(task);
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Pauses after an accept error: briefly if the process is out of descriptors (the
+/// connection waits in the backlog meanwhile), not at all for a connection that failed.
+async fn accept_failed(error: &io::Error) {
+    match error.raw_os_error() {
+        Some(code)
+            if code == rustix::io::Errno::MFILE.raw_os_error()
+                || code == rustix::io::Errno::NFILE.raw_os_error() =>
+        {
+            tracing::warn!(error = %error, "accept: out of file descriptors; pausing");
+            tokio::time::sleep(ACCEPT_BACKOFF).await;
+        }
+        _ => tracing::debug!(error = %error, "accept failed"),
+    }
+}
+
+/// Tells a connection over the limit why it is closed (CONN-1): the server's SETTINGS and
+/// a GOAWAY with a message, written without waiting; then the socket is dropped.
+fn refuse(stream: &TcpStream, max_connections: usize) {
+    let message = format!("kvd: too many open connections (at most {max_connections})");
+    let mut frames = Vec::with_capacity(9 + 9 + 8 + message.len());
+    // An empty SETTINGS frame: the server preface.
+    frames.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+    let len = u32::try_from(8 + message.len()).unwrap_or(8).to_be_bytes();
+    frames.extend_from_slice(&[len[1], len[2], len[3], 0x7, 0, 0, 0, 0, 0]);
+    frames.extend_from_slice(&0u32.to_be_bytes()); // last stream id
+    frames.extend_from_slice(&ENHANCE_YOUR_CALM.to_be_bytes());
+    frames.extend_from_slice(message.as_bytes());
+    // Best effort: a full socket buffer only loses the explanation, not the refusal.
+    let _ = stream.try_write(&frames);
+}
+
+/// Serves one connection until it ends, is closed by its watchdog (CONN-2, CONN-3) or the
+/// server stops (CONN-5).
+async fn serve_connection(
+    stream: TcpStream,
+    router: axum::Router,
+    connections: Arc<Connections>,
+    slot: Slot,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    if let Err(e) = stream.set_nodelay(true) {
+        // Small gRPC answers must not wait for Nagle's algorithm, but a connection
+        // without TCP_NODELAY still works.
+        tracing::debug!(error = %e, "could not set TCP_NODELAY");
+    }
+    let activity = Arc::new(Activity::new());
+    let io = TokioIo::new(AuthorityFix::watched(stream, activity.clone()));
+    let service = Tracked {
+        inner: TowerToHyperService::new(router),
+        activity: activity.clone(),
+    };
+    let mut connection = pin!(
+        connections
+            .builder
+            .serve_connection_with_upgrades(io, service)
+    );
+    let mut tick = tokio::time::interval(connections.watchdog_tick());
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                break;
+            }
+            _ = stopped.wait_for(|stop| *stop), if !closing => {
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            _ = tick.tick() => match activity.verdict(&connections.limits) {
+                Verdict::Stalled => {
+                    tracing::debug!(
+                        timeout_ms = millis(connections.limits.header_timeout),
+                        "closing a connection stalled in its preface, a frame or a header"
+                    );
+                    break;
+                }
+                Verdict::Idle if !closing => {
+                    tracing::debug!("closing an idle connection");
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                Verdict::Idle | Verdict::Healthy => {}
+            },
+        }
+    }
+    drop(slot);
+}
+
+/// The router, counting each request as open until its response body is done (CONN-3).
+#[derive(Debug, Clone)]
+struct Tracked {
+    inner: TowerToHyperService<axum::Router>,
+    activity: Arc<Activity>,
+}
+
+type ResponseFuture =
+    Pin<Box<dyn std::future::Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+impl Service<Request<Incoming>> for Tracked {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        let open = OpenRequest::new(self.activity.clone());
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let response = answer.await?;
+            Ok(response.map(|body| Body::new(CountedBody { inner: body, open })))
+        })
+    }
+}
+
+/// A request counted as open (CONN-3) until dropped.
+#[derive(Debug)]
+struct OpenRequest {
+    activity: Arc<Activity>,
+}
+
+impl OpenRequest {
+    fn new(activity: Arc<Activity>) -> OpenRequest {
+        activity.request_started();
+        OpenRequest { activity }
+    }
+}
+
+impl Drop for OpenRequest {
+    fn drop(&mut self) {
+        self.activity.request_ended();
+    }
+}
+
+/// A response body that keeps its request counted as open until it is dropped.
+struct CountedBody {
+    inner: Body,
+    #[allow(dead_code)] // held for its Drop
+    open: OpenRequest,
+}
+
+impl http_body::Body for CountedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Raises the soft limit on open descriptors to the hard limit where the OS allows, and
+/// returns the limit in force (`None` if it cannot be read or is unlimited).
+pub fn raise_descriptor_limit() -> Option<u64> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let (current, maximum) = (limit.current, limit.maximum);
+    if current != maximum {
+        let raised = Rlimit {
+            current: maximum,
+            maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => {
+                tracing::info!(from = ?current, to = ?maximum, "raised the open-file limit");
+                return maximum;
+            }
+            Err(e) => tracing::warn!(error = %e, soft = ?current, hard = ?maximum,
+                "could not raise the open-file limit"),
+        }
+    }
+    current
+}
+
+/// Returns `max_connections` capped so that connections leave [`DESCRIPTORS_RESERVED`]
+/// descriptors of `descriptor_limit` free.
+pub fn cap_to_descriptors(max_connections: usize, descriptor_limit: Option<u64>) -> usize {
+    let Some(limit) = descriptor_limit else {
+        return max_connections;
+    };
+    let room = usize::try_from(limit.saturating_sub(DESCRIPTORS_RESERVED)).unwrap_or(usize::MAX);
+    max_connections.min(room.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_are_capped_by_descriptors() {
+        assert_eq!(cap_to_descriptors(10_000, None), 10_000);
+        assert_eq!(cap_to_descriptors(10_000, Some(1_048_576)), 10_000);
+        assert_eq!(cap_to_descriptors(10_000, Some(1_024)), 1_024 - 128);
+        assert_eq!(cap_to_descriptors(10_000, Some(100)), 1);
+    }
+
+    #[test]
+    fn slots_are_counted_and_refused_beyond_the_limit() {
+        let connections = Arc::new(Connections::new(ConnectionLimits {
+            max_connections: 2,
+            ..ConnectionLimits::default()
+        }));
+        let first = connections.admit();
+        let second = connections.admit();
+        assert!(first.is_some() && second.is_some());
+        assert!(connections.admit().is_none());
+        assert_eq!(connections.open(), 2);
+        drop(first);
+        assert_eq!(connections.open(), 1);
+        assert!(connections.admit().is_some());
+    }
+
+    #[test]
+    fn verdicts_follow_the_timeouts() {
+        let limits = ConnectionLimits {
+            header_timeout: Duration::ZERO,
+            idle_timeout: Duration::from_secs(3600),
+            ..ConnectionLimits::default()
+        };
+        let activity = Activity::new();
+        // The preface is owed from the start.
+        assert_eq!(activity.verdict(&limits), Verdict::Stalled);
+        activity.finished();
+        assert_eq!(activity.verdict(&limits), Verdict::Healthy);
+        let idle = ConnectionLimits {
+            idle_timeout: Duration::ZERO,
+            ..limits
+        };
+        assert_eq!(activity.verdict(&idle), Verdict::Idle);
+        activity.request_started();
+        assert_eq!(activity.verdict(&idle), Verdict::Healthy);
+        activity.request_ended();
+        assert_eq!(activity.verdict(&idle), Verdict::Idle);
+    }
+}
