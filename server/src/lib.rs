@@ -22,7 +22,7 @@
 //! (router, metrics layer, HTTP routes), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
 //! `auth` (answers "auth disabled"), `operator` (the quota operator API: `POST /api/v1`,
 //! `GET /roles`), `convert` (pb ↔ api), `status` (errors → gRPC),
-//! `identity` (ids on disk), `metrics`, `node` (shared state), `bench` (the load generator
+//! `identity` (ids on disk), `hash` (Maintenance.Hash of the logical store), `metrics`, `node` (shared state), `bench` (the load generator
 //! of `kvd bench`, a client of any etcd endpoint).
 
 mod auth;
@@ -31,6 +31,7 @@ mod cluster;
 mod convert;
 #[doc(hidden)]
 pub mod fuzzing;
+mod hash;
 mod http;
 mod identity;
 mod kv;

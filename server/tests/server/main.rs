@@ -11,6 +11,8 @@
 //!   compared.
 //! - `server_bench`: smoke test of the `kvd bench` load generator.
 //! - `server_lease_watch`: the Lease and Watch services over the wire.
+//! - `server_maintenance`: alarms, Hash, Status's raft indexes and the Txn key check,
+//!   against etcd 3.4.23 where it is the reference.
 //! - `server_nospace`: the NOSPACE story through etcdctl, and `snapshot save`.
 //! - `server_operator`: the quota operator API over HTTP and its enforcement on the etcd API.
 //! - `server_prepare_queue`: the allocation prepare queue over HTTP (ALLOCATE with
@@ -31,6 +33,7 @@ mod client_crate;
 mod etcdctl;
 mod server_bench;
 mod server_lease_watch;
+mod server_maintenance;
 mod server_nospace;
 mod server_operator;
 mod server_prepare_queue;
