@@ -1,5 +1,6 @@
-//! The client port's router: etcd's gRPC services (h2c) and the HTTP routes `/health`,
-//! `/version` and `/metrics` (HTTP/1.1 or h2c) on one listener, as etcd serves them.
+//! The client port's router: etcd's gRPC services (h2c), its JSON gateway (`/v3/...`,
+//! `server::gateway`) and the HTTP routes `/health`, `/version` and `/metrics` (HTTP/1.1
+//! or h2c) on one listener, as etcd serves them.
 //!
 //! Owns: routing, the per-request metrics and log line, and the HTTP answers.
 //!
@@ -32,6 +33,7 @@ use tonic::{Code, Status};
 
 use crate::auth::AuthService;
 use crate::cluster::ClusterService;
+use crate::gateway;
 use crate::kv::KvService;
 use crate::lease::LeaseService;
 use crate::maintenance::MaintenanceService;
@@ -62,8 +64,9 @@ struct Shared {
 pub fn router(node: Arc<Node>, metrics: Arc<Metrics>, max_receive_bytes: usize) -> axum::Router {
     let shared = Shared {
         node: node.clone(),
-        metrics,
+        metrics: metrics.clone(),
     };
+    let gateway = gateway::router(node.clone(), metrics, max_receive_bytes);
     let routes = Routes::new(
         KvServer::new(KvService::new(node.clone())).max_decoding_message_size(max_receive_bytes),
     )
@@ -99,6 +102,7 @@ pub fn router(node: Arc<Node>, metrics: Arc<Metrics>, max_receive_bytes: usize) 
             "/roles",
             get(operator::roles).with_state(shared.node.clone()),
         )
+        .merge(gateway)
         .fallback(fallback)
         .layer(middleware::from_fn_with_state(shared, track))
 }

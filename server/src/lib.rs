@@ -19,7 +19,7 @@
 //! Contact points: `server/src/bin/kvd.rs` parses flags into [`ServerConfig`] and calls [`run`];
 //! tests drive the server through the `kvd` binary and the generated clients in [`pb`].
 //! Module map: `authority` (repairs the HTTP/2 authority of etcd 3.4 clients), `http`
-//! (router, metrics layer, HTTP routes), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
+//! (router, metrics layer, HTTP routes), `gateway` (etcd's JSON gateway, `/v3/...`), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
 //! `auth` (answers "auth disabled"), `operator` (the quota operator API: `POST /api/v1`,
 //! `GET /roles`), `convert` (pb ↔ api), `status` (errors → gRPC),
 //! `identity` (ids on disk), `hash` (Maintenance.Hash of the logical store), `metrics`, `node` (shared state), `bench` (the load generator
@@ -31,6 +31,7 @@ mod cluster;
 mod convert;
 #[doc(hidden)]
 pub mod fuzzing;
+mod gateway;
 mod hash;
 mod http;
 mod identity;

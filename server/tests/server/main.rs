@@ -9,6 +9,8 @@
 //! - `client_crate`: the `etcd-client` crate (0.21) against kvd.
 //! - `etcdctl`: etcdctl 3.4 scenarios against kvd and against etcd 3.4.23, the transcripts
 //!   compared.
+//! - `gateway`: the JSON gateway (`/v3/...`) over plain HTTP, differential against etcd
+//!   3.4.23 (unary endpoints, errors, a watch and a keep-alive stream).
 //! - `server_bench`: smoke test of the `kvd bench` load generator.
 //! - `server_lease_watch`: the Lease and Watch services over the wire.
 //! - `server_maintenance`: alarms, Hash, Status's raft indexes and the Txn key check,
@@ -31,6 +33,7 @@ mod common;
 
 mod client_crate;
 mod etcdctl;
+mod gateway;
 mod server_bench;
 mod server_lease_watch;
 mod server_maintenance;
