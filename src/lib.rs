@@ -47,4 +47,5 @@ pub use error::{Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};
 pub use space::{FreeSpace, ManualFreeSpace, StatvfsFreeSpace, quota_bytes as space_quota_bytes};
 pub use storage::faults::Faults;
+pub use storage::timings::{DiskTimingsSnapshot, HistogramSnapshot, disk_bucket_bounds_seconds};
 pub use watch::WatchStream;
