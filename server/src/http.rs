@@ -33,11 +33,12 @@ use tonic::{Code, Status};
 
 use crate::auth::AuthService;
 use crate::cluster::ClusterService;
+use crate::cors::{self, Cors};
 use crate::gateway;
 use crate::kv::KvService;
 use crate::lease::LeaseService;
 use crate::maintenance::MaintenanceService;
-use crate::metrics::{EngineGauges, Metrics, StreamGauges};
+use crate::metrics::{EngineGauges, Metrics, ServerGauges, StreamGauges};
 use crate::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, Node};
 use crate::operator;
 use crate::pb::etcdserverpb::auth_server::AuthServer;
@@ -60,8 +61,13 @@ struct Shared {
 }
 
 /// Returns the router of the client port. `max_receive_bytes` is the gRPC receive limit
-/// (etcd: `--max-request-bytes` + 512 KiB).
-pub fn router(node: Arc<Node>, metrics: Arc<Metrics>, max_receive_bytes: usize) -> axum::Router {
+/// (etcd: `--max-request-bytes` + 512 KiB); `cors` the origins `--cors` allows.
+pub fn router(
+    node: Arc<Node>,
+    metrics: Arc<Metrics>,
+    max_receive_bytes: usize,
+    cors: Cors,
+) -> axum::Router {
     let shared = Shared {
         node: node.clone(),
         metrics: metrics.clone(),
@@ -105,10 +111,11 @@ pub fn router(node: Arc<Node>, metrics: Arc<Metrics>, max_receive_bytes: usize) 
         .merge(gateway)
         .fallback(fallback)
         .layer(middleware::from_fn_with_state(shared, track))
+        .layer(middleware::from_fn_with_state(Arc::new(cors), cors::cors))
 }
 
 /// Returns true for a gRPC request (content type `application/grpc` or a subtype).
-fn is_grpc(request: &Request) -> bool {
+pub(crate) fn is_grpc(request: &Request) -> bool {
     request
         .headers()
         .get(header::CONTENT_TYPE)
@@ -123,6 +130,7 @@ async fn track(State(shared): State<Shared>, request: Request, next: Next) -> Re
         return next.run(request).await;
     }
     let path = request.uri().path().to_owned();
+    shared.metrics.start(&path);
     let started = Instant::now();
     let response = next.run(request).await;
     let response = match Status::from_header_map(response.headers()) {
@@ -224,6 +232,7 @@ async fn metrics_text(State(shared): State<Shared>) -> Response {
                 roles: engine.roles()?,
                 apply: engine.apply_stats()?,
                 allocation_prepare_queue: engine.allocation_prepare_queue()?,
+                disk: engine.disk_timings()?,
             })
         })
         .await
@@ -232,13 +241,27 @@ async fn metrics_text(State(shared): State<Shared>) -> Response {
         watch: shared.node.streams.watch.load(Ordering::Relaxed),
         keep_alive: shared.node.streams.keep_alive.load(Ordering::Relaxed),
     };
-    let body = shared.metrics.render(engine.as_ref(), &streams);
+    let server = ServerGauges {
+        member_id: shared.node.ids.member_id,
+        server_version: ETCD_SERVER_VERSION,
+        cluster_version: major_minor(ETCD_CLUSTER_VERSION),
+        quota_bytes: shared.node.settings.quota_bytes,
+    };
+    let body = shared.metrics.render(engine.as_ref(), &streams, &server);
     let mut response = (StatusCode::OK, body).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     response
+}
+
+/// Returns `major.minor` of a version `major.minor.patch`.
+fn major_minor(version: &'static str) -> &'static str {
+    match version.match_indices('.').nth(1) {
+        Some((at, _)) => &version[..at],
+        None => version,
+    }
 }
 
 /// Answers paths no route knows (HTTP-4).
@@ -294,6 +317,12 @@ mod tests {
         let other =
             Status::out_of_range("etcdserver: mvcc: required revision is a future revision");
         assert!(etcd_oversize_status(&other).is_none());
+    }
+
+    #[test]
+    fn cluster_version_is_major_minor() {
+        assert_eq!(major_minor("3.6.0"), "3.6");
+        assert_eq!(major_minor("3"), "3");
     }
 
     #[test]

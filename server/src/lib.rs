@@ -22,13 +22,14 @@
 //! (router, metrics layer, HTTP routes), `gateway` (etcd's JSON gateway, `/v3/...`), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
 //! `auth` (answers "auth disabled"), `operator` (the quota operator API: `POST /api/v1`,
 //! `GET /roles`), `convert` (pb ↔ api), `status` (errors → gRPC),
-//! `identity` (ids on disk), `hash` (Maintenance.Hash of the logical store), `metrics`, `node` (shared state), `bench` (the load generator
+//! `cors` (`--cors`), `identity` (ids on disk), `hash` (Maintenance.Hash of the logical store), `metrics`, `node` (shared state), `bench` (the load generator
 //! of `kvd bench`, a client of any etcd endpoint).
 
 mod auth;
 mod authority;
 mod cluster;
 mod convert;
+mod cors;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gateway;
@@ -62,6 +63,7 @@ use crate::node::{Node, NodeSettings};
 use kvd::sync::Arc;
 use kvd::{Config, Engine};
 
+pub use crate::cors::CORS_DEFAULT;
 pub use crate::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, QUOTA_BACKEND_BYTES_DEFAULT};
 
 /// Bytes etcd adds to `--max-request-bytes` for the gRPC receive limit (SRV-2).
@@ -102,6 +104,8 @@ pub struct ServerConfig {
     /// The allocation prepare queue length (`--allocation-prepare-queue-length`): `Some`
     /// replaces the persisted one, `None` keeps it.
     pub allocation_prepare_queue_length: Option<u64>,
+    /// Origins allowed by CORS on the HTTP answers (`--cors`); empty or `*` allows all.
+    pub cors: Vec<String>,
 }
 
 /// Default of `--prepare-queue-length` (etcd's gap between committed and applied entries).
@@ -269,7 +273,12 @@ async fn serve(
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let node = Arc::new(Node::new(engine, ids, settings, stopped.clone()));
     let max_receive_bytes = config.max_request_bytes.saturating_add(GRPC_OVERHEAD_BYTES);
-    let router = http::router(node, Arc::new(Metrics::new()), max_receive_bytes);
+    let router = http::router(
+        node,
+        Arc::new(Metrics::new()),
+        max_receive_bytes,
+        cors::Cors::new(&config.cors),
+    );
 
     let mut servers = tokio::task::JoinSet::new();
     for (listener, url) in listeners.into_iter().zip(&urls) {

@@ -131,6 +131,16 @@ mod cli {
         #[arg(long, value_name = "N", allow_negative_numbers = true)]
         allocation_prepare_queue_length: Option<i64>,
 
+        /// Comma-separated origins allowed by CORS on the HTTP answers (the JSON gateway,
+        /// /health, /version, /metrics); '*' (etcd's default) allows every origin.
+        #[arg(
+            long,
+            value_name = "ORIGINS",
+            value_delimiter = ',',
+            default_value = kvd_server::CORS_DEFAULT
+        )]
+        cors: Vec<String>,
+
         /// Log level: debug, info, warn or error. Debug logs one line per gRPC request.
         #[arg(long, value_name = "LEVEL", default_value = "info")]
         log_level: tracing::Level,
@@ -357,6 +367,7 @@ mod cli {
             max_request_bytes: flags.max_request_bytes,
             max_txn_ops: flags.max_txn_ops,
             prepare_queue_length: flags.prepare_queue_length,
+            cors: flags.cors,
         };
         match kvd_server::run(config, print_urls) {
             Ok(()) => ExitCode::SUCCESS,

@@ -341,6 +341,7 @@ where
     F: FnOnce(Req) -> Fut,
     Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
 {
+    gateway.metrics.start(grpc_method);
     let started = Instant::now();
     let (code, response) = match decode::<Req>(&body) {
         Err(status) => (status.code(), error_response(&status)),

@@ -91,8 +91,9 @@ pub fn snapshot_route(gateway: &Gateway) -> MethodRouter {
     post(move |body: Bytes| {
         let gateway = gateway.clone();
         async move {
-            let started = Instant::now();
             let grpc_method = "/etcdserverpb.Maintenance/Snapshot";
+            gateway.metrics.start(grpc_method);
+            let started = Instant::now();
             let request = match super::decode::<pb::SnapshotRequest>(&body) {
                 Ok(request) => request,
                 Err(status) => {
@@ -127,6 +128,7 @@ where
             Output = Result<tonic::Response<tonic::codegen::BoxStream<Resp>>, Status>,
         >,
 {
+    gateway.metrics.start(grpc_method);
     let started = Instant::now();
     let limit = gateway
         .max_receive_bytes

@@ -609,3 +609,83 @@ fn stream_errors_answer_as_etcds_gateway() {
     assert_eq!(answers[0].0.status, 500, "{:?}", answers[0]);
     assert_eq!(answers[1], answers[0]);
 }
+
+/// Sends `method path` with extra `headers` and returns the status and the CORS headers of
+/// the answer, names lowercased and sorted.
+fn cors_headers(endpoint: &str, method: &str, path: &str, headers: &str) -> (u16, Vec<String>) {
+    let host = endpoint.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(host).unwrap();
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT)).unwrap();
+    let body = if method == "POST" { "{}" } else { "" };
+    write!(
+        stream,
+        "{method} {path} HTTP/1.0\r\nHost: {host}\r\nContent-Length: {}\r\n{headers}\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let head = response
+        .split_once("\r\n\r\n")
+        .map_or(&*response, |(h, _)| h);
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let mut cors: Vec<String> = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .filter(|(k, _)| k.starts_with("access-control-"))
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    cors.sort();
+    (status, cors)
+}
+
+#[test]
+fn cors_headers_follow_etcds_default() {
+    let etcd = common::start_etcd();
+    let kvd = common::start_kvd(&[]);
+    let cases = [
+        ("POST", "/v3/kv/range", ""),
+        ("POST", "/v3/kv/range", "Origin: http://app.example\r\n"),
+        ("GET", "/health", "Origin: http://app.example\r\n"),
+        ("GET", "/version", ""),
+        ("OPTIONS", "/v3/kv/put", "Origin: http://app.example\r\n"),
+    ];
+    let run = |endpoint: &str| -> Vec<(u16, Vec<String>)> {
+        cases
+            .iter()
+            .map(|(method, path, headers)| cors_headers(endpoint, method, path, headers))
+            .collect()
+    };
+    let expected = run(&etcd.endpoint);
+    assert_eq!(
+        expected[0].1,
+        [
+            "access-control-allow-headers: accept, content-type, authorization",
+            "access-control-allow-methods: POST, GET, OPTIONS, PUT, DELETE",
+            "access-control-allow-origin: *",
+        ],
+        "etcd's default --cors"
+    );
+    assert_eq!(run(&kvd.endpoint), expected);
+}
+
+#[test]
+fn cors_with_a_list_allows_only_its_origins() {
+    let kvd = common::start_kvd(&["--cors", "http://a.example,http://b.example"]);
+    let ep = &kvd.endpoint;
+    let (status, allowed) =
+        cors_headers(ep, "POST", "/v3/kv/range", "Origin: http://b.example\r\n");
+    assert_eq!(status, 400, "the empty key is still refused");
+    assert!(
+        allowed.contains(&"access-control-allow-origin: http://b.example".to_owned()),
+        "{allowed:?}"
+    );
+    assert_eq!(allowed.len(), 3);
+    let (_, other) = cors_headers(ep, "GET", "/health", "Origin: http://c.example\r\n");
+    assert!(other.is_empty(), "{other:?}");
+    let (status, preflight) =
+        cors_headers(ep, "OPTIONS", "/v3/kv/put", "Origin: http://a.example\r\n");
+    assert_eq!((status, preflight.len()), (200, 3));
+}

@@ -11,6 +11,8 @@
 //!   compared.
 //! - `gateway`: the JSON gateway (`/v3/...`) over plain HTTP, differential against etcd
 //!   3.4.23 (unary endpoints, errors, a watch and a keep-alive stream).
+//! - `metrics`: `/metrics` parsed by `prometheus-parse`: etcd's series with etcd 3.4.23's
+//!   names, types, labels and buckets, and values that follow the store.
 //! - `server_bench`: smoke test of the `kvd bench` load generator.
 //! - `server_lease_watch`: the Lease and Watch services over the wire.
 //! - `server_maintenance`: alarms, Hash, Status's raft indexes and the Txn key check,
@@ -34,6 +36,7 @@ mod common;
 mod client_crate;
 mod etcdctl;
 mod gateway;
+mod metrics;
 mod server_bench;
 mod server_lease_watch;
 mod server_maintenance;
