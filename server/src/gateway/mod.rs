@@ -12,7 +12,9 @@
 //!   (BUILD-3): proto field names, bytes as base64, 64-bit integers as strings, enum names,
 //!   zero values left out. Requests may send 64-bit integers as strings or numbers, enums as
 //!   names or numbers, and leave fields out (zero); unknown fields are ignored; a body with
-//!   no `Content-Type` is read as JSON; an empty body is the all-zero request.
+//!   no `Content-Type` is read as JSON; an empty body is the all-zero request; what follows
+//!   the first JSON value is ignored; a `null` field is absent. An enum number etcd does
+//!   not define is refused (400), where etcd's gateway passes it on.
 //! - GW-3: an error is `{"error":M,"message":M,"code":N}` with the gRPC code N and the HTTP
 //!   status etcd 3.4's gateway gives that code ([`http_status`]); a body that is not JSON
 //!   of the request type is code 3 (InvalidArgument), HTTP 400.
@@ -365,7 +367,33 @@ fn decode<Req: DeserializeOwned + Default>(body: &[u8]) -> Result<Req, Status> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Req::default());
     }
-    serde_json::from_slice(body).map_err(|e| Status::invalid_argument(e.to_string()))
+    // etcd's gateway reads the first JSON value of the body and ignores what follows it.
+    let value = match serde_json::Deserializer::from_slice(body)
+        .into_iter::<serde_json::Value>()
+        .next()
+    {
+        Some(Ok(value)) => value,
+        Some(Err(e)) => return Err(Status::invalid_argument(e.to_string())),
+        None => return Ok(Req::default()),
+    };
+    serde_json::from_value(without_nulls(value))
+        .map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+/// Returns `value` without the object fields that are `null`: proto3's JSON mapping reads a
+/// null as the field's default, which pbjson accepts for messages only.
+fn without_nulls(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(without_nulls).collect()),
+        other => other,
+    }
 }
 
 /// Returns a 200 or error answer with a JSON body, with the headers etcd's gateway sends.
@@ -447,6 +475,10 @@ mod tests {
         let compare: pb::TxnRequest =
             decode(br#"{"compare":[{"key":"YQ==","target":"VALUE","value":"Yg=="}]}"#).unwrap();
         assert_eq!(compare.compare[0].result, 0, "an absent result is EQUAL");
+        let trailing: pb::RangeRequest = decode(br#"{"key":"YQ=="} trailing"#).unwrap();
+        assert_eq!(trailing.key.as_ref(), b"a");
+        let null: pb::RangeRequest = decode(br#"{"key":"YQ==","limit":null}"#).unwrap();
+        assert_eq!(null.limit, 0);
         let bad = decode::<pb::RangeRequest>(b"{bad").unwrap_err();
         assert_eq!(bad.code(), Code::InvalidArgument);
     }

@@ -188,8 +188,13 @@ fn unary_steps() -> Vec<Step> {
             "/v3/kv/range",
             format!(r#"{{"key":"{k1}","range_end":"{zz}","keys_only":true,"revision":"3"}}"#),
         ),
-        // Unknown fields are ignored.
+        // Unknown fields are ignored, a null is absent, what follows the object is ignored.
         step("/v3/kv/range", format!(r#"{{"key":"{a}","bogus":[1]}}"#)),
+        step(
+            "/v3/kv/range",
+            format!(r#"{{"key":"{a}","limit":null,"range_end":null}}"#),
+        ),
+        step("/v3/kv/range", format!(r#"{{"key":"{a}"}} trailing"#)),
         step("/v3/kv/range", "{}"),
         step("/v3/kv/range", ""),
         step("/v3/kv/range", "{bad").parser_error(),
