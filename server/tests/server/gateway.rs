@@ -694,3 +694,31 @@ fn cors_with_a_list_allows_only_its_origins() {
         cors_headers(ep, "OPTIONS", "/v3/kv/put", "Origin: http://a.example\r\n");
     assert_eq!((status, preflight.len()), (200, 3));
 }
+
+#[test]
+fn a_gateway_watch_whose_client_went_away_releases_its_watch() {
+    let kvd = common::start_kvd(&[]);
+    let mut watch = OpenStream::open(
+        &kvd.endpoint,
+        "/v3/watch",
+        r#"{"create_request":{"key":"dw=="}}"#,
+    );
+    let created = watch.read_until(|lines| !lines.is_empty());
+    assert_eq!(created[0]["result"]["created"], json!(true));
+    assert_eq!(common::watchers(&kvd.endpoint), Some(1));
+    drop(watch);
+    let released = common::wait_until(STREAM_WAIT, || {
+        common::watchers(&kvd.endpoint) == Some(0)
+            && scrape_line(&kvd.endpoint, "kvd_grpc_streams_open{stream=\"watch\"}").as_deref()
+                == Some("0")
+    });
+    assert!(released, "the watch or its stream outlived its client");
+}
+
+/// Returns the value of the `/metrics` line starting with `series` and a space.
+fn scrape_line(endpoint: &str, series: &str) -> Option<String> {
+    let (_, body) = common::http_get(endpoint, "/metrics").unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{series} ")))
+        .map(str::to_owned)
+}
