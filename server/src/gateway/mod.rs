@@ -13,8 +13,9 @@
 //!   zero values left out. Requests may send 64-bit integers as strings or numbers, enums as
 //!   names or numbers, and leave fields out (zero); unknown fields are ignored; a body with
 //!   no `Content-Type` is read as JSON; an empty body is the all-zero request; what follows
-//!   the first JSON value is ignored; a `null` field is absent. An enum number etcd does
-//!   not define is refused (400), where etcd's gateway passes it on.
+//!   the first JSON value is ignored; a `null` field is absent; an enum number etcd does
+//!   not define reaches the service as that number, as etcd's gateway passes it on
+//!   (`enums.rs`).
 //! - GW-3: an error is `{"error":M,"message":M,"code":N}` with the gRPC code N and the HTTP
 //!   status etcd 3.4's gateway gives that code ([`http_status`]); a body that is not JSON
 //!   of the request type is code 3 (InvalidArgument), HTTP 400.
@@ -27,6 +28,7 @@
 //! Contact points: `server::http` merges [`router`] into the client port's router; the
 //! services in `kv.rs`, `lease.rs`, `watch.rs`, `maintenance.rs`, `cluster.rs`, `auth.rs`.
 
+mod enums;
 mod stream;
 
 use std::future::Future;
@@ -54,6 +56,7 @@ use crate::pb::etcdserverpb::kv_server::Kv;
 use crate::pb::etcdserverpb::lease_server::Lease;
 use crate::pb::etcdserverpb::maintenance_server::Maintenance;
 use crate::watch::WatchService;
+use enums::RawEnums;
 use kvd::sync::Arc;
 
 /// The path prefixes the gateway answers under: etcd 3.4 serves both.
@@ -338,7 +341,7 @@ async fn unary<Req, Resp, F, Fut>(
     call: F,
 ) -> Response
 where
-    Req: DeserializeOwned + Default,
+    Req: DeserializeOwned + Default + RawEnums,
     Resp: Serialize,
     F: FnOnce(Req) -> Fut,
     Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
@@ -363,7 +366,7 @@ where
 }
 
 /// Decodes a request body (GW-2): an empty body (whitespace only) is the all-zero request.
-fn decode<Req: DeserializeOwned + Default>(body: &[u8]) -> Result<Req, Status> {
+fn decode<Req: DeserializeOwned + Default + RawEnums>(body: &[u8]) -> Result<Req, Status> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Req::default());
     }
@@ -376,8 +379,16 @@ fn decode<Req: DeserializeOwned + Default>(body: &[u8]) -> Result<Req, Status> {
         Some(Err(e)) => return Err(Status::invalid_argument(e.to_string())),
         None => return Ok(Req::default()),
     };
-    serde_json::from_value(without_nulls(value))
-        .map_err(|e| Status::invalid_argument(e.to_string()))
+    decode_value(value).map_err(Status::invalid_argument)
+}
+
+/// Decodes one JSON value as a `Req` (GW-2, GW-ENUM-1), or returns the decoder's error.
+fn decode_value<Req: DeserializeOwned + RawEnums>(value: serde_json::Value) -> Result<Req, String> {
+    let value = without_nulls(value);
+    let mut request: Req =
+        serde_json::from_value(enums::without_enum_numbers(&value)).map_err(|e| e.to_string())?;
+    request.restore(&value);
+    Ok(request)
 }
 
 /// Returns `value` without the object fields that are `null`: proto3's JSON mapping reads a

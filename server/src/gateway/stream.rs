@@ -36,7 +36,8 @@ use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::tokio_stream::{Stream, StreamExt};
 use tonic::{Code, Status};
 
-use super::{Gateway, error_response, http_status};
+use super::enums::RawEnums;
+use super::{Gateway, decode_value, error_response, http_status};
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::lease_server::Lease;
 use crate::pb::etcdserverpb::maintenance_server::Maintenance;
@@ -121,7 +122,7 @@ async fn bidi<Req, Resp, F, Fut>(
     call: F,
 ) -> Response
 where
-    Req: DeserializeOwned + Message + Default + Send + 'static,
+    Req: DeserializeOwned + Message + Default + RawEnums + Send + 'static,
     Resp: Serialize + Send + 'static,
     F: FnOnce(Streaming<Req>) -> Fut,
     Fut: std::future::Future<
@@ -292,7 +293,7 @@ impl JsonObjects {
 
     /// Returns the next object decoded as `T`, an error text for one that is not, or
     /// `None` at the end of the body.
-    async fn next<T: DeserializeOwned>(&mut self) -> Option<Result<T, String>> {
+    async fn next<T: DeserializeOwned + RawEnums>(&mut self) -> Option<Result<T, String>> {
         loop {
             let start = self
                 .buffer
@@ -301,13 +302,13 @@ impl JsonObjects {
                 .unwrap_or(self.buffer.len());
             self.buffer.drain(..start);
             if !self.buffer.is_empty() {
-                let mut objects =
-                    serde_json::Deserializer::from_slice(&self.buffer).into_iter::<T>();
+                let mut objects = serde_json::Deserializer::from_slice(&self.buffer)
+                    .into_iter::<serde_json::Value>();
                 match objects.next() {
                     Some(Ok(object)) => {
                         let used = objects.byte_offset();
                         self.buffer.drain(..used);
-                        return Some(Ok(object));
+                        return Some(decode_value(object));
                     }
                     Some(Err(e)) if !e.is_eof() || self.ended => {
                         return Some(Err(e.to_string()));

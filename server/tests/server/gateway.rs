@@ -223,6 +223,23 @@ fn unary_steps() -> Vec<Step> {
             "/v3/kv/txn",
             format!(r#"{{"compare":[{{"target":"VALUE","value":"{c}"}}]}}"#),
         ),
+        // Enum numbers etcd does not define reach the service (target 8 compares "equal",
+        // sort order 7 sorts nothing), names it does not define are refused.
+        step(
+            "/v3/kv/txn",
+            format!(
+                r#"{{"compare":[{{"key":"{a}","target":8}}],"success":[{{"request_range":{{"key":"{k1}","range_end":"{zz}","sort_order":7,"sort_target":9}}}}]}}"#
+            ),
+        ),
+        step(
+            "/v3/kv/txn",
+            format!(r#"{{"compare":[{{"key":"{a}","target":8,"result":"LESS"}}]}}"#),
+        ),
+        step(
+            "/v3/kv/range",
+            format!(r#"{{"key":"{a}","sort_order":"SIDEWAYS"}}"#),
+        )
+        .parser_error(),
         step("/v3/kv/compaction", r#"{"revision":"100"}"#),
         step("/v3/kv/compaction", r#"{"revision":3,"physical":true}"#),
         step("/v3/kv/range", format!(r#"{{"key":"{a}","revision":2}}"#)),
