@@ -60,4 +60,5 @@ pub use space::{
     quota_bytes as space_quota_bytes,
 };
 pub use storage::faults::Faults;
+pub use storage::timings::{DiskTimingsSnapshot, HistogramSnapshot, disk_bucket_bounds_seconds};
 pub use watch::WatchStream;

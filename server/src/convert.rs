@@ -10,15 +10,19 @@
 //!   behaves with them: an unknown compare result holds whenever a key exists for a VALUE
 //!   target and always otherwise; an unknown compare target compares as "equal"; an unknown
 //!   sort order sorts nothing and an unknown sort target sorts by key.
-//! - CONV-3: an empty `RequestOp` is refused with `etcdserver: key not found`, and only when
-//!   no check etcd runs before it (operation count, empty keys, put flags, in etcd's order)
-//!   fails first.
+//! - CONV-3: a Txn is checked as etcd's gRPC layer checks it, on the request as received,
+//!   before any conversion (operation count, empty compare keys, empty keys, put flags, an
+//!   empty `RequestOp` as `etcdserver: key not found`, in etcd's order). So a compare the
+//!   conversion drops as always true (CONV-2) is still refused for an empty key and still
+//!   counts towards `--max-txn-ops`.
 //! - CONV-4: only the top-level response header carries the cluster id, member id and raft
 //!   term; headers of the responses inside a Txn carry only the revision, and nested Txns an
 //!   all-zero header, as etcd's do.
 //!
 //! - CONV-5: Status names this member as the leader (`leader == header.member_id`, so
-//!   `etcdctl endpoint status` shows IS LEADER = true) and reports raft term 1.
+//!   `etcdctl endpoint status` shows IS LEADER = true) and reports raft term 1; `raftIndex`
+//!   and `raftAppliedIndex` are the engine's applied index plus [`RAFT_BOOTSTRAP_ENTRIES`],
+//!   so they are never 0 and start where a fresh etcd starts (4).
 //! - CONV-6: watch filters etcd does not define are ignored, as etcd ignores them;
 //!   `fragment` is ignored (kvd never splits a watch response).
 //! - CONV-7: every Lease and Watch response carries the full header (cluster id, member id,
@@ -42,6 +46,10 @@ use kvd::Error;
 
 /// etcd's raft term, constant for a single member that never holds an election.
 pub const RAFT_TERM: u64 = 1;
+/// The raft entries a fresh single-member etcd has applied before its first request: its
+/// own member's ConfChange, the new leader's empty entry, the member attributes and the
+/// cluster version. Status counts kvd's applied writes from there (CONV-5).
+pub const RAFT_BOOTSTRAP_ENTRIES: u64 = 4;
 
 /// The identity that goes into every top-level response header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,17 +174,19 @@ pub fn watch_create_request(req: pb::WatchCreateRequest) -> api::WatchCreateRequ
     }
 }
 
-/// Returns the engine's Txn request for `req`, or etcd's error for an empty operation
-/// (CONV-3). `max_txn_ops` is the server's `--max-txn-ops`, needed to report the errors etcd
-/// checks before the empty operation.
+/// Returns the engine's Txn request for `req`, or the first error etcd's gRPC layer reports
+/// for it (CONV-3). `max_txn_ops` is the server's `--max-txn-ops`.
 pub fn txn_request(req: pb::TxnRequest, max_txn_ops: usize) -> Result<api::TxnRequest, Error> {
-    if contains_empty_op(&req) {
-        return Err(first_invalid(&req, max_txn_ops).unwrap_or(Error::KeyNotFound));
+    if let Some(err) = first_invalid(&req, max_txn_ops) {
+        return Err(err);
     }
     txn_level(req)
 }
 
-fn txn_level(req: pb::TxnRequest) -> Result<api::TxnRequest, Error> {
+/// Returns the engine's Txn request for `req` without CONV-3's check, so that the fuzz
+/// harness can compare that check with the engine's own (VAL-1). An empty operation is
+/// still refused with `etcdserver: key not found`.
+pub(crate) fn txn_level(req: pb::TxnRequest) -> Result<api::TxnRequest, Error> {
     Ok(api::TxnRequest {
         compare: req.compare.into_iter().filter_map(compare).collect(),
         success: req
@@ -419,16 +429,18 @@ impl HeaderIds {
     }
 
     /// Returns etcd's Status response for the engine's `status` (CONV-5): this member is
-    /// the leader; `raftIndex` and `raftAppliedIndex` are the engine's applied index.
+    /// the leader; `raftIndex` and `raftAppliedIndex` are the engine's applied index counted
+    /// from etcd's bootstrap entries.
     pub fn status(&self, status: api::Status, reported: &ReportedStatus) -> pb::StatusResponse {
+        let raft_index = status.applied_index.saturating_add(RAFT_BOOTSTRAP_ENTRIES);
         pb::StatusResponse {
             header: Some(self.header(status.header.revision)),
             version: reported.version.to_owned(),
             db_size: size_i64(status.db_size),
             leader: self.member_id,
-            raft_index: status.applied_index,
+            raft_index,
             raft_term: RAFT_TERM,
-            raft_applied_index: status.applied_index,
+            raft_applied_index: raft_index,
             errors: Vec::new(),
             db_size_in_use: size_i64(status.db_size_in_use),
             is_learner: false,
@@ -573,6 +585,40 @@ mod tests {
 
     fn empty_op() -> pb::RequestOp {
         pb::RequestOp { request: None }
+    }
+
+    #[test]
+    fn txn_compare_with_empty_key_and_unknown_target_is_refused() {
+        // CONV-3: etcd refuses the empty key before it looks at the target.
+        for (target, result) in [(8, CompareResult::Equal as i32), (0, 9), (8, 9)] {
+            let compare = pb::Compare {
+                key: Bytes::new(),
+                ..pb_compare(target, result, None)
+            };
+            let req = pb::TxnRequest {
+                compare: vec![compare],
+                success: vec![put_op(b"k")],
+                failure: vec![],
+            };
+            assert_eq!(
+                txn_request(req, 128),
+                Err(Error::KeyNotProvided),
+                "target {target} result {result}"
+            );
+        }
+    }
+
+    #[test]
+    fn dropped_compares_count_towards_max_txn_ops() {
+        let dropped = pb_compare(8, CompareResult::Equal as i32, None);
+        assert!(compare(dropped.clone()).is_none(), "CONV-2 drops it");
+        let req = pb::TxnRequest {
+            compare: vec![dropped; 3],
+            success: vec![put_op(b"k")],
+            failure: vec![],
+        };
+        assert_eq!(txn_request(req.clone(), 2), Err(Error::TooManyTxnOps));
+        assert!(txn_request(req, 3).is_ok());
     }
 
     #[test]

@@ -13,9 +13,10 @@
 //!   mapping of `maintenance`) are total; a converted request, written back as the canonical
 //!   wire message, converts to the same request (the translation loses nothing the engine
 //!   uses) and its protobuf length is what the engine computes for the request-size limit
-//!   (API-2); a Txn is refused at conversion exactly when it holds an empty operation, with
-//!   the error the engine's own checks find first once the empty operations are replaced
-//!   by failing ones (CONV-3 against VAL-1); every error maps to a non-OK gRPC status with
+//!   (API-2); a Txn holding an empty operation or a compare with an empty key never
+//!   converts, and every refusal is the error the engine's own checks find first once the
+//!   dropped compares are kept and the empty operations are replaced by failing ones (CONV-3
+//!   against VAL-1); every error maps to a non-OK gRPC status with
 //!   the engine's message (STATUS-1).
 //! - operator API ([`operator_call`]): decoding a `POST /api/v1` body is total (OPS-1); a
 //!   refusal is a 400 with one of Mesos's message prefixes; a decoded call, written back as
@@ -174,6 +175,10 @@ fn txn(message: pb::TxnRequest) {
     match convert::txn_request(message.clone(), MAX_TXN_OPS) {
         Ok(req) => {
             assert!(!empty, "CONV-3: a Txn holding an empty operation converted");
+            assert!(
+                !has_compare_with_empty_key(&message),
+                "CONV-3: a Txn with an empty compare key converted"
+            );
             let wire = wire_txn(&req);
             let again = convert::txn_request(wire.clone(), MAX_TXN_OPS);
             assert_eq!(again.as_ref(), Ok(&req), "Txn round trip");
@@ -181,24 +186,19 @@ fn txn(message: pb::TxnRequest) {
             write_checks(WriteRequest::Txn(req), wire.encoded_len());
         }
         Err(err) => {
-            assert!(
-                empty,
-                "CONV-3: a Txn without an empty operation refused: {err}"
-            );
             error_status(&err);
-            if !drops_compare_with_empty_key(&message) {
-                refusal_position(&message, &err);
-            }
+            refusal_position(&message, &err);
         }
     }
 }
 
 /// Checks CONV-3 against the engine's own checks (VAL-1), which walk a Txn in the same order
-/// but know no empty operation: with every empty operation replaced by one that fails with
-/// a known error, the engine's first error must be that one if the server refused for the
-/// empty operation, and the server's own error otherwise (etcd found it first). Two
-/// replacements with different errors tell a true refusal from an earlier error of the
-/// same kind.
+/// but know no empty operation and never see a compare the conversion drops (CONV-2): with
+/// every dropped compare replaced by a kept one with the same key (so the engine counts it
+/// and checks its key) and every empty operation by one that fails with a known error, the
+/// engine's first error must be that one if the server refused for the empty operation, and
+/// the server's own error otherwise (etcd found it first). Two replacements with different
+/// errors tell a true refusal from an earlier error of the same kind.
 fn refusal_position(message: &pb::TxnRequest, err: &Error) {
     let markers = [
         (
@@ -216,7 +216,7 @@ fn refusal_position(message: &pb::TxnRequest, err: &Error) {
         ),
     ];
     for (marker, marker_error) in markers {
-        let filled = convert::txn_request(fill_empty_ops(message.clone(), &marker), MAX_TXN_OPS);
+        let filled = convert::txn_level(fill_empty_ops(keep_dropped_compares(message), &marker));
         let verdict = filled.map(|req| engine::check_write(&WriteRequest::Txn(req), MAX_TXN_OPS));
         let expected = if *err == Error::KeyNotFound {
             marker_error
@@ -290,8 +290,13 @@ fn lease_revoke(message: pb::LeaseRevokeRequest) {
 }
 
 fn alarm(message: pb::AlarmRequest) {
-    // The Maintenance service's mapping; the member id is the wire's (the handler then maps
-    // this member's id to the engine's member 0, MAINT-2).
+    // The Maintenance service's mapping; the member id is the wire's (the handler then swaps
+    // 0 and this member's id, MAINT-2, a mapping that is its own inverse).
+    let this_member = message.member_id.rotate_left(1) | 1;
+    for id in [0, message.member_id, this_member] {
+        let there = maintenance::swap_member(id, this_member);
+        assert_eq!(maintenance::swap_member(there, this_member), id, "MAINT-2");
+    }
     let action = match message.action {
         1 => kvd::AlarmAction::Activate,
         2 => kvd::AlarmAction::Deactivate,
@@ -339,27 +344,58 @@ fn error_status(err: &Error) {
     assert_eq!(status.message(), err.to_string(), "STATUS-1: {err:?}");
 }
 
-/// Returns true if `req` (nested Txns included) has a compare with an empty key that the
-/// conversion drops as always true (an unknown target or result, CONV-2).
-///
-/// Known bug, found by this target: etcd refuses every compare with an empty key ("key is
-/// not provided"), but `convert` drops such a compare before the engine's checks see it, so
-/// kvd accepts the Txn. The differential check skips these requests until `txn_request`
-/// checks the keys of dropped compares (docs/fuzzing.md, Findings).
-fn drops_compare_with_empty_key(req: &pb::TxnRequest) -> bool {
-    let dropped = |c: &pb::Compare| {
-        let target = CompareTarget::try_from(c.target).ok();
-        let result = CompareResult::try_from(c.result).ok();
-        match (target, result) {
-            (Some(CompareTarget::Value), None) | (Some(_), Some(_)) => false,
-            (None, Some(result)) => result == CompareResult::Equal,
-            (Some(_), None) | (None, None) => true,
+/// Returns true if `req` (nested Txns included) has a compare with an empty key.
+fn has_compare_with_empty_key(req: &pb::TxnRequest) -> bool {
+    req.compare.iter().any(|c| c.key.is_empty())
+        || req.success.iter().chain(&req.failure).any(|op| {
+            matches!(&op.request, Some(Request::RequestTxn(t)) if has_compare_with_empty_key(t))
+        })
+}
+
+/// Returns true if the conversion drops `c` as always true (an unknown target or result,
+/// CONV-2).
+fn is_dropped(c: &pb::Compare) -> bool {
+    let target = CompareTarget::try_from(c.target).ok();
+    let result = CompareResult::try_from(c.result).ok();
+    match (target, result) {
+        (Some(CompareTarget::Value), None) | (Some(_), Some(_)) => false,
+        (None, Some(result)) => result == CompareResult::Equal,
+        (Some(_), None) | (None, None) => true,
+    }
+}
+
+/// Returns `req` (nested Txns included) with every compare the conversion drops replaced by
+/// a kept compare on the same key, so the engine's checks see its key and count it.
+fn keep_dropped_compares(req: &pb::TxnRequest) -> pb::TxnRequest {
+    let keep = |c: &pb::Compare| {
+        if is_dropped(c) {
+            pb::Compare {
+                result: CompareResult::Equal as i32,
+                target: CompareTarget::Version as i32,
+                target_union: Some(TargetUnion::Version(0)),
+                ..c.clone()
+            }
+        } else {
+            c.clone()
         }
     };
-    req.compare.iter().any(|c| c.key.is_empty() && dropped(c))
-        || req.success.iter().chain(&req.failure).any(|op| {
-            matches!(&op.request, Some(Request::RequestTxn(t)) if drops_compare_with_empty_key(t))
-        })
+    let ops = |ops: &[pb::RequestOp]| -> Vec<pb::RequestOp> {
+        ops.iter()
+            .map(|op| pb::RequestOp {
+                request: match &op.request {
+                    Some(Request::RequestTxn(t)) => {
+                        Some(Request::RequestTxn(keep_dropped_compares(t)))
+                    }
+                    other => other.clone(),
+                },
+            })
+            .collect()
+    };
+    pb::TxnRequest {
+        compare: req.compare.iter().map(keep).collect(),
+        success: ops(&req.success),
+        failure: ops(&req.failure),
+    }
 }
 
 /// Returns `req` with every empty operation, nested ones included, replaced by `marker`.

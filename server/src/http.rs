@@ -1,5 +1,6 @@
-//! The client port's router: etcd's gRPC services (h2c) and the HTTP routes `/health`,
-//! `/version` and `/metrics` (HTTP/1.1 or h2c) on one listener, as etcd serves them.
+//! The client port's router: etcd's gRPC services (h2c), its JSON gateway (`/v3/...`,
+//! `server::gateway`) and the HTTP routes `/health`, `/version` and `/metrics` (HTTP/1.1
+//! or h2c) on one listener, as etcd serves them.
 //!
 //! Owns: routing, the per-request metrics and log line, and the HTTP answers.
 //!
@@ -36,10 +37,12 @@ use tonic::{Code, Status};
 use crate::auth::AuthService;
 use crate::cluster::ClusterService;
 use crate::connections::Connections;
+use crate::cors::{self, Cors};
+use crate::gateway;
 use crate::kv::KvService;
 use crate::lease::LeaseService;
 use crate::maintenance::MaintenanceService;
-use crate::metrics::{EngineGauges, Metrics, StreamGauges};
+use crate::metrics::{EngineGauges, Metrics, ServerGauges, StreamGauges};
 use crate::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, Node};
 use crate::operator;
 use crate::pb::etcdserverpb::auth_server::AuthServer;
@@ -65,19 +68,21 @@ struct Shared {
 }
 
 /// Returns the router of the client port. `max_receive_bytes` is the gRPC receive limit
-/// (etcd: `--max-request-bytes` + 512 KiB).
+/// (etcd: `--max-request-bytes` + 512 KiB); `cors` the origins `--cors` allows.
 pub fn router(
     node: Arc<Node>,
     metrics: Arc<Metrics>,
     connections: Arc<Connections>,
     snapshots: Arc<Snapshots>,
     max_receive_bytes: usize,
+    cors: Cors,
 ) -> axum::Router {
     let shared = Shared {
         node: node.clone(),
-        metrics,
+        metrics: metrics.clone(),
         connections,
     };
+    let gateway = gateway::router(node.clone(), metrics, snapshots.clone(), max_receive_bytes);
     let routes = Routes::new(
         KvServer::new(KvService::new(node.clone())).max_decoding_message_size(max_receive_bytes),
     )
@@ -113,12 +118,14 @@ pub fn router(
             "/roles",
             get(operator::roles).with_state(shared.node.clone()),
         )
+        .merge(gateway)
         .fallback(fallback)
         .layer(middleware::from_fn_with_state(shared, track))
+        .layer(middleware::from_fn_with_state(Arc::new(cors), cors::cors))
 }
 
 /// Returns true for a gRPC request (content type `application/grpc` or a subtype).
-fn is_grpc(request: &Request) -> bool {
+pub(crate) fn is_grpc(request: &Request) -> bool {
     request
         .headers()
         .get(header::CONTENT_TYPE)
@@ -139,6 +146,7 @@ async fn track(State(shared): State<Shared>, request: Request, next: Next) -> Re
     } else {
         request.map(SingleMessage::wrap)
     };
+    shared.metrics.start(&path);
     let started = Instant::now();
     let response = next.run(request).await;
     let response = match Status::from_header_map(response.headers()) {
@@ -250,6 +258,7 @@ async fn metrics_text(State(shared): State<Shared>) -> Response {
                 allocation_prepare_queue: engine.allocation_prepare_queue()?,
                 agents: EngineGauges::count_agents(engine.agents()?.values()),
                 consumption_drift_rows: None,
+                disk: engine.disk_timings()?,
             })
         })
         .await
@@ -265,13 +274,27 @@ async fn metrics_text(State(shared): State<Shared>) -> Response {
         connections_refused: shared.connections.refused(),
         storage_poisoned: shared.node.engines.state().poisoned.is_some(),
     };
-    let body = shared.metrics.render(engine.as_ref(), &streams);
+    let server = ServerGauges {
+        member_id: shared.node.ids.member_id,
+        server_version: ETCD_SERVER_VERSION,
+        cluster_version: major_minor(ETCD_CLUSTER_VERSION),
+        quota_bytes: shared.node.settings.quota_bytes,
+    };
+    let body = shared.metrics.render(engine.as_ref(), &streams, &server);
     let mut response = (StatusCode::OK, body).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     response
+}
+
+/// Returns `major.minor` of a version `major.minor.patch`.
+fn major_minor(version: &'static str) -> &'static str {
+    match version.match_indices('.').nth(1) {
+        Some((at, _)) => &version[..at],
+        None => version,
+    }
 }
 
 /// Answers paths no route knows (HTTP-4).
@@ -327,6 +350,12 @@ mod tests {
         let other =
             Status::out_of_range("etcdserver: mvcc: required revision is a future revision");
         assert!(etcd_oversize_status(&other).is_none());
+    }
+
+    #[test]
+    fn cluster_version_is_major_minor() {
+        assert_eq!(major_minor("3.6.0"), "3.6");
+        assert_eq!(major_minor("3"), "3");
     }
 
     #[test]

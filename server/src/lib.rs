@@ -19,11 +19,11 @@
 //! Contact points: `server/src/bin/kvd.rs` parses flags into [`ServerConfig`] and calls [`run`];
 //! tests drive the server through the `kvd` binary and the generated clients in [`pb`].
 //! Module map: `authority` (repairs the HTTP/2 authority of etcd 3.4 clients), `http`
-//! (router, metrics layer, HTTP routes), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
+//! (router, metrics layer, HTTP routes), `gateway` (etcd's JSON gateway, `/v3/...`), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
 //! `auth` (answers "auth disabled"), `connections` (accept loop, connection limits),
 //! `single_message` (one request message per unary call), `snapshot` (Snapshot streaming), `operator` (the quota operator API: `POST /api/v1`,
 //! `GET /roles`), `convert` (pb ↔ api), `status` (errors → gRPC),
-//! `identity` (ids on disk), `metrics`, `node` (shared state), `bench` (the load generator
+//! `cors` (`--cors`), `identity` (ids on disk), `hash` (Maintenance.Hash of the logical store), `metrics`, `node` (shared state), `bench` (the load generator
 //! of `kvd bench`, a client of any etcd endpoint).
 
 mod auth;
@@ -31,9 +31,12 @@ mod authority;
 mod cluster;
 pub mod connections;
 mod convert;
+mod cors;
 mod drift;
 #[doc(hidden)]
 pub mod fuzzing;
+mod gateway;
+mod hash;
 mod http;
 mod identity;
 mod kv;
@@ -70,6 +73,7 @@ use kvd::sync::Arc;
 use kvd::{Config, Engine};
 
 pub use crate::connections::ConnectionLimits;
+pub use crate::cors::CORS_DEFAULT;
 pub use crate::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, QUOTA_BACKEND_BYTES_DEFAULT};
 pub use crate::operation::{
     DROP_RESPONSE_AFTER_COMMIT_ENV, DROPPED_MESSAGE, OPERATION_ID_METADATA,
@@ -135,6 +139,8 @@ pub struct ServerConfig {
     pub max_snapshots: usize,
     /// How long a Snapshot stream may wait for its client to read (`--snapshot-stall-timeout`).
     pub snapshot_stall_timeout: Duration,
+    /// Origins allowed by CORS on the HTTP answers (`--cors`); empty or `*` allows all.
+    pub cors: Vec<String>,
 }
 
 /// Default of `--prepare-queue-length` (etcd's gap between committed and applied entries).
@@ -381,6 +387,7 @@ async fn serve(
             config.snapshot_stall_timeout,
         )),
         max_receive_bytes,
+        cors::Cors::new(&config.cors),
     );
 
     let mut servers = tokio::task::JoinSet::new();

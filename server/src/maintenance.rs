@@ -1,5 +1,5 @@
-//! etcd's Maintenance service: Status, HashKV, Alarm, Defragment and Snapshot are answered;
-//! Hash, MoveLeader and Downgrade are refused with a clear message.
+//! etcd's Maintenance service: Status, Hash, HashKV, Alarm, Defragment and Snapshot are
+//! answered; MoveLeader and Downgrade are refused with a clear message.
 //!
 //! Owns: how a single-member engine fills etcd's cluster-shaped Status.
 //!
@@ -7,22 +7,28 @@
 //! - MAINT-1: Status is the engine's status translated by `convert` (CONV-5), with the
 //!   version and quota of this server; `raftIndex` and `raftAppliedIndex` are both the
 //!   engine's applied index (one member commits what it applies).
-//! - MAINT-2: Alarm is the engine's alarm store; the engine raises alarms as member 0 and
-//!   the wire shows this member's id (and maps it back on DEACTIVATE); the header is filled
-//!   (etcd 3.5+; 3.4 left it empty). Status lists each alarm in `errors` as etcd's compact
+//! - MAINT-2: Alarm is the engine's alarm store. ACTIVATE, GET and DEACTIVATE keep the
+//!   member id given, member 0 included, as etcd does. The engine raises its own alarms as
+//!   its member 0, which the wire shows as this member's id; so the wire and the engine swap
+//!   the ids 0 and this member's ([`swap_member`], a bijection: distinct wire ids stay
+//!   distinct alarms). The header is filled (etcd 3.5+; 3.4 left it empty). Status lists each alarm in `errors` as etcd's compact
 //!   text, `memberID:<id> alarm:<TYPE> ` (trailing space).
 //! - MAINT-3: Defragment is the engine's online defrag; writes pause only for the swap.
 //! - MAINT-4: Snapshot streams the engine's dump of one read snapshot (SNAP-1) through
 //!   `server::snapshot`: 32 KiB chunks with `remaining_bytes`, then a 32-byte SHA-256
 //!   trailer (etcd's format), in a bounded number of slots, with bounded memory, no copy on
 //!   disk and a stall timeout (SNAPSHOT-1..5).
+//! - MAINT-5: Hash is a hash of the logical store at the current revision (HASH-SRV-1), not
+//!   of a database file as etcd's is.
 //!
-//! Contact points: `server::node` (engine status), `server::status` (refusals).
+//! Contact points: `server::node` (engine status), `server::status` (refusals),
+//! `server::hash` (Hash).
 
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
 use crate::convert::ReportedStatus;
+use crate::hash;
 use crate::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, Node};
 use crate::pb::etcdserverpb::AlarmMember;
 use crate::pb::etcdserverpb::maintenance_server::Maintenance;
@@ -44,12 +50,16 @@ pub(crate) fn alarm_type(wire: i32) -> api::AlarmType {
     }
 }
 
-/// Returns the member id the wire shows for an engine alarm member (MAINT-2).
-fn wire_member(engine_member: u64, this_member: u64) -> u64 {
-    if engine_member == 0 {
+/// Returns the engine's member id for a wire member id, and the wire's for an engine's:
+/// the ids 0 and `this_member` trade places, every other id is itself (MAINT-2). The
+/// function is its own inverse.
+pub(crate) fn swap_member(member: u64, this_member: u64) -> u64 {
+    if member == 0 {
         this_member
+    } else if member == this_member {
+        0
     } else {
-        engine_member
+        member
     }
 }
 
@@ -87,12 +97,8 @@ impl Maintenance for MaintenanceService {
             let why = self.node.engines.refusal().unwrap_or_default();
             return Err(Status::unavailable(why));
         }
-        // MAINT-2: this member is the engine's member 0.
-        let member_id = if req.member_id == member {
-            0
-        } else {
-            req.member_id
-        };
+        // MAINT-2: this member is the engine's member 0, and the wire's 0 is kept apart.
+        let member_id = swap_member(req.member_id, member);
         let engine_req = api::AlarmRequest {
             action,
             member_id,
@@ -108,7 +114,7 @@ impl Maintenance for MaintenanceService {
                 .alarms
                 .iter()
                 .map(|a| AlarmMember {
-                    member_id: wire_member(a.member_id, member),
+                    member_id: swap_member(a.member_id, member),
                     alarm: a.alarm as i32,
                 })
                 .collect(),
@@ -132,7 +138,7 @@ impl Maintenance for MaintenanceService {
             .map(|a| {
                 format!(
                     "memberID:{} alarm:{} ",
-                    wire_member(a.member_id, member),
+                    swap_member(a.member_id, member),
                     a.alarm.name()
                 )
             })
@@ -160,7 +166,12 @@ impl Maintenance for MaintenanceService {
     }
 
     async fn hash(&self, _request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
-        Err(status::unimplemented(status::HASH_NOT_IMPLEMENTED))
+        // MAINT-5.
+        let done = self.node.call(hash::store_hash).await?;
+        Ok(Response::new(HashResponse {
+            header: Some(self.node.ids.header(done.revision)),
+            hash: done.hash,
+        }))
     }
 
     async fn hash_kv(

@@ -1,30 +1,46 @@
-//! Request counters and latency histograms per gRPC method, and the Prometheus text
-//! exposition of `/metrics`.
+//! The server's metrics and the Prometheus text exposition of `/metrics`: etcd's series for
+//! everything kvd has an equivalent of (`etcd_*`, `grpc_server_*`, `process_*`), and kvd's
+//! own `kvd_*` series beside them.
 //!
-//! Owns: the metric names and their rendering (Prometheus text format 0.0.4, written by hand:
-//! the set of series is small and fixed, so a metrics library would add a dependency and a
-//! registry for a few dozen lines of formatting).
+//! Owns: the metric names, labels and help texts, and the request counters per gRPC
+//! method. The exposition is the `prometheus` crate's: every family is built at scrape time
+//! as the crate's metric families and written by its `TextEncoder` (format 0.0.4); the
+//! `process_*` family comes from its process collector (read from `/proc`).
 //!
 //! Invariants:
 //! - MET-1: the number of per-method series is bounded by [`METHOD_SERIES_MAX`]; requests to
 //!   further method paths are counted under `grpc_method="other"`, so a client inventing
-//!   method names cannot grow the server's memory.
+//!   method names cannot grow the server's memory. The `grpc_server_*` families show only
+//!   the methods of etcd's API ([`ETCD_METHODS`]), each from the start (at 0), as etcd's
+//!   go-grpc-prometheus does.
 //! - MET-2: histogram buckets are cumulative in the output and `_count` equals the `+Inf`
-//!   bucket.
-//! - MET-3: engine gauges are read at scrape time from the engine's status, never cached.
+//!   bucket. Disk histograms have etcd's buckets (1 ms doubling to 8.192 s), so dashboards'
+//!   quantiles over etcd's series work on kvd's.
+//! - MET-3: engine gauges are read at scrape time from the engine, never cached.
 //! - MET-4: the per-role quota gauges (`kvd_quota_*`) exist only for roles with a non-default
 //!   quota, as Mesos's allocator metrics: they appear with the
 //!   registry entry and are gone once the role is reset to the default quota. The root role
 //!   `""` never has one.
+//! - MET-5: an etcd series means in kvd what it means in etcd, or is not published: a
+//!   single member is always the leader, raft indexes are the applied index counted from
+//!   etcd's bootstrap entries (CONV-5), and etcd's proposal and network counters, which
+//!   have no equivalent, are absent (`docs/operations.md`, "Metrics").
 //!
-//! Contact points: `server::http` records every gRPC request here and serves `/metrics`.
+//! Contact points: `server::http` records every gRPC request here (start and end) and
+//! serves `/metrics`; `server::gateway` records its calls under their gRPC methods.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
+use std::fmt;
 use std::time::Duration;
 
+use prometheus::core::Collector;
+use prometheus::proto::{
+    Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
+};
+use prometheus::{Encoder, TextEncoder};
 use tonic::Code;
 
+use crate::convert::RAFT_BOOTSTRAP_ENTRIES;
 use kvd as api;
 use kvd::RoleUsage;
 use kvd::quota::{QuotaConfig, Scalar};
@@ -39,31 +55,105 @@ pub const LATENCY_BUCKETS_MICROS: [u64; 11] = [
 /// Most distinct method paths tracked (MET-1). etcd's API has 41 methods.
 pub const METHOD_SERIES_MAX: usize = 64;
 
-const _: () = assert!(METHOD_SERIES_MAX >= 41);
+const _: () = assert!(METHOD_SERIES_MAX >= ETCD_METHODS.len());
+
+/// The methods of etcd's API with their go-grpc-prometheus `grpc_type` (MET-1).
+pub const ETCD_METHODS: [(&str, &str, &str); 41] = [
+    ("etcdserverpb.KV", "Range", "unary"),
+    ("etcdserverpb.KV", "Put", "unary"),
+    ("etcdserverpb.KV", "DeleteRange", "unary"),
+    ("etcdserverpb.KV", "Txn", "unary"),
+    ("etcdserverpb.KV", "Compact", "unary"),
+    ("etcdserverpb.Watch", "Watch", "bidi_stream"),
+    ("etcdserverpb.Lease", "LeaseGrant", "unary"),
+    ("etcdserverpb.Lease", "LeaseRevoke", "unary"),
+    ("etcdserverpb.Lease", "LeaseKeepAlive", "bidi_stream"),
+    ("etcdserverpb.Lease", "LeaseTimeToLive", "unary"),
+    ("etcdserverpb.Lease", "LeaseLeases", "unary"),
+    ("etcdserverpb.Cluster", "MemberAdd", "unary"),
+    ("etcdserverpb.Cluster", "MemberRemove", "unary"),
+    ("etcdserverpb.Cluster", "MemberUpdate", "unary"),
+    ("etcdserverpb.Cluster", "MemberList", "unary"),
+    ("etcdserverpb.Cluster", "MemberPromote", "unary"),
+    ("etcdserverpb.Maintenance", "Alarm", "unary"),
+    ("etcdserverpb.Maintenance", "Status", "unary"),
+    ("etcdserverpb.Maintenance", "Defragment", "unary"),
+    ("etcdserverpb.Maintenance", "Hash", "unary"),
+    ("etcdserverpb.Maintenance", "HashKV", "unary"),
+    ("etcdserverpb.Maintenance", "Snapshot", "server_stream"),
+    ("etcdserverpb.Maintenance", "MoveLeader", "unary"),
+    ("etcdserverpb.Maintenance", "Downgrade", "unary"),
+    ("etcdserverpb.Auth", "AuthEnable", "unary"),
+    ("etcdserverpb.Auth", "AuthDisable", "unary"),
+    ("etcdserverpb.Auth", "AuthStatus", "unary"),
+    ("etcdserverpb.Auth", "Authenticate", "unary"),
+    ("etcdserverpb.Auth", "UserAdd", "unary"),
+    ("etcdserverpb.Auth", "UserGet", "unary"),
+    ("etcdserverpb.Auth", "UserList", "unary"),
+    ("etcdserverpb.Auth", "UserDelete", "unary"),
+    ("etcdserverpb.Auth", "UserChangePassword", "unary"),
+    ("etcdserverpb.Auth", "UserGrantRole", "unary"),
+    ("etcdserverpb.Auth", "UserRevokeRole", "unary"),
+    ("etcdserverpb.Auth", "RoleAdd", "unary"),
+    ("etcdserverpb.Auth", "RoleGet", "unary"),
+    ("etcdserverpb.Auth", "RoleList", "unary"),
+    ("etcdserverpb.Auth", "RoleDelete", "unary"),
+    ("etcdserverpb.Auth", "RoleGrantPermission", "unary"),
+    ("etcdserverpb.Auth", "RoleRevokePermission", "unary"),
+];
+
+/// The key requests beyond [`METHOD_SERIES_MAX`] paths are counted under (MET-1).
+const OTHER_METHOD: &str = "/other/other";
 
 /// What one gRPC method has seen.
 #[derive(Debug, Default, Clone)]
 struct MethodStats {
+    /// Requests started (`grpc_server_started_total`).
+    started: u64,
     /// Requests per gRPC status code.
     codes: BTreeMap<i32, u64>,
     /// Requests per latency bucket, not cumulative; the last slot is `+Inf`.
     buckets: [u64; LATENCY_BUCKETS_MICROS.len() + 1],
     /// Total latency in microseconds.
     sum_micros: u64,
-    /// Number of requests.
+    /// Number of requests answered.
     count: u64,
 }
 
-/// The server's request metrics.
-#[derive(Debug, Default)]
+/// The server's request metrics and its process collector.
 pub struct Metrics {
     methods: Mutex<BTreeMap<String, MethodStats>>,
+    process: Option<prometheus::process_collector::ProcessCollector>,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics")
+            .field("methods", &self.methods)
+            .field("process", &self.process.is_some())
+            .finish()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
 }
 
 impl Metrics {
-    /// Returns empty metrics.
+    /// Returns empty metrics, with a collector of this process's `process_*` figures.
     pub fn new() -> Metrics {
-        Metrics::default()
+        Metrics {
+            methods: Mutex::new(BTreeMap::new()),
+            process: Some(prometheus::process_collector::ProcessCollector::for_self()),
+        }
+    }
+
+    /// Records the start of a request to the gRPC method at `path`.
+    pub fn start(&self, path: &str) {
+        let mut methods = lock(&self.methods);
+        stats_of(&mut methods, path).started += 1;
     }
 
     /// Records one request to the gRPC method at `path` that ended with `code` after
@@ -75,31 +165,77 @@ impl Metrics {
             .position(|bound| micros <= *bound)
             .unwrap_or(LATENCY_BUCKETS_MICROS.len());
         let mut methods = lock(&self.methods);
-        let key = if methods.contains_key(path) || methods.len() < METHOD_SERIES_MAX {
-            path
-        } else {
-            "/other/other"
-        };
-        let stats = methods.entry(key.to_owned()).or_default();
+        let stats = stats_of(&mut methods, path);
         *stats.codes.entry(code as i32).or_default() += 1;
         stats.buckets[bucket] += 1;
         stats.sum_micros = stats.sum_micros.saturating_add(micros);
         stats.count += 1;
     }
 
-    /// Returns the Prometheus text exposition: the engine gauges (or `kvd_engine_up 0` if
-    /// the engine did not answer), the open streams and the per-method series.
-    pub fn render(&self, engine: Option<&EngineGauges>, streams: &StreamGauges) -> String {
-        let mut out = String::new();
-        render_engine(&mut out, engine);
-        render_streams(&mut out, streams);
-        if let Some(engine) = engine {
-            render_quota(&mut out, &engine.roles);
-        }
+    /// Returns the Prometheus text exposition: kvd's series (the engine's, or
+    /// `kvd_engine_up 0` if the engine did not answer), etcd's and the process's.
+    pub fn render(
+        &self,
+        engine: Option<&EngineGauges>,
+        streams: &StreamGauges,
+        server: &ServerGauges,
+    ) -> String {
         let methods = lock(&self.methods).clone();
-        render_requests(&mut out, &methods);
-        out
+        let mut families = Vec::new();
+        kvd_engine(&mut families, engine);
+        kvd_streams(&mut families, streams);
+        if let Some(engine) = engine {
+            kvd_quota(&mut families, &engine.roles);
+        }
+        kvd_requests(&mut families, &methods);
+        etcd_server(&mut families, server);
+        if let Some(engine) = engine {
+            etcd_engine(&mut families, engine, streams);
+        }
+        grpc_server(&mut families, &methods);
+        if let Some(process) = &self.process {
+            families.extend(process.collect());
+        }
+        encode(&families)
     }
+}
+
+/// Returns the text exposition of `families`. The encoder refuses a family without series,
+/// so such a family (a per-role family before the first role) gets its `# HELP` and
+/// `# TYPE` lines only, which tell a scraper its type before it has series.
+fn encode(families: &[MetricFamily]) -> String {
+    let encoder = TextEncoder::new();
+    let mut out = Vec::new();
+    for family in families {
+        if family.get_metric().is_empty() {
+            let kind = match family.get_field_type() {
+                MetricType::COUNTER => "counter",
+                MetricType::GAUGE => "gauge",
+                MetricType::SUMMARY => "summary",
+                MetricType::UNTYPED => "untyped",
+                MetricType::HISTOGRAM => "histogram",
+            };
+            let name = family.name();
+            let help = family.help().replace('\\', "\\\\").replace('\n', "\\n");
+            out.extend_from_slice(
+                format!("# HELP {name} {help}\n# TYPE {name} {kind}\n").as_bytes(),
+            );
+        } else if let Err(e) = encoder.encode(std::slice::from_ref(family), &mut out) {
+            // Only a family the encoder cannot write fails; the others are still served.
+            tracing::warn!(family = family.name(), error = %e, "metrics: encoding failed");
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Returns the stats of `path`, or of [`OTHER_METHOD`] once the bound is reached (MET-1).
+fn stats_of<'a>(methods: &'a mut BTreeMap<String, MethodStats>, path: &str) -> &'a mut MethodStats {
+    let key = if methods.contains_key(path) || methods.len() < METHOD_SERIES_MAX {
+        path
+    } else {
+        OTHER_METHOD
+    };
+    methods.entry(key.to_owned()).or_default()
 }
 
 /// What the engine reports at scrape time (MET-3).
@@ -122,6 +258,8 @@ pub struct EngineGauges {
     /// Rows the last periodic consumption check found drifted; `None` before the first
     /// check or when the check is off.
     pub consumption_drift_rows: Option<u64>,
+    /// The disk histograms: log fsync and database commit.
+    pub disk: kvd::DiskTimingsSnapshot,
 }
 
 impl EngineGauges {
@@ -155,23 +293,120 @@ pub struct StreamGauges {
     pub storage_poisoned: bool,
 }
 
-fn render_engine(out: &mut String, engine: Option<&EngineGauges>) {
-    gauge(
-        out,
+/// What the server knows without the engine.
+#[derive(Debug, Clone, Default)]
+pub struct ServerGauges {
+    /// This member's id (`etcd_server_id`).
+    pub member_id: u64,
+    /// The etcd version kvd reports (`etcd_server_version`).
+    pub server_version: &'static str,
+    /// The cluster version kvd reports (`etcd_cluster_version`, major.minor).
+    pub cluster_version: &'static str,
+    /// The space quota Status reports (`etcd_server_quota_backend_bytes`).
+    pub quota_bytes: i64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Building metric families.
+// ---------------------------------------------------------------------------------------------
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<LabelPair> {
+    pairs
+        .iter()
+        .map(|(name, value)| {
+            let mut pair = LabelPair::default();
+            pair.set_name((*name).to_owned());
+            pair.set_value((*value).to_owned());
+            pair
+        })
+        .collect()
+}
+
+fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<Metric>) -> MetricFamily {
+    let mut family = MetricFamily::default();
+    family.set_name(name.to_owned());
+    family.set_help(help.to_owned());
+    family.set_field_type(kind);
+    family.set_metric(metrics);
+    family
+}
+
+fn gauge(pairs: &[(&str, &str)], value: f64) -> Metric {
+    let mut gauge = Gauge::default();
+    gauge.set_value(value);
+    let mut metric = Metric::default();
+    metric.set_label(labels(pairs));
+    metric.set_gauge(gauge);
+    metric
+}
+
+fn counter(pairs: &[(&str, &str)], value: f64) -> Metric {
+    let mut counter = Counter::default();
+    counter.set_value(value);
+    let mut metric = Metric::default();
+    metric.set_label(labels(pairs));
+    metric.set_counter(counter);
+    metric
+}
+
+/// A histogram from per-bucket counts (not cumulative; one more than `bounds`, `+Inf`
+/// last) and the sum in seconds (MET-2).
+fn histogram(pairs: &[(&str, &str)], bounds: &[f64], counts: &[u64], sum: f64) -> Metric {
+    let mut cumulative = 0;
+    let mut buckets = Vec::with_capacity(bounds.len());
+    for (bound, count) in bounds.iter().zip(counts) {
+        cumulative += count;
+        let mut bucket = Bucket::default();
+        bucket.set_upper_bound(*bound);
+        bucket.set_cumulative_count(cumulative);
+        buckets.push(bucket);
+    }
+    let total: u64 = counts.iter().sum();
+    let mut histogram = Histogram::default();
+    histogram.set_bucket(buckets);
+    histogram.set_sample_count(total);
+    histogram.set_sample_sum(sum);
+    let mut metric = Metric::default();
+    metric.set_label(labels(pairs));
+    metric.set_histogram(histogram);
+    metric
+}
+
+fn one_gauge(families: &mut Vec<MetricFamily>, name: &str, help: &str, value: f64) {
+    families.push(family(
+        name,
+        help,
+        MetricType::GAUGE,
+        vec![gauge(&[], value)],
+    ));
+}
+
+/// Converts a count to a sample value (exact below 2^53, far above any count here).
+fn value(n: impl TryInto<i64>) -> f64 {
+    n.try_into().unwrap_or(i64::MAX) as f64
+}
+
+// ---------------------------------------------------------------------------------------------
+// kvd's own series.
+// ---------------------------------------------------------------------------------------------
+
+fn kvd_engine(families: &mut Vec<MetricFamily>, engine: Option<&EngineGauges>) {
+    one_gauge(
+        families,
         "kvd_engine_up",
         "1 if the engine answered the scrape, else 0.",
-        engine.is_some(),
+        value(u8::from(engine.is_some())),
     );
     let Some(engine) = engine else {
         return;
     };
     let status = &engine.status;
-    let alarm = |kind| count(status.alarms.iter().filter(|a| a.alarm == kind).count());
-    let gauges: [(&str, &str, i128); 10] = [
+    let alarm = |kind| value(status.alarms.iter().filter(|a| a.alarm == kind).count());
+    let gauges: [(&str, &str, f64); 10] = [
         (
             "kvd_db_size_quota_bytes",
             "The space quota in bytes (0 when disabled).",
-            status.db_size_quota.into(),
+            value(status.db_size_quota),
         ),
         (
             "kvd_alarm_nospace",
@@ -186,185 +421,168 @@ fn render_engine(out: &mut String, engine: Option<&EngineGauges>) {
         (
             "kvd_db_size_bytes",
             "Length of the database file in bytes.",
-            status.db_size.into(),
+            value(status.db_size),
         ),
         (
             "kvd_db_size_in_use_bytes",
             "Bytes the database occupies inside its file.",
-            status.db_size_in_use.into(),
+            value(status.db_size_in_use),
         ),
         (
             "kvd_current_revision",
             "The current store revision.",
-            status.header.revision.into(),
+            value(status.header.revision),
         ),
         (
             "kvd_compact_revision",
             "The compaction revision (-1 if never compacted).",
-            status.compact_revision.into(),
+            value(status.compact_revision),
         ),
         (
             "kvd_applied_index",
             "Write requests applied since creation.",
-            status.applied_index.into(),
+            value(status.applied_index),
         ),
         (
             "kvd_watchers",
             "Watches open on all watch streams.",
-            count(engine.watchers),
+            value(engine.watchers),
         ),
         (
             "kvd_leases",
             "Leases granted and not yet revoked or expired.",
-            count(engine.leases),
+            value(engine.leases),
         ),
     ];
-    for (name, help, value) in gauges {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-        );
+    for (name, help, v) in gauges {
+        one_gauge(families, name, help, v);
     }
-    render_apply(out, &engine.apply);
-    render_allocation_prepare_queue(out, &engine.allocation_prepare_queue);
-    render_agents(out, engine);
-}
-
-/// Agents by state, and the last consumption check's drift when one has run.
-fn render_agents(out: &mut String, engine: &EngineGauges) {
-    let name = "kvd_agents";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Agents by state (REGISTERED, RECOVERED, UNREACHABLE, GONE).\n# TYPE {name} gauge"
-    );
-    for (state, n) in engine.agents {
-        let _ = writeln!(out, "{name}{{state=\"{state}\"}} {n}");
-    }
+    let agents = engine
+        .agents
+        .iter()
+        .map(|(state, n)| gauge(&[("state", state)], value(*n)));
+    families.push(family(
+        "kvd_agents",
+        "Agents by state (REGISTERED, RECOVERED, UNREACHABLE, GONE).",
+        MetricType::GAUGE,
+        agents.collect(),
+    ));
     if let Some(rows) = engine.consumption_drift_rows {
-        let name = "kvd_consumption_drift_rows";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Consumption rows that differed from a recount at the last periodic check.\n# TYPE {name} gauge\n{name} {rows}"
+        one_gauge(
+            families,
+            "kvd_consumption_drift_rows",
+            "Consumption rows that differed from a recount at the last periodic check.",
+            value(rows),
         );
     }
-}
-
-/// The allocation prepare queue: allocations preparing and the queue length.
-fn render_allocation_prepare_queue(out: &mut String, queue: &kvd::AllocationPrepareQueue) {
-    for (name, help, value) in [
-        (
-            "kvd_allocation_prepare_queue_depth",
-            "Allocations preparing (admitted with prepare, not yet started or released).",
-            queue.preparing,
-        ),
-        (
-            "kvd_allocation_prepare_queue_capacity",
-            "The allocation prepare queue length (0 when the queue is off).",
-            queue.length,
-        ),
-    ] {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-        );
-    }
+    kvd_apply(families, &engine.apply);
+    let queue = &engine.allocation_prepare_queue;
+    one_gauge(
+        families,
+        "kvd_allocation_prepare_queue_depth",
+        "Allocations preparing (admitted with prepare, not yet started or released).",
+        value(queue.preparing),
+    );
+    one_gauge(
+        families,
+        "kvd_allocation_prepare_queue_capacity",
+        "The allocation prepare queue length (0 when the queue is off).",
+        value(queue.length),
+    );
 }
 
 /// The writes in flight (admitted, not yet answered) and the commits by batch size.
-fn render_apply(out: &mut String, apply: &kvd::ApplyStats) {
-    for (name, help, value) in [
-        (
-            "kvd_apply_queue_depth",
-            "Writes admitted and not yet answered (queued, being applied, or waiting for their log sync).",
-            apply.queue_depth,
-        ),
-        (
-            "kvd_apply_queue_capacity",
-            "The bound of the apply queue.",
-            apply.queue_capacity,
-        ),
-    ] {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-        );
-    }
-    let name = "kvd_prepare_queue_capacity";
-    let _ = writeln!(
-        out,
-        "# HELP {name} The bound of the write prepare queue (--prepare-queue-length).\n# TYPE {name} gauge\n{name} {}",
-        apply.queue_capacity
+fn kvd_apply(families: &mut Vec<MetricFamily>, apply: &kvd::ApplyStats) {
+    one_gauge(
+        families,
+        "kvd_apply_queue_depth",
+        "Writes admitted and not yet answered (queued, being applied, or waiting for their log sync).",
+        value(apply.queue_depth),
     );
-    for (name, help, kind, value) in [
-        (
-            "kvd_prepare_queue_depth",
-            "Writes of the role in the prepare queue (admitted, not yet answered).",
-            "gauge",
-            (|q: &kvd::RoleQueue| q.queued as u64) as fn(&kvd::RoleQueue) -> u64,
-        ),
-        (
-            "kvd_too_many_requests_total",
-            "Writes of the role refused with too many requests since the server started.",
-            "counter",
-            |q: &kvd::RoleQueue| q.refused,
-        ),
-    ] {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for role in &apply.roles {
-            let _ = writeln!(
-                out,
-                "{name}{{role=\"{}\"}} {}",
-                escape(&role.role),
-                value(role)
-            );
-        }
-    }
-    let name = "kvd_group_commit_batches_total";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Commits of write batches, by the most requests a batch of that bucket held.\n# TYPE {name} counter"
+    one_gauge(
+        families,
+        "kvd_apply_queue_capacity",
+        "The bound of the apply queue.",
+        value(apply.queue_capacity),
     );
+    one_gauge(
+        families,
+        "kvd_prepare_queue_capacity",
+        "The bound of the write prepare queue (--prepare-queue-length).",
+        value(apply.queue_capacity),
+    );
+    let depth = apply
+        .roles
+        .iter()
+        .map(|q| gauge(&[("role", &q.role)], value(q.queued)))
+        .collect();
+    families.push(family(
+        "kvd_prepare_queue_depth",
+        "Writes of the role in the prepare queue (admitted, not yet answered).",
+        MetricType::GAUGE,
+        depth,
+    ));
+    let refused = apply
+        .roles
+        .iter()
+        .map(|q| counter(&[("role", &q.role)], value(q.refused)))
+        .collect();
+    families.push(family(
+        "kvd_too_many_requests_total",
+        "Writes of the role refused with too many requests since the server started.",
+        MetricType::COUNTER,
+        refused,
+    ));
     let last = apply.batch_sizes.len().saturating_sub(1);
-    for (i, (at_most, commits)) in apply.batch_sizes.iter().enumerate() {
-        let bucket = if i == last {
-            "+Inf".to_owned()
-        } else {
-            at_most.to_string()
-        };
-        let _ = writeln!(out, "{name}{{requests_at_most=\"{bucket}\"}} {commits}");
-    }
+    let batches = apply
+        .batch_sizes
+        .iter()
+        .enumerate()
+        .map(|(i, (at_most, commits))| {
+            let bucket = if i == last {
+                "+Inf".to_owned()
+            } else {
+                at_most.to_string()
+            };
+            counter(&[("requests_at_most", &bucket)], value(*commits))
+        })
+        .collect();
+    families.push(family(
+        "kvd_group_commit_batches_total",
+        "Commits of write batches, by the most requests a batch of that bucket held.",
+        MetricType::COUNTER,
+        batches,
+    ));
 }
 
-fn render_streams(out: &mut String, streams: &StreamGauges) {
-    let name = "kvd_grpc_streams_open";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Long-lived gRPC streams open, by kind.\n# TYPE {name} gauge"
+fn kvd_streams(families: &mut Vec<MetricFamily>, streams: &StreamGauges) {
+    families.push(family(
+        "kvd_grpc_streams_open",
+        "Long-lived gRPC streams open, by kind.",
+        MetricType::GAUGE,
+        vec![
+            gauge(&[("stream", "watch")], value(streams.watch)),
+            gauge(&[("stream", "lease_keep_alive")], value(streams.keep_alive)),
+        ],
+    ));
+    one_gauge(
+        families,
+        "kvd_connections_open",
+        "Client connections served now.",
+        value(streams.connections_open),
     );
-    let _ = writeln!(out, "{name}{{stream=\"watch\"}} {}", streams.watch);
-    let _ = writeln!(
-        out,
-        "{name}{{stream=\"lease_keep_alive\"}} {}",
-        streams.keep_alive
+    one_gauge(
+        families,
+        "kvd_storage_poisoned",
+        "1 while the store is poisoned after an I/O error and waits for kvd to reopen it.",
+        value(u8::from(streams.storage_poisoned)),
     );
-    let name = "kvd_connections_open";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Client connections served now.\n# TYPE {name} gauge\n{name} {}",
-        streams.connections_open
-    );
-    let name = "kvd_storage_poisoned";
-    let _ = writeln!(
-        out,
-        "# HELP {name} 1 while the store is poisoned after an I/O error and waits for kvd to reopen it.\n# TYPE {name} gauge\n{name} {}",
-        u8::from(streams.storage_poisoned)
-    );
-    let name = "kvd_connections_refused_total";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Client connections refused at --max-connections since start.\n# TYPE {name} counter\n{name} {}",
-        streams.connections_refused
-    );
+    families.push(family(
+        "kvd_connections_refused_total",
+        "Client connections refused at --max-connections since start.",
+        MetricType::COUNTER,
+        vec![counter(&[], value(streams.connections_refused))],
+    ));
 }
 
 /// One per-role quota gauge family: its name, help text, and the series of one role as
@@ -399,25 +617,23 @@ const QUOTA_FAMILIES: [QuotaFamily; 4] = [
     ),
 ];
 
-/// Renders the per-role quota gauges of the roles with a registry entry (MET-4), in units.
-fn render_quota(out: &mut String, roles: &[RoleUsage]) {
+/// The per-role quota gauges of the roles with a registry entry (MET-4), in units.
+fn kvd_quota(families: &mut Vec<MetricFamily>, roles: &[RoleUsage]) {
     let with_quota: Vec<(&RoleUsage, &QuotaConfig)> = roles
         .iter()
         .filter_map(|role| role.quota.as_ref().map(|config| (role, config)))
         .collect();
     for (name, help, series) in QUOTA_FAMILIES {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        let mut metrics = Vec::new();
         for (role, config) in &with_quota {
-            let label = escape(&role.role);
             for (resource, milli) in series(role, config) {
-                let _ = writeln!(
-                    out,
-                    "{name}{{role=\"{label}\",resource=\"{}\"}} {}",
-                    escape(&resource),
-                    units(milli)
-                );
+                metrics.push(gauge(
+                    &[("role", &role.role), ("resource", &resource)],
+                    units(milli),
+                ));
             }
         }
+        families.push(family(name, help, MetricType::GAUGE, metrics));
     }
 }
 
@@ -469,91 +685,246 @@ fn offered_or_allocated_series(role: &RoleUsage, config: &QuotaConfig) -> Vec<(S
         .collect()
 }
 
-/// Returns milli-units as a number of units, printed as Mesos prints scalars.
-fn units(milli: i64) -> String {
+/// Returns milli-units as a number of units: `1500` is 1.5, printed as Mesos prints the
+/// scalar (the text format writes the shortest decimal that reads back the same).
+fn units(milli: i64) -> f64 {
     let magnitude = Scalar::from_milli(milli.saturating_abs()).unwrap_or(Scalar::MAX);
-    if milli < 0 {
-        format!("-{magnitude}")
-    } else {
-        magnitude.to_string()
-    }
+    let units = magnitude.milli() as f64 / 1000.0;
+    if milli < 0 { -units } else { units }
 }
 
-/// Converts a count to the gauge's integer type (a `usize` always fits in an `i128`).
-fn count(n: usize) -> i128 {
-    i128::try_from(n).unwrap_or(i128::MAX)
-}
-
-fn gauge(out: &mut String, name: &str, help: &str, value: bool) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
-        u8::from(value)
-    );
-}
-
-fn render_requests(out: &mut String, methods: &BTreeMap<String, MethodStats>) {
-    let total = "kvd_grpc_requests_total";
-    let _ = writeln!(
-        out,
-        "# HELP {total} gRPC requests handled, by method and status code."
-    );
-    let _ = writeln!(out, "# TYPE {total} counter");
-    for (path, stats) in methods {
-        let labels = method_labels(path);
+fn kvd_requests(families: &mut Vec<MetricFamily>, methods: &BTreeMap<String, MethodStats>) {
+    let mut totals = Vec::new();
+    let mut durations = Vec::new();
+    let bounds: Vec<f64> = LATENCY_BUCKETS_MICROS
+        .iter()
+        .map(|micros| seconds(*micros))
+        .collect();
+    for (path, stats) in methods.iter().filter(|(_, s)| s.count > 0) {
+        let (service, method) = split_method(path);
         for (code, count) in &stats.codes {
             let code = code_name(*code);
-            let _ = writeln!(out, "{total}{{{labels},grpc_code=\"{code}\"}} {count}");
+            totals.push(counter(
+                &[
+                    ("grpc_service", service),
+                    ("grpc_method", method),
+                    ("grpc_code", &code),
+                ],
+                value(*count),
+            ));
         }
+        debug_assert_eq!(stats.buckets.iter().sum::<u64>(), stats.count, "MET-2");
+        durations.push(histogram(
+            &[("grpc_service", service), ("grpc_method", method)],
+            &bounds,
+            &stats.buckets,
+            seconds(stats.sum_micros),
+        ));
     }
-    let hist = "kvd_grpc_request_duration_seconds";
-    let _ = writeln!(
-        out,
-        "# HELP {hist} Time to answer a gRPC request (to the response head)."
+    families.push(family(
+        "kvd_grpc_requests_total",
+        "gRPC requests handled, by method and status code.",
+        MetricType::COUNTER,
+        totals,
+    ));
+    families.push(family(
+        "kvd_grpc_request_duration_seconds",
+        "Time to answer a gRPC request (to the response head).",
+        MetricType::HISTOGRAM,
+        durations,
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// etcd's series (MET-5).
+// ---------------------------------------------------------------------------------------------
+
+/// The series that need no engine: leadership, identity, versions, quota.
+fn etcd_server(families: &mut Vec<MetricFamily>, server: &ServerGauges) {
+    one_gauge(
+        families,
+        "etcd_server_has_leader",
+        "Whether or not a leader exists. 1 is existence, 0 is not.",
+        1.0,
     );
-    let _ = writeln!(out, "# TYPE {hist} histogram");
-    for (path, stats) in methods {
-        let labels = method_labels(path);
-        let mut cumulative = 0;
-        for (bound, count) in LATENCY_BUCKETS_MICROS.iter().zip(&stats.buckets) {
-            cumulative += count;
-            let le = seconds(*bound);
-            let _ = writeln!(out, "{hist}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
-        }
-        cumulative += stats.buckets[LATENCY_BUCKETS_MICROS.len()];
-        debug_assert_eq!(cumulative, stats.count, "MET-2");
-        let _ = writeln!(out, "{hist}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
-        let _ = writeln!(out, "{hist}_sum{{{labels}}} {}", seconds(stats.sum_micros));
-        let _ = writeln!(out, "{hist}_count{{{labels}}} {}", stats.count);
+    one_gauge(
+        families,
+        "etcd_server_is_leader",
+        "Whether or not this member is a leader. 1 if is, 0 otherwise.",
+        1.0,
+    );
+    one_gauge(
+        families,
+        "etcd_server_is_learner",
+        "Whether or not this member is a learner. 1 if is, 0 otherwise.",
+        0.0,
+    );
+    families.push(family(
+        "etcd_server_leader_changes_seen_total",
+        "The number of leader changes seen.",
+        MetricType::COUNTER,
+        vec![counter(&[], 1.0)],
+    ));
+    let id = format!("{:x}", server.member_id);
+    families.push(family(
+        "etcd_server_id",
+        "Server or member ID in hexadecimal format. 1 for 'server_id' label with current ID.",
+        MetricType::GAUGE,
+        vec![gauge(&[("server_id", &id)], 1.0)],
+    ));
+    families.push(family(
+        "etcd_server_version",
+        "Which version is running. 1 for 'server_version' label with current version.",
+        MetricType::GAUGE,
+        vec![gauge(&[("server_version", server.server_version)], 1.0)],
+    ));
+    families.push(family(
+        "etcd_cluster_version",
+        "Which version is running. 1 for 'cluster_version' label with current cluster version",
+        MetricType::GAUGE,
+        vec![gauge(&[("cluster_version", server.cluster_version)], 1.0)],
+    ));
+    one_gauge(
+        families,
+        "etcd_server_quota_backend_bytes",
+        "Current backend storage quota size in bytes.",
+        value(server.quota_bytes),
+    );
+}
+
+/// The series read from the engine at scrape time (MET-3).
+fn etcd_engine(families: &mut Vec<MetricFamily>, engine: &EngineGauges, streams: &StreamGauges) {
+    let status = &engine.status;
+    let raft_index = value(status.applied_index.saturating_add(RAFT_BOOTSTRAP_ENTRIES));
+    let gauges: [(&str, &str, f64); 10] = [
+        (
+            "etcd_mvcc_db_total_size_in_bytes",
+            "Total size of the underlying database physically allocated in bytes.",
+            value(status.db_size),
+        ),
+        (
+            "etcd_mvcc_db_total_size_in_use_in_bytes",
+            "Total size of the underlying database logically in use in bytes.",
+            value(status.db_size_in_use),
+        ),
+        (
+            "etcd_debugging_mvcc_db_total_size_in_bytes",
+            "Total size of the underlying database physically allocated in bytes.",
+            value(status.db_size),
+        ),
+        (
+            "etcd_debugging_mvcc_current_revision",
+            "The current revision of store.",
+            value(status.header.revision),
+        ),
+        (
+            "etcd_debugging_mvcc_compact_revision",
+            "The revision of the last compaction in store.",
+            value(status.compact_revision.max(0)),
+        ),
+        (
+            "etcd_debugging_mvcc_watcher_total",
+            "Total number of watchers.",
+            value(engine.watchers),
+        ),
+        (
+            "etcd_debugging_mvcc_watch_stream_total",
+            "Total number of watch streams.",
+            value(streams.watch),
+        ),
+        (
+            "etcd_server_proposals_committed_total",
+            "The total number of consensus proposals committed.",
+            raft_index,
+        ),
+        (
+            "etcd_server_proposals_applied_total",
+            "The total number of consensus proposals applied.",
+            raft_index,
+        ),
+        (
+            "etcd_server_proposals_pending",
+            "The current number of pending proposals to commit.",
+            value(engine.apply.queue_depth),
+        ),
+    ];
+    for (name, help, v) in gauges {
+        one_gauge(families, name, help, v);
+    }
+    let bounds = kvd::disk_bucket_bounds_seconds();
+    for (name, help, timings) in [
+        (
+            "etcd_disk_wal_fsync_duration_seconds",
+            "The latency distributions of fsync called by WAL.",
+            &engine.disk.wal_fsync,
+        ),
+        (
+            "etcd_disk_backend_commit_duration_seconds",
+            "The latency distributions of commit called by backend.",
+            &engine.disk.backend_commit,
+        ),
+    ] {
+        families.push(family(
+            name,
+            help,
+            MetricType::HISTOGRAM,
+            vec![histogram(
+                &[],
+                &bounds,
+                &timings.buckets,
+                seconds(timings.sum_micros),
+            )],
+        ));
     }
 }
 
-/// Returns `grpc_service="…",grpc_method="…"` for a path `/service/method`.
-fn method_labels(path: &str) -> String {
+/// go-grpc-prometheus's server families, labels sorted by name as its output is (MET-1).
+fn grpc_server(families: &mut Vec<MetricFamily>, methods: &BTreeMap<String, MethodStats>) {
+    let mut started = Vec::new();
+    let mut handled = Vec::new();
+    for (service, method, kind) in ETCD_METHODS {
+        let stats = methods.get(&format!("/{service}/{method}"));
+        started.push(counter(
+            &[
+                ("grpc_method", method),
+                ("grpc_service", service),
+                ("grpc_type", kind),
+            ],
+            value(stats.map_or(0, |s| s.started)),
+        ));
+        for (code, count) in stats.iter().flat_map(|s| &s.codes) {
+            handled.push(counter(
+                &[
+                    ("grpc_code", go_code_name(Code::from(*code))),
+                    ("grpc_method", method),
+                    ("grpc_service", service),
+                    ("grpc_type", kind),
+                ],
+                value(*count),
+            ));
+        }
+    }
+    families.push(family(
+        "grpc_server_started_total",
+        "Total number of RPCs started on the server.",
+        MetricType::COUNTER,
+        started,
+    ));
+    families.push(family(
+        "grpc_server_handled_total",
+        "Total number of RPCs completed on the server, regardless of success or failure.",
+        MetricType::COUNTER,
+        handled,
+    ));
+}
+
+/// Returns (service, method) of a path `/service/method`.
+fn split_method(path: &str) -> (&str, &str) {
     let trimmed = path.strip_prefix('/').unwrap_or(path);
-    let (service, method) = trimmed.split_once('/').unwrap_or((trimmed, ""));
-    format!(
-        "grpc_service=\"{}\",grpc_method=\"{}\"",
-        escape(service),
-        escape(method)
-    )
+    trimmed.split_once('/').unwrap_or((trimmed, ""))
 }
 
-/// Escapes a label value as the text format requires.
-fn escape(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// Returns the name gRPC and go-grpc-prometheus use for a status code.
+/// Returns the name kvd's own series use for a status code (tonic's names).
 fn code_name(code: i32) -> String {
     match Code::from(code) {
         Code::Ok => "OK".to_owned(),
@@ -561,15 +932,33 @@ fn code_name(code: i32) -> String {
     }
 }
 
-/// Returns `micros` as seconds with up to six decimals, trailing zeros dropped.
-fn seconds(micros: u64) -> String {
-    let whole = micros / 1_000_000;
-    let fraction = micros % 1_000_000;
-    if fraction == 0 {
-        return whole.to_string();
+/// Returns the name gRPC-go gives a status code, as `grpc_code` of go-grpc-prometheus (no
+/// `_` arm: every code is named).
+fn go_code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
     }
-    let digits = format!("{fraction:06}");
-    format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
+/// Returns `micros` in seconds.
+fn seconds(micros: u64) -> f64 {
+    micros as f64 / 1e6
 }
 
 #[cfg(test)]
@@ -585,7 +974,7 @@ mod tests {
             Code::OutOfRange,
             Duration::from_millis(30),
         );
-        let text = metrics.render(None, &StreamGauges::default());
+        let text = metrics.render(None, &StreamGauges::default(), &ServerGauges::default());
         assert!(text.contains("kvd_engine_up 0"));
         assert!(text.contains("kvd_grpc_streams_open{stream=\"watch\"} 0"));
         assert!(text.contains(
@@ -610,7 +999,7 @@ mod tests {
         }
         let methods = lock(&metrics.methods);
         assert_eq!(methods.len(), METHOD_SERIES_MAX + 1);
-        assert_eq!(methods.get("/other/other").map(|s| s.count), Some(10));
+        assert_eq!(methods.get(OTHER_METHOD).map(|s| s.count), Some(10));
     }
 
     #[test]
@@ -651,13 +1040,14 @@ mod tests {
                 },
             ]),
             consumption_drift_rows: Some(0),
+            disk: kvd::DiskTimingsSnapshot::default(),
         };
         let streams = StreamGauges {
             watch: 1,
             keep_alive: 4,
             ..StreamGauges::default()
         };
-        let text = Metrics::new().render(Some(&engine), &streams);
+        let text = Metrics::new().render(Some(&engine), &streams, &ServerGauges::default());
         for line in [
             "kvd_engine_up 1",
             "kvd_watchers 3",
@@ -714,8 +1104,9 @@ mod tests {
             quota: None,
             resources: [("kv_keys".to_owned(), counters)].into(),
         };
-        let mut out = String::new();
-        render_quota(&mut out, &[star, dev]);
+        let mut families = Vec::new();
+        kvd_quota(&mut families, &[star, dev]);
+        let out = encode(&families);
         let series: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
         assert_eq!(
             series,
@@ -732,9 +1123,49 @@ mod tests {
     }
 
     #[test]
+    fn grpc_server_series_start_at_zero_for_every_etcd_method() {
+        let metrics = Metrics::new();
+        metrics.start("/etcdserverpb.KV/Range");
+        metrics.record(
+            "/etcdserverpb.KV/Range",
+            Code::Cancelled,
+            Duration::from_millis(1),
+        );
+        let server = ServerGauges {
+            member_id: 255,
+            server_version: "3.6.0",
+            cluster_version: "3.6",
+            quota_bytes: 10,
+        };
+        let text = metrics.render(None, &StreamGauges::default(), &server);
+        for line in [
+            "grpc_server_started_total{grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 1",
+            "grpc_server_started_total{grpc_method=\"Watch\",grpc_service=\"etcdserverpb.Watch\",grpc_type=\"bidi_stream\"} 0",
+            "grpc_server_handled_total{grpc_code=\"Canceled\",grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 1",
+            "etcd_server_id{server_id=\"ff\"} 1",
+            "etcd_server_quota_backend_bytes 10",
+            "etcd_server_has_leader 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+        let started = text
+            .lines()
+            .filter(|l| l.starts_with("grpc_server_started_total{"))
+            .count();
+        assert_eq!(started, ETCD_METHODS.len());
+    }
+
+    #[test]
+    fn quota_units_are_exact() {
+        assert_eq!(units(1500), 1.5);
+        assert_eq!(units(-1), -0.001);
+        assert_eq!(units(1_000_000_000), 1e6);
+    }
+
+    #[test]
     fn seconds_are_exact() {
-        assert_eq!(seconds(5_000), "0.005");
-        assert_eq!(seconds(2_500_000), "2.5");
-        assert_eq!(seconds(10_000_000), "10");
+        assert_eq!(seconds(5_000).to_string(), "0.005");
+        assert_eq!(seconds(2_500_000).to_string(), "2.5");
+        assert_eq!(seconds(10_000_000).to_string(), "10");
     }
 }

@@ -105,9 +105,6 @@ pub const AUTH_NOT_SUPPORTED: &str = "kvd: authentication is not supported";
 /// etcd's answer to Authenticate while auth is disabled; etcd's Go client carries on
 /// without a token when it sees exactly this (`docs/design/wire-protocol.md`).
 pub const AUTH_NOT_ENABLED: &str = "etcdserver: authentication is not enabled";
-/// The message of Maintenance.Hash.
-pub const HASH_NOT_IMPLEMENTED: &str = "kvd: Hash is not implemented: it hashes etcd's bbolt \
-     file, which kvd does not have; use HashKV (etcdctl endpoint hashkv)";
 /// The message of Maintenance.MoveLeader.
 pub const MOVE_LEADER_NOT_SUPPORTED: &str =
     "kvd: move-leader is not supported: kvd is a single-member server and always the leader";

@@ -1473,6 +1473,11 @@ impl Engine {
         })
     }
 
+    /// Returns the disk histograms (log fsync, database commit) since open, for monitoring.
+    pub fn disk_timings(&self) -> Result<crate::storage::timings::DiskTimingsSnapshot> {
+        Ok(self.shared()?.reads.store.log().timings.snapshot())
+    }
+
     /// Stops the apply thread after the queued writes and closes the database, returning
     /// any error the database reports on the way.
     pub fn close(mut self) -> Result<()> {

@@ -271,9 +271,15 @@ fn check_capacity(
     if capacity.contains(&total) {
         Ok(())
     } else {
+        // A resource without a real bound (`Scalar::MAX`, such as `kv_keys`) is left out of
+        // the message: printing it would show a made-up number, and it cannot be exceeded.
+        let mut bounded = ResourceQuantities::new();
+        for (name, value) in capacity.iter().filter(|(_, v)| *v != Scalar::MAX) {
+            bounded.add_resource(name, value);
+        }
         Err(messages::guarantees_exceed_capacity(
             &total.to_string(),
-            &capacity.to_string(),
+            &bounded.to_string(),
         ))
     }
 }
@@ -297,6 +303,23 @@ mod tests {
         assert_eq!(
             roles,
             ["*", "a/b/c/d", "a/b/c", "a/b", "a/c", "a", "a-b", "b"]
+        );
+    }
+
+    #[test]
+    fn unbounded_resources_are_left_out_of_the_capacity_message() {
+        let mut guarantees = ResourceQuantities::new();
+        guarantees.add_resource("cpus", Scalar::from_units(2));
+        let tree = BTreeMap::from([("a", guarantees)]);
+        let mut capacity = ResourceQuantities::new();
+        capacity.add_resource("cpus", Scalar::from_units(1));
+        capacity.add_resource("kv_keys", Scalar::MAX);
+        let message = check_capacity(&tree, &capacity).unwrap_err();
+        assert!(
+            message.ends_with(
+                "exceed cluster capacity 'cpus:1' (use 'force' flag to bypass this check)"
+            ),
+            "{message}"
         );
     }
 

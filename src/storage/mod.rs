@@ -41,6 +41,7 @@ use redb::{
 pub mod defrag;
 pub mod dump;
 pub mod faults;
+pub mod timings;
 pub mod wal;
 
 use crate::error::StorageError;
@@ -400,7 +401,9 @@ impl Store {
                 txn.set_durability(Durability::None)
                     .map_err(|e| StorageError::Io(e.to_string()))?;
             }
+            let started = std::time::Instant::now();
             txn.commit().map_err(storage_error)?;
+            self.log.timings.backend_commit.observe(started.elapsed());
             let record =
                 (!checkpoint).then(|| ops.frame(state.epoch, seq, state.position.next_offset));
             state.position = LogPosition {

@@ -228,6 +228,8 @@ pub struct LogWriter {
     file: File,
     sync: bool,
     faults: Option<Arc<Faults>>,
+    /// The store's disk histograms (TIME-1); the fsync is timed here.
+    pub timings: super::timings::DiskTimings,
 }
 
 impl LogWriter {
@@ -250,9 +252,11 @@ impl LogWriter {
         }
         if self.sync && !records.is_empty() {
             self.allow()?;
+            let started = std::time::Instant::now();
             self.file
                 .sync_data()
                 .map_err(|e| StorageError::Io(format!("fdatasync {WAL_FILE_NAME}: {e}")))?;
+            self.timings.wal_fsync.observe(started.elapsed());
         }
         Ok(())
     }
@@ -285,7 +289,12 @@ pub fn open(
         fill_with_zeros(&file, length, file_bytes).map_err(|e| io_error("fill", &path, &e))?;
         super::defrag::sync_dir(dir)?;
     }
-    let writer = LogWriter { file, sync, faults };
+    let writer = LogWriter {
+        file,
+        sync,
+        faults,
+        timings: super::timings::DiskTimings::default(),
+    };
     Ok((writer, existing))
 }
 

@@ -295,6 +295,16 @@ pub fn show_amounts(amounts: &Amounts) -> String {
         .join("; ")
 }
 
+/// `amounts` without the resources that have no real bound (`AMOUNT_MAX`), which
+/// capacity messages leave out.
+fn without_unbounded(amounts: &Amounts) -> Amounts {
+    amounts
+        .iter()
+        .filter(|(_, v)| **v != AMOUNT_MAX)
+        .map(|(name, v)| (name.clone(), *v))
+        .collect()
+}
+
 /// `{ cpus: 2, mem: 0 }`: a request map as protobuf prints it, values rounded, zeros kept.
 fn show_request_map(map: &BTreeMap<String, f64>) -> String {
     let entries: Vec<String> = map
@@ -788,7 +798,7 @@ impl Accounts {
                     "total quota guarantees '{}' exceed cluster capacity '{}' (use 'force' flag \
                      to bypass this check)",
                     show_amounts(&total),
-                    show_amounts(&capacity)
+                    show_amounts(&without_unbounded(&capacity))
                 )));
             }
         }

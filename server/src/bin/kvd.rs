@@ -224,6 +224,16 @@ mod cli {
         #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_go_duration)]
         snapshot_stall_timeout: Duration,
 
+        /// Comma-separated origins allowed by CORS on the HTTP answers (the JSON gateway,
+        /// /health, /version, /metrics); '*' (etcd's default) allows every origin.
+        #[arg(
+            long,
+            value_name = "ORIGINS",
+            value_delimiter = ',',
+            default_value = kvd_server::CORS_DEFAULT
+        )]
+        cors: Vec<String>,
+
         /// Log level: debug, info, warn or error. Debug logs one line per gRPC request.
         #[arg(long, value_name = "LEVEL", default_value = "info")]
         log_level: tracing::Level,
@@ -516,6 +526,7 @@ mod cli {
                 keepalive_interval: flags.grpc_keepalive_interval,
                 keepalive_timeout: flags.grpc_keepalive_timeout,
             },
+            cors: flags.cors,
         };
         match kvd_server::run(config, print_urls) {
             Ok(()) => ExitCode::SUCCESS,

@@ -9,12 +9,18 @@
 //! - `client_crate`: the `etcd-client` crate (0.21) against kvd.
 //! - `etcdctl`: etcdctl 3.4 scenarios against kvd and against etcd 3.4.23, the transcripts
 //!   compared.
+//! - `gateway`: the JSON gateway (`/v3/...`) over plain HTTP, differential against etcd
+//!   3.4.23 (unary endpoints, errors, a watch and a keep-alive stream).
+//! - `metrics`: `/metrics` parsed by `prometheus-parse`: etcd's series with etcd 3.4.23's
+//!   names, types, labels and buckets, and values that follow the store.
 //! - `server_bench`: smoke test of the `kvd bench` load generator.
 //! - `server_full_disk`: a full disk on a tmpfs the test mounts (root): recovery without a
 //!   restart, the scaled filesystem reserve, the NOSPACE log line.
 //! - `server_hardening`: hostile clients (issue 16): protocol errors, many streams on one
 //!   connection, oversized header blocks, slow connections.
 //! - `server_lease_watch`: the Lease and Watch services over the wire.
+//! - `server_maintenance`: alarms, Hash, Status's raft indexes and the Txn key check,
+//!   against etcd 3.4.23 where it is the reference.
 //! - `server_nospace`: the NOSPACE story through etcdctl, and `snapshot save`.
 //! - `server_operations`: operation ids (exactly-once writes, a dropped response retried,
 //!   across a restart), agents that fail over and reconciliation, over gRPC and HTTP; the
@@ -36,10 +42,13 @@ mod common;
 
 mod client_crate;
 mod etcdctl;
+mod gateway;
+mod metrics;
 mod server_bench;
 mod server_full_disk;
 mod server_hardening;
 mod server_lease_watch;
+mod server_maintenance;
 mod server_nospace;
 mod server_operations;
 mod server_operator;

@@ -313,7 +313,7 @@ fn update_quota_refusals_carry_mesos_messages_and_change_nothing() {
         ),
         (
             guarantee(json!(17)),
-            "Invalid QuotaConfig: total quota guarantees 'cpus:17' exceed cluster capacity 'cpus:16; kv_bytes:2147483648; kv_keys:9.22337203685478e+15' (use 'force' flag to bypass this check)",
+            "Invalid QuotaConfig: total quota guarantees 'cpus:17' exceed cluster capacity 'cpus:16; kv_bytes:2147483648' (use 'force' flag to bypass this check)",
         ),
     ];
     for (configs, message) in &cases {

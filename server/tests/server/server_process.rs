@@ -171,7 +171,10 @@ fn http_routes_share_the_client_port() {
         (code, body.as_str()),
         (200, "{\"etcdserver\":\"3.6.0\",\"etcdcluster\":\"3.6.0\"}")
     );
+    // The JSON gateway answers POST only, as etcd's: a GET is 405; other paths are 404.
     let (code, _) = common::http_get(&server.endpoint, "/v3/kv/range").unwrap();
+    assert_eq!(code, 405);
+    let (code, _) = common::http_get(&server.endpoint, "/v2/keys").unwrap();
     assert_eq!(code, 404);
 
     for args in [
