@@ -21,6 +21,7 @@ mod accounting;
 mod alarm;
 mod api;
 mod clock;
+mod codec;
 mod engine;
 mod error;
 #[doc(hidden)]

@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 
 use super::{Agent, AgentState, Allocation, Reservation};
+use crate::codec::Reader;
 use crate::error::StorageError;
 use crate::quota::{QuotaConfig, ResourceLimits, ResourceQuantities, Scalar};
 
@@ -26,45 +27,22 @@ const AGENT_FORMAT_SINCE: u8 = 2;
 /// The state byte of a preparing allocation.
 const STATE_PREPARING: u8 = 1;
 
+/// What the error messages call these values.
+const ROW: &str = "accounting row";
+
 fn corrupted(what: &str) -> StorageError {
-    StorageError::Corrupted(format!("accounting row: {what}"))
+    StorageError::Corrupted(format!("{ROW}: {what}"))
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
+/// The accounting reads on top of the shared reader: name/amount pairs, quantities, the
+/// format byte.
+trait RowReader {
+    fn pairs(&mut self) -> Result<Vec<(String, i64)>, StorageError>;
+    fn quantities(&mut self) -> Result<ResourceQuantities, StorageError>;
+    fn format(&mut self) -> Result<(), StorageError>;
 }
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], StorageError> {
-        if self.bytes.len() < n {
-            return Err(corrupted("truncated"));
-        }
-        let (head, rest) = self.bytes.split_at(n);
-        self.bytes = rest;
-        Ok(head)
-    }
-
-    fn u8(&mut self) -> Result<u8, StorageError> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn u32(&mut self) -> Result<u32, StorageError> {
-        let mut b = [0u8; 4];
-        b.copy_from_slice(self.take(4)?);
-        Ok(u32::from_be_bytes(b))
-    }
-
-    fn i64(&mut self) -> Result<i64, StorageError> {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(self.take(8)?);
-        Ok(i64::from_be_bytes(b))
-    }
-
-    fn string(&mut self) -> Result<String, StorageError> {
-        let len = self.u32()? as usize;
-        String::from_utf8(self.take(len)?.to_vec()).map_err(|_| corrupted("string is not UTF-8"))
-    }
-
+impl RowReader for Reader<'_> {
     fn pairs(&mut self) -> Result<Vec<(String, i64)>, StorageError> {
         let count = self.u32()?;
         let mut out = Vec::new();
@@ -85,26 +63,17 @@ impl<'a> Reader<'a> {
         Ok(q)
     }
 
-    fn u64(&mut self) -> Result<u64, StorageError> {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(self.take(8)?);
-        Ok(u64::from_be_bytes(b))
-    }
-
     fn format(&mut self) -> Result<(), StorageError> {
         if self.u8()? != FORMAT {
             return Err(corrupted("unknown format"));
         }
         Ok(())
     }
+}
 
-    fn end(&self) -> Result<(), StorageError> {
-        if self.bytes.is_empty() {
-            Ok(())
-        } else {
-            Err(corrupted("trailing bytes"))
-        }
-    }
+/// Returns a reader of an accounting row.
+fn reader(value: &[u8]) -> Reader<'_> {
+    Reader::new(value, ROW)
 }
 
 fn put_string(out: &mut Vec<u8>, s: &str) {
@@ -136,7 +105,7 @@ pub fn encode_config(config: &QuotaConfig) -> Vec<u8> {
 /// Decodes a registry row.
 pub fn decode_config(key: &[u8], value: &[u8]) -> Result<QuotaConfig, StorageError> {
     let role = String::from_utf8(key.to_vec()).map_err(|_| corrupted("role is not UTF-8"))?;
-    let mut r = Reader { bytes: value };
+    let mut r = reader(value);
     r.format()?;
     let guarantees = r.quantities()?;
     let mut limits = ResourceLimits::default();
@@ -182,7 +151,7 @@ pub fn encode_agent(agent: &Agent) -> Vec<u8> {
 
 /// Decodes an agent.
 pub fn decode_agent(value: &[u8]) -> Result<Agent, StorageError> {
-    let mut r = Reader { bytes: value };
+    let mut r = reader(value);
     let format = r.u8()?;
     if format != FORMAT && format != AGENT_FORMAT_SINCE {
         return Err(corrupted("unknown format"));
@@ -219,7 +188,7 @@ pub fn encode_reservation(reservation: &Reservation) -> Vec<u8> {
 
 /// Decodes a reservation.
 pub fn decode_reservation(value: &[u8]) -> Result<Reservation, StorageError> {
-    let mut r = Reader { bytes: value };
+    let mut r = reader(value);
     r.format()?;
     let reservation = Reservation {
         role: r.string()?,
@@ -259,7 +228,7 @@ pub fn encode_allocation(allocation: &Allocation) -> Vec<u8> {
 
 /// Decodes an allocation of either format.
 pub fn decode_allocation(value: &[u8]) -> Result<Allocation, StorageError> {
-    let mut r = Reader { bytes: value };
+    let mut r = reader(value);
     let format = r.u8()?;
     if format != FORMAT && format != ALLOCATION_FORMAT_STATE {
         return Err(corrupted("unknown format"));
@@ -295,7 +264,7 @@ pub fn encode_setting(value: u64) -> Vec<u8> {
 
 /// Decodes a setting's value.
 pub fn decode_setting(value: &[u8]) -> Result<u64, StorageError> {
-    let mut r = Reader { bytes: value };
+    let mut r = reader(value);
     r.format()?;
     let setting = r.u64()?;
     r.end()?;

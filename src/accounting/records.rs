@@ -126,23 +126,22 @@ impl Accounts {
         if agent.state == AgentState::Gone {
             return Ok(());
         }
-        let allocations: Vec<String> = self
-            .allocations
-            .iter()
-            .filter(|(_, a)| a.agent == id)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for allocation in allocations {
-            self.remove(RecordKind::Allocation, &allocation, batch)?;
-        }
-        let reservations: Vec<String> = self
-            .reservations
-            .iter()
-            .filter(|(_, r)| r.agent == id)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for reservation in reservations {
-            self.remove(RecordKind::Reservation, &reservation, batch)?;
+        // Allocations first: they give back what they drew from the reservations.
+        let on_agent = |records: &mut dyn Iterator<Item = (&String, &str)>| -> Vec<String> {
+            records
+                .filter(|(_, agent)| *agent == id)
+                .map(|(record, _)| record.clone())
+                .collect()
+        };
+        let allocations = on_agent(&mut self.allocations.iter().map(|(k, a)| (k, &*a.agent)));
+        let reservations = on_agent(&mut self.reservations.iter().map(|(k, r)| (k, &*r.agent)));
+        for (kind, ids) in [
+            (RecordKind::Allocation, allocations),
+            (RecordKind::Reservation, reservations),
+        ] {
+            for record in ids {
+                self.remove(kind, &record, batch)?;
+            }
         }
         let agent = Agent {
             state: AgentState::Gone,

@@ -14,6 +14,7 @@ use crate::api::{
     CompactionResponse, DeleteRangeResponse, KeyValue, LeaseGrantResponse, LeaseRevokeResponse,
     PutResponse, RangeResponse, ResponseHeader, ResponseOp, TxnResponse,
 };
+use crate::codec::Reader;
 use crate::error::StorageError;
 
 const FORMAT: u8 = 1;
@@ -80,33 +81,26 @@ impl Encoder {
     }
 }
 
-/// Reads the bytes of a row.
+/// Reads the bytes of a row: the shared reader plus the response fields.
 #[derive(Debug)]
 pub struct Decoder<'a> {
-    bytes: &'a [u8],
+    reader: Reader<'a>,
 }
 
 impl<'a> Decoder<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], StorageError> {
-        if self.bytes.len() < n {
-            return Err(corrupted("truncated"));
+    fn new(bytes: &'a [u8]) -> Decoder<'a> {
+        Decoder {
+            reader: Reader::new(bytes, "operations row"),
         }
-        let (head, rest) = self.bytes.split_at(n);
-        self.bytes = rest;
-        Ok(head)
     }
     fn u8(&mut self) -> Result<u8, StorageError> {
-        Ok(self.take(1)?[0])
+        self.reader.u8()
     }
     fn u64(&mut self) -> Result<u64, StorageError> {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(self.take(8)?);
-        Ok(u64::from_be_bytes(b))
+        self.reader.u64()
     }
     fn i64(&mut self) -> Result<i64, StorageError> {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(self.take(8)?);
-        Ok(i64::from_be_bytes(b))
+        self.reader.i64()
     }
     fn bool(&mut self) -> Result<bool, StorageError> {
         match self.u8()? {
@@ -116,19 +110,10 @@ impl<'a> Decoder<'a> {
         }
     }
     fn count(&mut self) -> Result<usize, StorageError> {
-        let mut b = [0u8; 4];
-        b.copy_from_slice(self.take(4)?);
-        let n = u32::from_be_bytes(b) as usize;
-        // Every element takes at least one byte: a larger count is corrupt, and refusing it
-        // here keeps a bad count from reserving memory.
-        if n > self.bytes.len() {
-            return Err(corrupted("count beyond the row"));
-        }
-        Ok(n)
+        self.reader.count()
     }
     fn bytes(&mut self) -> Result<Bytes, StorageError> {
-        let n = self.count()?;
-        Ok(Bytes::copy_from_slice(self.take(n)?))
+        Ok(Bytes::copy_from_slice(self.reader.bytes()?))
     }
     fn header(&mut self) -> Result<ResponseHeader, StorageError> {
         Ok(ResponseHeader {
@@ -150,11 +135,7 @@ impl<'a> Decoder<'a> {
         (0..n).map(|_| self.kv()).collect()
     }
     fn end(&self) -> Result<(), StorageError> {
-        if self.bytes.is_empty() {
-            Ok(())
-        } else {
-            Err(corrupted("trailing bytes"))
-        }
+        self.reader.end()
     }
 }
 
@@ -381,7 +362,7 @@ pub fn encode_row<R: Recordable>(head: &RowHead, response: &R) -> Vec<u8> {
 
 /// Decodes a row's fixed part, returning it and a decoder over the response.
 pub fn decode_head(row: &[u8]) -> Result<(RowHead, Decoder<'_>), StorageError> {
-    let mut input = Decoder { bytes: row };
+    let mut input = Decoder::new(row);
     if input.u8()? != FORMAT {
         return Err(corrupted("unknown format"));
     }
@@ -389,7 +370,7 @@ pub fn decode_head(row: &[u8]) -> Result<(RowHead, Decoder<'_>), StorageError> {
     let at_nanos = input.u64()?;
     let revision = input.i64()?;
     let mut digest = [0u8; 12];
-    digest.copy_from_slice(input.take(12)?);
+    digest.copy_from_slice(input.reader.take(12)?);
     let kind = input.u8()?;
     let head = RowHead {
         seq,
