@@ -750,3 +750,50 @@ fn clean_close_leaves_a_database_that_needs_no_log() {
     assert_eq!(engine.range(&RangeRequest::prefix("k")).unwrap().count, 50);
     assert_eq!(engine.status().unwrap().header.revision, 51);
 }
+
+#[test]
+fn a_panic_in_the_apply_thread_refuses_writes_and_close_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let failpoint = kvd::CommitFailpoint {
+        step: kvd::CommitStep::ApplyPanic,
+        nth: 2,
+    };
+    let engine = Engine::open(
+        dir.path(),
+        Config {
+            commit_failpoint: Some(failpoint),
+            ..config()
+        },
+    )
+    .unwrap();
+    assert_eq!(put(&engine, "a", "1"), 2);
+    // The second batch panics after its redb commit, before it is answered (ENG-6).
+    let err = engine.put(PutRequest::new("b", "2")).unwrap_err();
+    assert!(
+        matches!(err, Error::Closed | Error::Storage(_)),
+        "unanswered, not acknowledged: {err:?}"
+    );
+    let later = engine.put(PutRequest::new("c", "3")).unwrap_err();
+    assert!(
+        matches!(later, Error::Closed | Error::Storage(_)),
+        "{later:?}"
+    );
+    // Reads still serve the last published state.
+    assert!(get(&engine, "a", 0).unwrap().is_some());
+    // Close returns (it waited forever for the commit thread before).
+    let _ = engine.close();
+    let engine = open(&dir);
+    assert!(
+        get(&engine, "a", 0).unwrap().is_some(),
+        "the acknowledged write is there"
+    );
+    assert!(
+        get(&engine, "c", 0).unwrap().is_none(),
+        "a refused write is not"
+    );
+    let revision = engine.status().unwrap().header.revision;
+    assert!(
+        (2..=3).contains(&revision),
+        "the unanswered write may or may not be: {revision}"
+    );
+}

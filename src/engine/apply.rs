@@ -458,6 +458,10 @@ impl Applier {
                     None => CommitStep::AfterCheckpoint,
                 };
                 self.failpoint.reach(shared.config.commit_failpoint, step);
+                if record.is_some() {
+                    let failpoint = shared.config.commit_failpoint;
+                    self.failpoint.reach(failpoint, CommitStep::ApplyPanic);
+                }
                 let answers = self.settle_outcomes(outcomes);
                 let batch = AppliedBatch {
                     record,

@@ -45,6 +45,9 @@ pub enum CommitStep {
     AfterLogWrite,
     /// The `fdatasync` returned, before publishing and answering.
     AfterLogSync,
+    /// The apply thread panics after applying a logged batch, instead of the process
+    /// aborting (tests of what a bug in apply leaves: ENG-6).
+    ApplyPanic,
 }
 
 /// Makes the process abort the `nth` time (from 1) it reaches `step` (crash tests only).
@@ -70,6 +73,10 @@ impl FailpointCounter {
         };
         self.passed += 1;
         if self.passed == failpoint.nth {
+            if step == CommitStep::ApplyPanic {
+                // What a bug in apply does: the thread unwinds.
+                std::panic::resume_unwind(Box::new("kvd test failpoint: apply panicked"));
+            }
             // No destructor, no flush: what a crash at this step leaves on disk.
             std::process::abort();
         }

@@ -25,6 +25,9 @@
 //!   revision is at least the compaction revision it then checks against (APPLY-2 publishes
 //!   a revision before any compaction at it): a read at the current revision never fails as
 //!   compacted.
+//! - ENG-6: a panic of the apply thread (a bug) poisons the store and refuses every queued
+//!   and later write; the commit thread finishes what it was handed, so close and drop
+//!   return.
 //!
 //! Contact points: the public API of the crate.
 
@@ -555,7 +558,18 @@ impl Engine {
         );
         let apply_thread = std::thread::Builder::new()
             .name("kvd-apply".into())
-            .spawn(move || applier.run())
+            .spawn({
+                let (shared, proposals, commits) =
+                    (shared.clone(), proposals.clone(), commits.clone());
+                move || {
+                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        applier.run();
+                    }));
+                    if run.is_err() {
+                        apply_thread_died(&shared, &proposals, &commits);
+                    }
+                }
+            })
             .map_err(|e| StorageError::Io(format!("spawn apply thread: {e}")))?;
         let commit_thread = std::thread::Builder::new()
             .name("kvd-commit".into())
@@ -1599,6 +1613,23 @@ fn configure_prepare_queue(
         store.write(|batch| accounts.set_prepare_queue_length(length, batch))?;
     }
     Ok(Some(AllocationPrepareQueueReplaced { previous, length }))
+}
+
+/// What the engine does when the apply thread panicked (a bug; the panic is on stderr):
+/// the store is poisoned; every queued write is refused, later ones too (the mailbox is
+/// closed, so they get `Closed`); the commit thread finishes what it was handed and
+/// stops, so close and drop do not wait for it forever (ENG-6).
+fn apply_thread_died(shared: &Shared, proposals: &Mailbox<Queued>, commits: &Mailbox<Handover>) {
+    shared
+        .reads
+        .store
+        .poison("the apply thread panicked (see the log); reopen the data directory");
+    proposals.close();
+    let refusal = || Error::Storage(StorageError::Poisoned("the apply thread panicked".into()));
+    for queued in proposals.take(usize::MAX, Some(Duration::ZERO)).items {
+        queued.proposal.refuse(refusal());
+    }
+    commits.close();
 }
 
 /// Runs `submit` with a completion that hands the answer to this thread, and waits for it:
