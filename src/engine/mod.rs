@@ -1648,7 +1648,8 @@ impl Running {
     /// thread to finish what it was handed.
     fn stop(self) -> Arc<Shared> {
         self.shared.stopping.store(true, Ordering::Release);
-        // The watch thread wakes at least every WATCH_SYNC_INTERVAL and then sees the flag.
+        // Woken now, the watch thread sees the flag at once (else within WATCH_SYNC_INTERVAL).
+        self.shared.reads.hub.wake_sync_thread();
         let _ = self.watch_thread.join();
         self.proposals.close();
         // A panic in either thread has already been reported on stderr; the store is

@@ -482,6 +482,12 @@ impl Hub {
         sync::lock(&self.state).watchers.len()
     }
 
+    /// Wakes the sync thread's wait now (the engine is stopping: it then sees the flag at
+    /// once instead of after its interval).
+    pub fn wake_sync_thread(&self) {
+        let _ = self.wake.try_send(());
+    }
+
     /// Waits until a watcher falls behind or `timeout` passes.
     pub fn wait_for_work(&self, timeout: Duration) -> bool {
         match self.wakeups.recv_timeout(timeout) {
