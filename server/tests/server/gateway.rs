@@ -739,3 +739,36 @@ fn scrape_line(endpoint: &str, series: &str) -> Option<String> {
         .find_map(|l| l.strip_prefix(&format!("{series} ")))
         .map(str::to_owned)
 }
+
+#[test]
+fn a_stream_error_is_a_last_error_line() {
+    let mut kvd = common::start_kvd(&[]);
+    let mut watch = OpenStream::open(
+        &kvd.endpoint,
+        "/v3/watch",
+        r#"{"create_request":{"key":"dw=="}}"#,
+    );
+    assert_eq!(watch.read_until(|lines| !lines.is_empty()).len(), 1);
+    // Shutdown ends the Watch stream with Unavailable (SRV-3), which the gateway sends as
+    // grpc-gateway's stream error object.
+    let exit = std::thread::spawn(move || kvd.signal_and_wait("-TERM"));
+    let lines = watch.read_until(|lines| !lines.is_empty());
+    assert_eq!(exit.join().unwrap(), Some(0));
+    let error = &lines[0]["error"];
+    assert_eq!(
+        (
+            &error["grpc_code"],
+            &error["http_code"],
+            &error["http_status"]
+        ),
+        (&json!(14), &json!(503), &json!("Service Unavailable")),
+        "{lines:?}"
+    );
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("etcdserver: "),
+        "{lines:?}"
+    );
+}
