@@ -395,6 +395,13 @@ async fn serve_accepted(
     let timeout = connections.limits.header_timeout;
     match tokio::time::timeout(timeout, tls.handshake(stream)).await {
         Ok(Ok((stream, certificate))) => {
+            if let Some(certificate) = &certificate {
+                tracing::debug!(
+                    peer = ?peer,
+                    common_name = certificate.common_name.as_deref().unwrap_or(""),
+                    "TLS client certificate verified"
+                );
+            }
             serve_connection(stream, certificate, router, connections, slot, stopped).await;
         }
         // A client refused at the handshake (no or a foreign certificate, plain text on

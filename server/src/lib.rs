@@ -221,10 +221,11 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
     }
     let mut config = config;
     config.connections = connection_limits(config.connections)?;
+    // Before the engine opens, so a bad TLS flag leaves no database behind (TLS-1);
+    // --auto-tls only adds its certificate files under the data directory.
+    let tls = tls::configure(&config.tls, &config.listen_client_urls, &config.data_dir)?;
     let engine =
         Engine::open(&config.data_dir, engine_config.clone()).map_err(ServerError::Engine)?;
-    // After the engine took the directory's lock: --auto-tls writes its certificate there.
-    let tls = tls::configure(&config.tls, &config.listen_client_urls, &config.data_dir)?;
     log_prepare_queue(&engine);
     // SRV-4: the engine holds the directory's lock from here on.
     let identity = identity::load_or_create(&config.data_dir).map_err(ServerError::Identity)?;
