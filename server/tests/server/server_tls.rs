@@ -334,7 +334,8 @@ fn mask(text: &str, server: &TlsServer) -> String {
                 [_, status, name, _, clients, learner] if status.starts_with("started") => {
                     format!("<ID>, {status}, {name}, <PEER>, {clients}, {learner}")
                 }
-                _ => match line.split_once(" is healthy: successfully committed proposal: took = ") {
+                _ => match line.split_once(" is healthy: successfully committed proposal: took = ")
+                {
                     Some((ep, _)) => format!("{ep} is healthy: took <D>"),
                     None => line.to_owned(),
                 },
@@ -437,7 +438,10 @@ fn etcdctl_over_tls_matches_etcd() {
     let kvd_transcript = tls_scenario(&kvd, &pki);
     let etcd = start_etcd_tls(&pki.server_flags());
     let etcd_transcript = tls_scenario(&etcd, &pki);
-    assert_eq!(etcd_transcript, TLS_SCENARIO_EXPECTED, "etcd 3.4.23 changed");
+    assert_eq!(
+        etcd_transcript, TLS_SCENARIO_EXPECTED,
+        "etcd 3.4.23 changed"
+    );
     assert_eq!(
         kvd_transcript,
         etcd_transcript,
@@ -486,22 +490,29 @@ $ plain text on the TLS port: get k\nexit 1\n\nError: context deadline exceeded\
 #[test]
 fn client_certificates_are_required_as_etcd_requires_them() {
     let pki = Pki::new();
-    let debug = [pki.client_auth_flags(), vec!["--log-level=debug".to_owned()]].concat();
+    let debug = [
+        pki.client_auth_flags(),
+        vec!["--log-level=debug".to_owned()],
+    ]
+    .concat();
     let kvd = start_kvd_tls(&debug);
     let kvd_transcript = client_cert_scenario(&kvd, &pki);
-    // The accept loop read the verified certificate's common name (TLS-4): the name the
-    // request extension carries.
+    // The accept loop read the verified certificate's common name (TLS-4), the name the
+    // request extension carries: alice's connections (put, get) and no other.
+    let log = kvd.log();
+    let verified: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("TLS client certificate verified"))
+        .collect();
     assert!(
-        kvd.log()
-            .lines()
-            .any(|l| l.contains("TLS client certificate verified") && l.contains("common_name=\"alice\"")
-                || l.contains("TLS client certificate verified") && l.contains("common_name=alice")),
-        "no verified certificate of alice in the log:\n{}",
-        kvd.log()
+        !verified.is_empty(),
+        "no verified certificate in the log:\n{log}"
     );
     assert!(
-        !kvd.log().contains("common_name=mallory") && !kvd.log().contains("common_name=\"mallory\""),
-        "the foreign certificate was verified"
+        verified
+            .iter()
+            .all(|line| line.contains("common_name=\"alice\"")),
+        "{verified:#?}"
     );
     let etcd = start_etcd_tls(&pki.client_auth_flags());
     let etcd_transcript = client_cert_scenario(&etcd, &pki);
@@ -593,31 +604,46 @@ fn bad_tls_configurations_are_refused_at_start_naming_flag_and_file() {
             ],
         ),
         (
-            vec![flag("cert-file", "missing.crt"), flag("key-file", "server.key")],
+            vec![
+                flag("cert-file", "missing.crt"),
+                flag("key-file", "server.key"),
+            ],
             vec![
                 format!("--cert-file {missing}"),
                 "No such file or directory".into(),
             ],
         ),
         (
-            vec![flag("cert-file", "garbage.pem"), flag("key-file", "server.key")],
+            vec![
+                flag("cert-file", "garbage.pem"),
+                flag("key-file", "server.key"),
+            ],
             vec![
                 format!("--cert-file {}", pki.path("garbage.pem")),
                 "no PEM certificate".into(),
             ],
         ),
         (
-            vec![flag("cert-file", "server.crt"), flag("key-file", "garbage.pem")],
+            vec![
+                flag("cert-file", "server.crt"),
+                flag("key-file", "garbage.pem"),
+            ],
             vec![
                 format!("--key-file {}", pki.path("garbage.pem")),
                 "no PEM private key".into(),
             ],
         ),
         (
-            vec![flag("cert-file", "server.crt"), flag("key-file", "other.key")],
+            vec![
+                flag("cert-file", "server.crt"),
+                flag("key-file", "other.key"),
+            ],
             vec![
                 format!("--key-file {}", pki.path("other.key")),
-                format!("does not match the certificate of --cert-file {}", pki.path("server.crt")),
+                format!(
+                    "does not match the certificate of --cert-file {}",
+                    pki.path("server.crt")
+                ),
             ],
         ),
         (
@@ -629,14 +655,22 @@ fn bad_tls_configurations_are_refused_at_start_naming_flag_and_file() {
             vec!["--client-cert-auth needs --trusted-ca-file".into()],
         ),
         (
-            [pki.server_flags(), vec![flag("trusted-ca-file", "missing.crt")]].concat(),
+            [
+                pki.server_flags(),
+                vec![flag("trusted-ca-file", "missing.crt")],
+            ]
+            .concat(),
             vec![
                 format!("--trusted-ca-file {missing}"),
                 "No such file or directory".into(),
             ],
         ),
         (
-            [pki.server_flags(), vec![flag("trusted-ca-file", "garbage.pem")]].concat(),
+            [
+                pki.server_flags(),
+                vec![flag("trusted-ca-file", "garbage.pem")],
+            ]
+            .concat(),
             vec![format!("--trusted-ca-file {}", pki.path("garbage.pem"))],
         ),
     ];
@@ -645,7 +679,10 @@ fn bad_tls_configurations_are_refused_at_start_naming_flag_and_file() {
         // BIN-2: the exit code of every other start error.
         assert_eq!(code, Some(1), "{flags:?}: {stderr}");
         for text in &expected {
-            assert!(stderr.contains(text.as_str()), "{flags:?}: want {text:?} in:\n{stderr}");
+            assert!(
+                stderr.contains(text.as_str()),
+                "{flags:?}: want {text:?} in:\n{stderr}"
+            );
         }
     }
 }
@@ -694,5 +731,8 @@ fn health_over_tls_answers_curl_on_http1_and_http2() {
     assert_ne!(code, 0, "{out}");
     // The plain listener of the same server answers too.
     let (code, out) = curl(&[], &format!("{}/health", server.plain));
-    assert_eq!((code, out.as_str()), (0, format!("{healthy}\n1.1").as_str()));
+    assert_eq!(
+        (code, out.as_str()),
+        (0, format!("{healthy}\n1.1").as_str())
+    );
 }
