@@ -155,38 +155,12 @@ pub fn configure(
         }
         return Ok(None);
     };
-    let (chain, key, cert_flag, key_flag) = match (&flags.cert_file, &flags.key_file) {
-        (Some(cert), Some(key)) => {
-            if flags.auto_tls {
-                tracing::warn!("--cert-file is given: --auto-tls is ignored");
-            }
-            let chain = read_certificates("--cert-file", cert)?;
-            let key_der = read_key("--key-file", key)?;
-            (
-                chain,
-                key_der,
-                ("--cert-file", cert.clone()),
-                ("--key-file", key.clone()),
-            )
-        }
-        _ if flags.auto_tls => {
-            let (cert, key) = auto_tls_files(&https, data_dir)?;
-            let chain = read_certificates("--auto-tls certificate", &cert)?;
-            let key_der = read_key("--auto-tls key", &key)?;
-            (
-                chain,
-                key_der,
-                ("--auto-tls certificate", cert),
-                ("--auto-tls key", key),
-            )
-        }
-        _ => {
-            return Err(ServerError::Config(format!(
-                "TLS key/cert (--cert-file, --key-file) must be provided for client url \
-                 {first_https} with HTTPS scheme (or give --auto-tls for a self-signed one)"
-            )));
-        }
-    };
+    let identity = server_identity(flags, &https, data_dir)?.ok_or_else(|| {
+        ServerError::Config(format!(
+            "TLS key/cert (--cert-file, --key-file) must be provided for client url \
+             {first_https} with HTTPS scheme (or give --auto-tls for a self-signed one)"
+        ))
+    })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -203,23 +177,15 @@ pub fn configure(
         }
         None => builder.with_no_client_auth(),
     };
-    let mut config = builder.with_single_cert(chain, key).map_err(|e| {
-        let (cert_flag, cert) = &cert_flag;
-        let (key_flag, key) = &key_flag;
-        match e {
-            rustls::Error::InconsistentKeys(_) => ServerError::Config(format!(
-                "{key_flag} {} does not match the certificate of {cert_flag} {} \
-                 (tls: private key does not match public key)",
-                key.display(),
-                cert.display()
-            )),
-            other => ServerError::Config(format!(
-                "{cert_flag} {} with {key_flag} {}: {other}",
-                cert.display(),
-                key.display()
-            )),
-        }
-    })?;
+    let ServerIdentity {
+        chain,
+        key,
+        cert_source,
+        key_source,
+    } = identity;
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| mismatch_error(&e, &cert_source, &key_source))?;
     config.alpn_protocols = ALPN_PROTOCOLS.iter().map(|p| p.to_vec()).collect();
     tracing::info!(
         client_certificates_required = flags.trusted_ca_file.is_some(),
@@ -231,6 +197,64 @@ pub fn configure(
         acceptor: TlsAcceptor::from(Arc::new(config)),
         client_cert_auth: flags.client_cert_auth,
     })))
+}
+
+/// The server's certificate chain and key, and where each came from (a flag and its file)
+/// for the messages of TLS-1.
+struct ServerIdentity {
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    cert_source: (&'static str, PathBuf),
+    key_source: (&'static str, PathBuf),
+}
+
+/// Reads the server's certificate and key from `--cert-file` and `--key-file`, or from the
+/// `--auto-tls` files (made first if missing); `None` if neither is asked for.
+fn server_identity(
+    flags: &TlsFlags,
+    https: &[&String],
+    data_dir: &Path,
+) -> Result<Option<ServerIdentity>, ServerError> {
+    let (cert_source, key_source) = match (&flags.cert_file, &flags.key_file) {
+        (Some(cert), Some(key)) => {
+            if flags.auto_tls {
+                tracing::warn!("--cert-file is given: --auto-tls is ignored");
+            }
+            (("--cert-file", cert.clone()), ("--key-file", key.clone()))
+        }
+        _ if flags.auto_tls => {
+            let (cert, key) = auto_tls_files(https, data_dir)?;
+            (("--auto-tls certificate", cert), ("--auto-tls key", key))
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(ServerIdentity {
+        chain: read_certificates(cert_source.0, &cert_source.1)?,
+        key: read_key(key_source.0, &key_source.1)?,
+        cert_source,
+        key_source,
+    }))
+}
+
+/// Returns the start error for a certificate and key rustls refused together.
+fn mismatch_error(
+    error: &rustls::Error,
+    (cert_flag, cert): &(&str, PathBuf),
+    (key_flag, key): &(&str, PathBuf),
+) -> ServerError {
+    match error {
+        rustls::Error::InconsistentKeys(_) => ServerError::Config(format!(
+            "{key_flag} {} does not match the certificate of {cert_flag} {} \
+             (tls: private key does not match public key)",
+            key.display(),
+            cert.display()
+        )),
+        other => ServerError::Config(format!(
+            "{cert_flag} {} with {key_flag} {}: {other}",
+            cert.display(),
+            key.display()
+        )),
+    }
 }
 
 /// Refuses flags that only make sense together (TLS-1).
