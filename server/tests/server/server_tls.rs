@@ -1,7 +1,8 @@
 //! TLS on `https://` client URLs (issue 13, TLS half): etcdctl 3.4 over TLS against kvd and
 //! against Debian's etcd 3.4.23 with the same certificates, the transcripts compared;
-//! client certificates (`--client-cert-auth`); `--auto-tls`; every bad configuration
-//! refused at start with its message; `/health` through curl over HTTP/1.1 and HTTP/2.
+//! client certificates (`--client-cert-auth`, and `--trusted-ca-file` alone); `--auto-tls`;
+//! every bad configuration refused at start with its message; `/health` through curl over
+//! HTTP/1.1 and HTTP/2; a client silent in the handshake closed after the header timeout.
 //!
 //! The certificates are made by the test with rcgen in a temporary directory: a CA, a
 //! server certificate for 127.0.0.1 and localhost, a client certificate (CN `alice`) signed
@@ -735,4 +736,68 @@ fn health_over_tls_answers_curl_on_http1_and_http2() {
         (code, out.as_str()),
         (0, format!("{healthy}\n1.1").as_str())
     );
+}
+
+#[test]
+fn a_trusted_ca_alone_requires_client_certificates_but_names_no_caller() {
+    let pki = Pki::new();
+    let flags = [
+        pki.server_flags(),
+        vec![
+            format!("--trusted-ca-file={}", pki.path("ca.crt")),
+            "--log-level=debug".to_owned(),
+        ],
+    ]
+    .concat();
+    let server = start_kvd_tls(&flags);
+    // TLS-2: with --trusted-ca-file, a certificate of the CA is needed, as in etcd.
+    let run = ctl(
+        &server,
+        &pki.etcdctl_flags(Some("client")),
+        &["put", "k", "v"],
+    );
+    assert_eq!((run.code, run.stdout.as_str()), (0, "OK\n"), "{run:?}");
+    let mut refused: Vec<&str> = REFUSED_TIMEOUTS.to_vec();
+    let tls = pki.etcdctl_flags(None);
+    refused.extend(tls.iter().map(String::as_str));
+    refused.extend(["get", "k"]);
+    let run = common::etcdctl(&server.tls, &refused, None);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert_eq!(error_line(&run.stderr), "Error: context deadline exceeded");
+    // TLS-4: without --client-cert-auth the certificate identifies nobody.
+    let log = server.log();
+    assert!(log.contains("TLS on the https:// client URLs"), "{log}");
+    assert!(!log.contains("TLS client certificate verified"), "{log}");
+}
+
+#[test]
+fn a_silent_client_is_closed_after_the_header_timeout_during_the_handshake() {
+    use std::io::Read;
+    let pki = Pki::new();
+    let flags = [
+        pki.server_flags(),
+        vec!["--connection-header-timeout=1s".to_owned()],
+    ]
+    .concat();
+    let server = start_kvd_tls(&flags);
+    let host = server.tls.trim_start_matches("https://");
+    // TLS-3: a client that never sends its ClientHello holds its connection for the header
+    // timeout only. The read's own limit is far beyond it, so only a closed connection
+    // passes.
+    let mut silent = std::net::TcpStream::connect(host).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    let read = silent.read(&mut byte);
+    assert!(
+        matches!(read, Ok(0))
+            || read
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the silent connection was not closed: {read:?}"
+    );
+    // The server still serves others.
+    let run = ctl(&server, &pki.etcdctl_flags(None), &["put", "k", "v"]);
+    assert_eq!((run.code, run.stdout.as_str()), (0, "OK\n"), "{run:?}");
 }
