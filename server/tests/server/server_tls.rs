@@ -1,8 +1,9 @@
 //! TLS on `https://` client URLs (issue 13, TLS half): etcdctl 3.4 over TLS against kvd and
 //! against Debian's etcd 3.4.23 with the same certificates, the transcripts compared;
 //! client certificates (`--client-cert-auth`, and `--trusted-ca-file` alone); `--auto-tls`;
-//! every bad configuration refused at start with its message; `/health` through curl over
-//! HTTP/1.1 and HTTP/2; a client silent in the handshake closed after the header timeout.
+//! every bad configuration refused at start with its message; `/health` and the JSON gateway
+//! through curl over HTTP/1.1 and HTTP/2; a client silent in the handshake closed after the
+//! header timeout.
 //!
 //! The certificates are made by the test with rcgen in a temporary directory: a CA, a
 //! server certificate for 127.0.0.1 and localhost, a client certificate (CN `alice`) signed
@@ -705,7 +706,7 @@ fn curl(args: &[String], url: &str) -> (i32, String) {
 }
 
 #[test]
-fn health_over_tls_answers_curl_on_http1_and_http2() {
+fn health_and_the_gateway_over_tls_answer_curl_on_http1_and_http2() {
     let pki = Pki::new();
     let server = start_kvd_tls(&pki.client_auth_flags());
     let health = format!("{}/health", server.tls);
@@ -727,6 +728,15 @@ fn health_over_tls_answers_curl_on_http1_and_http2() {
             "curl {version}"
         );
     }
+    // The JSON gateway shares the TLS port too.
+    let args = [
+        cert.clone(),
+        vec!["--data".to_owned(), "{\"key\":\"aw==\"}".to_owned()],
+    ]
+    .concat();
+    let (code, out) = curl(&args, &format!("{}/v3/kv/range", server.tls));
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("\"revision\":\"1\""), "{out}");
     // Without a client certificate the handshake fails.
     let (code, out) = curl(&["--cacert".to_owned(), pki.path("ca.crt")], &health);
     assert_ne!(code, 0, "{out}");
