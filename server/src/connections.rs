@@ -30,8 +30,9 @@
 //!   request of the connection carries its [`ClientCertificate`] extension (TLS-4).
 //!
 //! Contact points: `server::serve` runs one [`serve_listener`] per listener with a shared
-//! [`Connections`] (and the listener's [`Tls`] for `https://`); `server::authority` reports unfinished input through [`Activity`];
-//! `/metrics` shows [`Connections::open`] and [`Connections::refused`].
+//! [`Connections`] (and the listener's [`Tls`] for `https://`); `server::authority` reports
+//! unfinished input through [`Activity`]; `/metrics` shows [`Connections::open`] and
+//! [`Connections::refused`].
 
 use std::convert::Infallible;
 use std::io;
@@ -380,7 +381,7 @@ async fn serve_accepted(
     router: axum::Router,
     connections: Arc<Connections>,
     slot: Slot,
-    stopped: tokio::sync::watch::Receiver<bool>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
     if let Err(e) = stream.set_nodelay(true) {
         // Small gRPC answers must not wait for Nagle's algorithm, but a connection
@@ -393,7 +394,12 @@ async fn serve_accepted(
     };
     let peer = stream.peer_addr().ok();
     let timeout = connections.limits.header_timeout;
-    match tokio::time::timeout(timeout, tls.handshake(stream)).await {
+    let handshake = tokio::select! {
+        handshake = tokio::time::timeout(timeout, tls.handshake(stream)) => handshake,
+        // CONN-5: a shutdown does not wait for handshakes.
+        _ = stopped.wait_for(|stop| *stop) => return,
+    };
+    match handshake {
         Ok(Ok((stream, certificate))) => {
             if let Some(certificate) = &certificate {
                 tracing::debug!(
