@@ -23,7 +23,9 @@
 //!   a verified certificate carries a [`ClientCertificate`] request extension with the
 //!   certificate's common name (etcd's rule: with auth enabled, that name is the user when
 //!   the request has no token). Without `--client-cert-auth` no request carries one, so a
-//!   verified certificate never names a user by accident.
+//!   verified certificate never names a user by accident. The JSON gateway's calls into
+//!   the gRPC services are new requests without it, as etcd ignores the certificate
+//!   identity of gateway requests.
 //! - TLS-5: the common-name reader is total: a certificate it cannot read gives `None`.
 //!
 //! Contact points: `server::run` calls [`configure`] once the data directory is locked;
