@@ -6,7 +6,9 @@
 #   etcd-client crate (dev-dependency of tests/client_crate.rs) runs protoc in its build
 #   script. /usr/bin/protoc is on PATH and finds /usr/include/google/protobuf by itself,
 #   so no PROTOC variable is needed;
-# - a C++ compiler (g++): cargo-fuzz's libfuzzer-sys compiles libFuzzer for the fuzz step.
+# - a C++ compiler (g++, which brings gcc): cargo-fuzz's libfuzzer-sys compiles libFuzzer for
+#   the fuzz step, and the ring crate (rustls's crypto provider) compiles its C and assembly;
+# - curl: the TLS tests (tests/server/server_tls.rs) fetch /health over HTTPS with it.
 # Idempotent: when every binary and file is already there it does nothing, so it is cheap
 # to call from every CI run.
 set -euo pipefail
@@ -16,6 +18,8 @@ have_all() {
         command -v etcdctl >/dev/null 2>&1 &&
         command -v protoc >/dev/null 2>&1 &&
         command -v g++ >/dev/null 2>&1 &&
+        command -v gcc >/dev/null 2>&1 &&
+        command -v curl >/dev/null 2>&1 &&
         [ -f /usr/include/google/protobuf/descriptor.proto ]
 }
 
@@ -33,7 +37,7 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update
 $SUDO apt-get install -y --no-install-recommends \
-    etcd-server etcd-client protobuf-compiler libprotobuf-dev g++
+    etcd-server etcd-client protobuf-compiler libprotobuf-dev g++ curl
 
 have_all
 echo "install-deps: installed $(etcd --version 2>/dev/null | head -n 1); $(protoc --version)"

@@ -241,6 +241,9 @@ const SERVER_CRATES: &[&str] = &[
     "serde_json",
     "etcd-client",
     "criterion",
+    "rustls",
+    "tokio-rustls",
+    "rcgen",
 ];
 
 #[test]

@@ -22,10 +22,17 @@
 //!   within `keepalive_timeout` (etcd's `--grpc-keepalive-interval`/`-timeout`).
 //! - CONN-5: on shutdown the loop stops accepting and every connection starts a graceful
 //!   shutdown: requests in flight finish (SRV-3).
+//! - CONN-6: a connection of an `https://` listener is served only after its TLS handshake
+//!   succeeded within `header_timeout` (`server::tls` TLS-3); HTTP/1.1 and HTTP/2 then run
+//!   over the encrypted stream exactly as over a plain one, so gRPC and the HTTP routes
+//!   share the port. A refused connection (CONN-1) of such a listener is closed without the
+//!   plain-text GOAWAY, which a TLS client could not read. With `--client-cert-auth`, every
+//!   request of the connection carries its [`ClientCertificate`] extension (TLS-4).
 //!
 //! Contact points: `server::serve` runs one [`serve_listener`] per listener with a shared
-//! [`Connections`]; `server::authority` reports unfinished input through [`Activity`];
-//! `/metrics` shows [`Connections::open`] and [`Connections::refused`].
+//! [`Connections`] (and the listener's [`Tls`] for `https://`); `server::authority` reports
+//! unfinished input through [`Activity`]; `/metrics` shows [`Connections::open`] and
+//! [`Connections::refused`].
 
 use std::convert::Infallible;
 use std::io;
@@ -40,9 +47,11 @@ use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::authority::AuthorityFix;
+use crate::tls::{ClientCertificate, Tls};
 use kvd::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 
 /// Default of `--max-connections`.
@@ -291,9 +300,11 @@ fn millis(duration: Duration) -> u64 {
 }
 
 /// Accepts and serves connections on `listener` until `stopped` turns true, then waits for
-/// the connections to finish (CONN-5). The caller bounds that wait.
+/// the connections to finish (CONN-5). The caller bounds that wait. With `tls`, every
+/// connection starts with a TLS handshake (CONN-6).
 pub async fn serve_listener(
     listener: TcpListener,
+    tls: Option<Arc<Tls>>,
     router: axum::Router,
     connections: Arc<Connections>,
     mut stopped: tokio::sync::watch::Receiver<bool>,
@@ -314,11 +325,14 @@ pub async fn serve_listener(
         };
         let Some(slot) = connections.admit() else {
             connections.note_refusal();
-            refuse(&stream, connections.limits.max_connections);
+            if tls.is_none() {
+                refuse(&stream, connections.limits.max_connections);
+            }
             continue;
         };
-        let task = serve_connection(
+        let task = serve_accepted(
             stream,
+            tls.clone(),
             router.clone(),
             connections.clone(),
             slot,
@@ -360,10 +374,10 @@ fn refuse(stream: &TcpStream, max_connections: usize) {
     let _ = stream.try_write(&frames);
 }
 
-/// Serves one connection until it ends, is closed by its watchdog (CONN-2, CONN-3) or the
-/// server stops (CONN-5).
-async fn serve_connection(
+/// Serves one accepted connection: over TLS after its handshake (CONN-6), or plain.
+async fn serve_accepted(
     stream: TcpStream,
+    tls: Option<Arc<Tls>>,
     router: axum::Router,
     connections: Arc<Connections>,
     slot: Slot,
@@ -374,11 +388,57 @@ async fn serve_connection(
         // without TCP_NODELAY still works.
         tracing::debug!(error = %e, "could not set TCP_NODELAY");
     }
+    let Some(tls) = tls else {
+        serve_connection(stream, None, router, connections, slot, stopped).await;
+        return;
+    };
+    let peer = stream.peer_addr().ok();
+    let timeout = connections.limits.header_timeout;
+    let handshake = tokio::select! {
+        handshake = tokio::time::timeout(timeout, tls.handshake(stream)) => handshake,
+        // CONN-5: a shutdown does not wait for handshakes.
+        _ = stopped.wait_for(|stop| *stop) => return,
+    };
+    match handshake {
+        Ok(Ok((stream, certificate))) => {
+            if let Some(certificate) = &certificate {
+                tracing::debug!(
+                    peer = ?peer,
+                    common_name = certificate.common_name.as_deref().unwrap_or(""),
+                    "TLS client certificate verified"
+                );
+            }
+            serve_connection(stream, certificate, router, connections, slot, stopped).await;
+        }
+        // A client refused at the handshake (no or a foreign certificate, plain text on
+        // a TLS port) is routine; the log's debug level shows each one.
+        Ok(Err(e)) => tracing::debug!(peer = ?peer, error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!(
+            peer = ?peer,
+            timeout_ms = millis(timeout),
+            "closing a connection stalled in its TLS handshake"
+        ),
+    }
+}
+
+/// Serves one connection until it ends, is closed by its watchdog (CONN-2, CONN-3) or the
+/// server stops (CONN-5).
+async fn serve_connection<S>(
+    stream: S,
+    certificate: Option<ClientCertificate>,
+    router: axum::Router,
+    connections: Arc<Connections>,
+    slot: Slot,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(AuthorityFix::watched(stream, activity.clone()));
     let service = Tracked {
         inner: TowerToHyperService::new(router),
         activity: activity.clone(),
+        certificate,
     };
     let mut connection = pin!(
         connections
@@ -419,11 +479,13 @@ async fn serve_connection(
     drop(slot);
 }
 
-/// The router, counting each request as open until its response body is done (CONN-3).
+/// The router, counting each request as open until its response body is done (CONN-3),
+/// and giving each request the connection's client certificate (CONN-6).
 #[derive(Debug, Clone)]
 struct Tracked {
     inner: TowerToHyperService<axum::Router>,
     activity: Arc<Activity>,
+    certificate: Option<ClientCertificate>,
 }
 
 type ResponseFuture =
@@ -434,7 +496,10 @@ impl Service<Request<Incoming>> for Tracked {
     type Error = Infallible;
     type Future = ResponseFuture;
 
-    fn call(&self, request: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut request: Request<Incoming>) -> Self::Future {
+        if let Some(certificate) = &self.certificate {
+            request.extensions_mut().insert(certificate.clone());
+        }
         let open = OpenRequest::new(self.activity.clone());
         let answer = self.inner.call(request);
         Box::pin(async move {

@@ -21,6 +21,7 @@
 //! Module map: `authority` (repairs the HTTP/2 authority of etcd 3.4 clients), `http`
 //! (router, metrics layer, HTTP routes), `gateway` (etcd's JSON gateway, `/v3/...`), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
 //! `auth` (answers "auth disabled"), `connections` (accept loop, connection limits),
+//! `tls` (`https://` listeners: etcd's TLS flags, handshakes, client certificates),
 //! `single_message` (one request message per unary call), `snapshot` (Snapshot streaming), `operator` (the quota operator API: `POST /api/v1`,
 //! `GET /roles`), `convert` (pb ↔ api), `status` (errors → gRPC),
 //! `cors` (`--cors`), `identity` (ids on disk), `hash` (Maintenance.Hash of the logical store), `metrics`, `node` (shared state), `bench` (the load generator
@@ -51,6 +52,7 @@ mod recovery;
 mod single_message;
 pub mod snapshot;
 mod status;
+mod tls;
 mod watch;
 
 pub mod loadgen;
@@ -78,6 +80,7 @@ pub use crate::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, QUOTA_BACKEND_B
 pub use crate::operation::{
     DROP_RESPONSE_AFTER_COMMIT_ENV, DROPPED_MESSAGE, OPERATION_ID_METADATA,
 };
+pub use crate::tls::{ClientCertificate, TlsFlags};
 pub use crate::watch::WATCH_STREAMS_MAX_DEFAULT;
 
 /// Bytes etcd adds to `--max-request-bytes` for the gRPC receive limit (SRV-2).
@@ -100,7 +103,8 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// The member name (`--name`).
     pub name: String,
-    /// URLs to listen on for clients, `http://host:port` (`--listen-client-urls`).
+    /// URLs to listen on for clients, `http://host:port` or `https://host:port`
+    /// (`--listen-client-urls`).
     pub listen_client_urls: Vec<String>,
     /// URLs to advertise in MemberList; empty means the listening URLs.
     pub advertise_client_urls: Vec<String>,
@@ -141,6 +145,9 @@ pub struct ServerConfig {
     pub snapshot_stall_timeout: Duration,
     /// Origins allowed by CORS on the HTTP answers (`--cors`); empty or `*` allows all.
     pub cors: Vec<String>,
+    /// TLS of the `https://` listeners (`--cert-file`, `--key-file`, `--trusted-ca-file`,
+    /// `--client-cert-auth`, `--auto-tls`).
+    pub tls: TlsFlags,
 }
 
 /// Default of `--prepare-queue-length` (etcd's gap between committed and applied entries).
@@ -214,6 +221,9 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
     }
     let mut config = config;
     config.connections = connection_limits(config.connections)?;
+    // Before the engine opens, so a bad TLS flag leaves no database behind (TLS-1);
+    // --auto-tls only adds its certificate files under the data directory.
+    let tls = tls::configure(&config.tls, &config.listen_client_urls, &config.data_dir)?;
     let engine =
         Engine::open(&config.data_dir, engine_config.clone()).map_err(ServerError::Engine)?;
     log_prepare_queue(&engine);
@@ -240,7 +250,10 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
         engines.clone(),
         recovery,
         ids,
-        listen,
+        Listen {
+            addresses: listen,
+            tls,
+        },
         on_ready,
     ));
     runtime.shutdown_timeout(SHUTDOWN_BLOCKING_MAX);
@@ -310,26 +323,50 @@ fn log_prepare_queue(engine: &Engine) {
     }
 }
 
-/// Returns the `host:port` to bind for a client URL; only `http://` is served.
-fn listen_address(url: &str) -> Result<String, ServerError> {
-    let Some(rest) = url.strip_prefix("http://") else {
-        return Err(ServerError::Config(format!(
-            "client URL {url:?} is not supported: only http:// URLs are served \
-             (TLS and unix sockets are not implemented)"
-        )));
+/// Where to listen: one address per `--listen-client-urls` entry, and the TLS of the
+/// `https://` ones.
+struct Listen {
+    addresses: Vec<ListenAddress>,
+    tls: Option<Arc<tls::Tls>>,
+}
+
+/// One client URL to bind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ListenAddress {
+    /// `host:port`.
+    host_port: String,
+    /// An `https://` URL: TLS on this listener.
+    https: bool,
+}
+
+/// Returns the `host:port` to bind for a client URL; `http://` and `https://` are served.
+fn listen_address(url: &str) -> Result<ListenAddress, ServerError> {
+    let (rest, https) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+        (Some(rest), _) => (rest, false),
+        (None, Some(rest)) => (rest, true),
+        (None, None) => {
+            return Err(ServerError::Config(format!(
+                "client URL {url:?} is not supported: only http:// and https:// URLs are \
+                 served (unix sockets are not implemented)"
+            )));
+        }
     };
     let host_port = rest.trim_end_matches('/');
     if host_port.is_empty() || host_port.contains('/') {
         return Err(ServerError::Config(format!(
-            "client URL {url:?} is not http://host:port"
+            "client URL {url:?} is not http://host:port or https://host:port"
         )));
     }
-    Ok(host_port.to_owned())
+    Ok(ListenAddress {
+        host_port: host_port.to_owned(),
+        https,
+    })
 }
 
 /// Returns the URL clients reach a listener bound to `addr` at.
-fn url_of(addr: SocketAddr) -> String {
-    format!("http://{addr}")
+fn url_of(addr: SocketAddr, https: bool) -> String {
+    let scheme = if https { "https" } else { "http" };
+    format!("{scheme}://{addr}")
 }
 
 async fn serve(
@@ -337,20 +374,23 @@ async fn serve(
     engines: Arc<EngineSlot>,
     recovery: Recovery,
     ids: HeaderIds,
-    listen: Vec<String>,
+    listen: Listen,
     on_ready: impl FnOnce(&[String]),
 ) -> Result<(), ServerError> {
-    let mut listeners = Vec::with_capacity(listen.len());
-    let mut urls = Vec::with_capacity(listen.len());
-    for address in &listen {
-        let listener = TcpListener::bind(address)
+    let mut listeners = Vec::with_capacity(listen.addresses.len());
+    let mut urls = Vec::with_capacity(listen.addresses.len());
+    for address in &listen.addresses {
+        let host_port = &address.host_port;
+        let listener = TcpListener::bind(host_port)
             .await
-            .map_err(|e| ServerError::Io(format!("listen on {address}: {e}")))?;
+            .map_err(|e| ServerError::Io(format!("listen on {host_port}: {e}")))?;
         let local = listener
             .local_addr()
-            .map_err(|e| ServerError::Io(format!("listen on {address}: {e}")))?;
-        urls.push(url_of(local));
-        listeners.push(listener);
+            .map_err(|e| ServerError::Io(format!("listen on {host_port}: {e}")))?;
+        urls.push(url_of(local, address.https));
+        // tls::configure gave a configuration whenever a URL is https:// (TLS-1).
+        let tls = listen.tls.clone().filter(|_| address.https);
+        listeners.push((listener, tls));
     }
     let advertise = if config.advertise_client_urls.is_empty() {
         urls.clone()
@@ -391,9 +431,10 @@ async fn serve(
     );
 
     let mut servers = tokio::task::JoinSet::new();
-    for (listener, url) in listeners.into_iter().zip(&urls) {
+    for ((listener, tls), url) in listeners.into_iter().zip(&urls) {
         let task = serve_listener(
             listener,
+            tls,
             router.clone(),
             connections.clone(),
             stopped.clone(),
@@ -488,20 +529,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_http_urls_are_served() {
+    fn http_and_https_urls_are_served() {
+        let address = |host_port: &str, https| ListenAddress {
+            host_port: host_port.into(),
+            https,
+        };
         assert_eq!(
             listen_address("http://127.0.0.1:2379").ok(),
-            Some("127.0.0.1:2379".into())
+            Some(address("127.0.0.1:2379", false))
         );
         assert_eq!(
             listen_address("http://localhost:0/").ok(),
-            Some("localhost:0".into())
+            Some(address("localhost:0", false))
         );
-        let https = listen_address("https://127.0.0.1:2379")
+        assert_eq!(
+            listen_address("https://127.0.0.1:2379").ok(),
+            Some(address("127.0.0.1:2379", true))
+        );
+        let unix = listen_address("unix:///tmp/kvd.sock")
             .unwrap_err()
             .to_string();
-        assert!(https.contains("only http://"), "{https}");
+        assert!(unix.contains("only http:// and https://"), "{unix}");
         assert!(listen_address("http://host:1/path").is_err());
+        assert!(listen_address("https://").is_err());
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //!   one clear line on stderr when it cannot start (for example, the data directory is in
 //!   use by another kvd).
 //! - BIN-3: the listening URLs are printed on stdout, one line each, once every listener is
-//!   bound: `kvd: listening for client requests on http://HOST:PORT`.
+//!   bound: `kvd: listening for client requests on http://HOST:PORT` (`https://` for a TLS
+//!   listener).
 //! - BIN-4: `kvd bench WORKLOAD [flags]` runs the load generator against any etcd endpoint
 //!   instead of serving; it prints its report on stdout (text, or one JSON line with
 //!   `--json`) and exits 0 if every request succeeded, 2 if some failed, 1 if the run could
@@ -97,8 +98,9 @@ mod cli {
         #[arg(long, default_value = "default")]
         name: String,
 
-        /// Comma-separated URLs to listen on for client traffic (gRPC and HTTP on each);
-        /// only http:// is supported. Port 0 picks a free port (printed at startup).
+        /// Comma-separated URLs to listen on for client traffic (gRPC and HTTP on each):
+        /// http://HOST:PORT, or https://HOST:PORT for TLS (with --cert-file and --key-file,
+        /// or --auto-tls). Port 0 picks a free port (printed at startup).
         #[arg(
             long,
             value_name = "URLS",
@@ -233,6 +235,30 @@ mod cli {
             default_value = kvd_server::CORS_DEFAULT
         )]
         cors: Vec<String>,
+
+        /// Path to the client server TLS certificate file (PEM, the chain from the server's
+        /// certificate up), served on the https:// client URLs.
+        #[arg(long, value_name = "FILE")]
+        cert_file: Option<PathBuf>,
+
+        /// Path to the client server TLS key file (PEM: PKCS#8, PKCS#1 or SEC1).
+        #[arg(long, value_name = "FILE")]
+        key_file: Option<PathBuf>,
+
+        /// Path to the client server TLS trusted CA certificate file (PEM): once given,
+        /// every TLS client must present a certificate signed by one of these CAs.
+        #[arg(long, value_name = "FILE")]
+        trusted_ca_file: Option<PathBuf>,
+
+        /// Require client certificates signed by --trusted-ca-file and let their common
+        /// name identify the caller.
+        #[arg(long)]
+        client_cert_auth: bool,
+
+        /// Serve a self-signed certificate generated at start (kept in
+        /// DATA-DIR/fixtures/client) when no --cert-file is given; for trying TLS out.
+        #[arg(long)]
+        auto_tls: bool,
 
         /// Log level: debug, info, warn or error. Debug logs one line per gRPC request.
         #[arg(long, value_name = "LEVEL", default_value = "info")]
@@ -527,6 +553,13 @@ mod cli {
                 keepalive_timeout: flags.grpc_keepalive_timeout,
             },
             cors: flags.cors,
+            tls: kvd_server::TlsFlags {
+                cert_file: flags.cert_file,
+                key_file: flags.key_file,
+                trusted_ca_file: flags.trusted_ca_file,
+                client_cert_auth: flags.client_cert_auth,
+                auto_tls: flags.auto_tls,
+            },
         };
         match kvd_server::run(config, print_urls) {
             Ok(()) => ExitCode::SUCCESS,

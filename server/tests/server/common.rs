@@ -390,16 +390,29 @@ where
 /// counts the new watcher, runs `during` (the writes the watch should see), then waits until
 /// etcdctl exits or its stdout satisfies `enough` (at most [`WATCH_WAIT_MAX`]), lets it run
 /// [`WATCH_SETTLE`] longer, and kills it. A killed etcdctl has exit code [`KILLED`].
-// The child is waited for before returning.
-#[allow(clippy::zombie_processes)]
 pub fn etcdctl_watch(
     endpoint: &str,
     args: &[&str],
     during: impl FnOnce(),
     enough: impl Fn(&str) -> bool,
 ) -> Run {
+    etcdctl_watch_counted(endpoint, endpoint, args, during, enough)
+}
+
+/// Runs a watch as [`etcdctl_watch`] does, with etcdctl on `endpoint` and the watchers
+/// counted on `metrics_endpoint` (a plain `http://` listener of the same server, for a
+/// watch over TLS).
+// The child is waited for before returning.
+#[allow(clippy::zombie_processes)]
+pub fn etcdctl_watch_counted(
+    endpoint: &str,
+    metrics_endpoint: &str,
+    args: &[&str],
+    during: impl FnOnce(),
+    enough: impl Fn(&str) -> bool,
+) -> Run {
     // A watcher of an earlier, killed etcdctl may linger until the server notices.
-    let before = watchers(endpoint).unwrap_or(0);
+    let before = watchers(metrics_endpoint).unwrap_or(0);
     let out = tempfile::NamedTempFile::new().unwrap();
     let err = tempfile::NamedTempFile::new().unwrap();
     let mut child = Command::new("etcdctl")
@@ -416,7 +429,7 @@ pub fn etcdctl_watch(
     let read = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
     let exited = |child: &mut Child| child.try_wait().unwrap().is_some();
     let registered = wait_until(WATCH_WAIT_MAX, || {
-        exited(&mut child) || watchers(endpoint).is_some_and(|n| n > before)
+        exited(&mut child) || watchers(metrics_endpoint).is_some_and(|n| n > before)
     });
     assert!(
         registered,
@@ -438,7 +451,7 @@ pub fn etcdctl_watch(
     // Let the server drop this watch before the next call reads its baseline: a watch that
     // lingers and then goes away while the next one registers would hide the new one.
     wait_until(WATCH_WAIT_MAX, || {
-        watchers(endpoint).is_none_or(|n| n <= before)
+        watchers(metrics_endpoint).is_none_or(|n| n <= before)
     });
     Run {
         code,

@@ -30,6 +30,8 @@
 //!   `prepare`, START, UPDATE_PREPARE_QUEUE, 429 with `Retry-After`, the flag).
 //! - `server_process`: the kvd process (signals, restart, a shared data directory, flag
 //!   errors, the HTTP routes).
+//! - `server_tls`: TLS on `https://` URLs (etcdctl over TLS, client certificates,
+//!   `--auto-tls`, bad configurations, curl on `/health`), differential against etcd 3.4.23.
 //! - `server_wire`: bad and unusual input over the wire, and the shape of the answers.
 //!
 //! Invariant: the tests share this process and run on parallel threads, so none of them
@@ -54,4 +56,5 @@ mod server_operations;
 mod server_operator;
 mod server_prepare_queue;
 mod server_process;
+mod server_tls;
 mod server_wire;
