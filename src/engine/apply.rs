@@ -651,6 +651,16 @@ impl Applier {
         let cost = proposal.cost();
         match proposal {
             Proposal::Alarm(req, done) => settle(done, self.apply_alarm(batch, req)),
+            Proposal::Auth(req, done) => {
+                let result = self.gated(batch, cost, |a, b| {
+                    let answer = super::auth::apply_auth(&a.shared, &req, b)?;
+                    if answer.is_ok() {
+                        a.applied_index += 1;
+                    }
+                    Ok(answer)
+                });
+                settle(done, result)
+            }
             Proposal::Put(req, done) => {
                 let result = self.gated(batch, cost, |a, b| a.apply_put(b, &req));
                 self.settle_tagged(batch, tag, done, result)

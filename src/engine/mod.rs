@@ -29,6 +29,7 @@
 //! Contact points: the public API of the crate.
 
 mod apply;
+mod auth;
 mod auto_compact;
 mod commit;
 mod defrag;
@@ -59,6 +60,7 @@ use crate::api::{
     LeaseRevokeRequest, LeaseRevokeResponse, LeaseTimeToLiveResponse, PutRequest, PutResponse,
     RangeRequest, RangeResponse, ResponseHeader, Status, TxnRequest, TxnResponse,
 };
+use crate::auth::{AUTH_TABLES, AuthStore};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result, StorageError};
 use crate::lease::{LEASE_TTL_MAX_SECONDS, LEASE_TTL_MIN_SECONDS_DEFAULT, LEASES_TABLE, Lessor};
@@ -282,6 +284,8 @@ struct Shared {
     space: SpaceTracker,
     alarms: Mutex<Alarms>,
     accounts: Mutex<Accounts>,
+    /// The auth store (AUTH-STORE-1), changed by the apply thread only.
+    auth: RwLock<AuthStore>,
     defrag: DefragState,
     /// Tells the watch sync thread to stop.
     stopping: Arc<AtomicBool>,
@@ -487,6 +491,7 @@ impl Engine {
             row_tables: [LEASES_TABLE, ALARMS_TABLE, OPERATIONS_TABLE]
                 .into_iter()
                 .chain(accounting::TABLES)
+                .chain(AUTH_TABLES)
                 .collect(),
             faults: config.faults.clone(),
             wal_file_bytes: config.wal_file_bytes,
@@ -498,6 +503,7 @@ impl Engine {
         let in_use = store.file_size()?;
         let mut accounts = Accounts::load(&store.snapshot()?, &recovered.index)?;
         let operations = Operations::load(&store.snapshot()?)?;
+        let auth = AuthStore::load(&store.snapshot()?)?;
         let allocation_prepare_queue_replaced = configure_prepare_queue(
             &store,
             &mut accounts,
@@ -532,6 +538,7 @@ impl Engine {
             space: SpaceTracker::new(in_use),
             alarms: Mutex::new(recovered.alarms),
             accounts: Mutex::new(accounts),
+            auth: RwLock::new(auth),
             defrag: DefragState::default(),
             stopping,
             prepare: Arc::new(PrepareQueue::new(prepare_queue_length, clock.clone())),

@@ -24,6 +24,7 @@ use crate::api::{
     LeaseRevokeResponse, PutRequest, PutResponse, RequestOp, TxnRequest, TxnResponse,
     raft_entry_len,
 };
+use crate::auth::AuthRequest;
 use crate::engine::defrag::DefragStep;
 use crate::error::{Error, Result};
 use crate::operations::Digest;
@@ -129,6 +130,8 @@ pub enum Proposal {
     Alarm(AlarmRequest, Completion<AlarmResponse>),
     /// A quota registry or consumption record request; answers the rows a repair changed.
     Accounting(AccountingRequest, Completion<usize>),
+    /// A change to the auth store; answers the auth revision after it.
+    Auth(AuthRequest, Completion<u64>),
     /// A step of a defrag, run between two batches.
     Defrag(DefragStep),
     /// A write that carries an operation id (exactly-once, OPER-2).
@@ -187,6 +190,7 @@ impl std::fmt::Debug for Proposal {
             Proposal::LeaseRevoke(r, _) => f.debug_tuple("LeaseRevoke").field(r).finish(),
             Proposal::Alarm(r, _) => f.debug_tuple("Alarm").field(r).finish(),
             Proposal::Accounting(r, _) => f.debug_tuple("Accounting").field(r).finish(),
+            Proposal::Auth(r, _) => f.debug_tuple("Auth").field(r).finish(),
             Proposal::Defrag(step) => f.debug_tuple("Defrag").field(step).finish(),
             Proposal::Identified(op) => f
                 .debug_struct("Identified")
@@ -210,6 +214,7 @@ impl Proposal {
             Proposal::LeaseRevoke(_, done) => done(Err(error)),
             Proposal::Alarm(_, done) => done(Err(error)),
             Proposal::Accounting(_, done) => done(Err(error)),
+            Proposal::Auth(_, done) => done(Err(error)),
             // The defrag caller waits on its own reply channel, which sees the drop.
             Proposal::Defrag(_) => {}
             Proposal::Identified(op) => op.inner.refuse(error),
@@ -229,6 +234,7 @@ impl Proposal {
             Proposal::LeaseRevoke(r, _) => digest("lease_revoke", r),
             Proposal::Accounting(r, _) => digest("accounting", r),
             Proposal::Alarm(..)
+            | Proposal::Auth(..)
             | Proposal::Defrag(_)
             | Proposal::Identified(_)
             | Proposal::Reconcile(..) => return None,
@@ -247,6 +253,7 @@ impl Proposal {
             Proposal::LeaseRevoke(r, done) => Proposal::LeaseRevoke(r, holding(slot, done)),
             Proposal::Alarm(r, done) => Proposal::Alarm(r, holding(slot, done)),
             Proposal::Accounting(r, done) => Proposal::Accounting(r, holding(slot, done)),
+            Proposal::Auth(r, done) => Proposal::Auth(r, holding(slot, done)),
             Proposal::Defrag(step) => Proposal::Defrag(step),
             Proposal::Identified(mut op) => {
                 op.inner = op.inner.holding(slot);
@@ -268,6 +275,7 @@ impl Proposal {
             Proposal::LeaseRevoke(r, _) => r.encoded_len(),
             Proposal::Alarm(r, _) => r.encoded_len(),
             Proposal::Accounting(r, _) => r.encoded_len(),
+            Proposal::Auth(r, _) => r.encoded_len(),
             Proposal::Reconcile(ReconcileRequest::Operations { queries, prefix }, _) => {
                 prefix.len()
                     + queries
@@ -298,6 +306,7 @@ impl Proposal {
             | Proposal::LeaseRevoke(..)
             | Proposal::Alarm(..)
             | Proposal::Accounting(..)
+            | Proposal::Auth(..)
             | Proposal::Defrag(_)
             | Proposal::Reconcile(..) => 0,
         }
