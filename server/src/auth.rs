@@ -6,21 +6,21 @@
 //! pool so a login never stalls a reactor thread.
 //!
 //! Invariants:
-//! - AUTH-1: a token names one user and expires after `--auth-token-ttl` of idleness (etcd:
+//! - AUTHN-1: a token names one user and expires after `--auth-token-ttl` of idleness (etcd:
 //!   300 s, sliding); every use pushes its expiry. UserChangePassword and UserDelete drop
 //!   the user's tokens once applied, AuthDisable drops all; a dropped, expired, unknown or
 //!   forged token is `etcdserver: invalid auth token` (Unauthenticated).
-//! - AUTH-2: a token is issued only if the auth revision is the one the password was
-//!   verified at, read under the token lock; the drops of AUTH-1 happen under the same
+//! - AUTHN-2: a token is issued only if the auth revision is the one the password was
+//!   verified at, read under the token lock; the drops of AUTHN-1 happen under the same
 //!   lock after the change is applied, so a login racing a password change or a deletion
 //!   either fails or has its token dropped.
-//! - AUTH-3: after [`LOGIN_FAILURES_FREE`] failed logins of one user name, each further
+//! - AUTHN-3: after [`LOGIN_FAILURES_FREE`] failed logins of one user name, each further
 //!   attempt of that name waits for its own slot, spaced by a delay that doubles per
 //!   failure from [`LOGIN_DELAY_MIN`] up to [`LOGIN_DELAY_MAX`]; a success clears the count,
 //!   and so do [`LOGIN_FAILURE_MEMORY`] without failures. The limit only delays: the answer
 //!   is etcd's, unchanged.
-//! - AUTH-4: while auth is disabled, tokens are ignored (etcd 3.6) and every check passes.
-//! - AUTH-5: every Auth RPC but Authenticate and AuthStatus needs an administrator (role
+//! - AUTHN-4: while auth is disabled, tokens are ignored (etcd 3.6) and every check passes.
+//! - AUTHN-5: every Auth RPC but Authenticate and AuthStatus needs an administrator (role
 //!   `root`) while auth is enabled, checked before the request's own validation; UserGet
 //!   of oneself and RoleGet of a role one holds need no more.
 //!
@@ -46,19 +46,19 @@ use kvd::{AuthError, AuthRequest, Error, Permission, PermissionType};
 pub const AUTH_TOKEN_TTL_DEFAULT: Duration = Duration::from_secs(300);
 /// etcd's default bcrypt cost.
 pub const BCRYPT_COST: u32 = 10;
-/// Failed logins of one user name answered without delay (AUTH-3).
+/// Failed logins of one user name answered without delay (AUTHN-3).
 pub const LOGIN_FAILURES_FREE: u32 = 5;
-/// The delay after the first failure past the free ones (AUTH-3).
+/// The delay after the first failure past the free ones (AUTHN-3).
 pub const LOGIN_DELAY_MIN: Duration = Duration::from_millis(200);
-/// The longest delay between two attempts of one user name (AUTH-3).
+/// The longest delay between two attempts of one user name (AUTHN-3).
 pub const LOGIN_DELAY_MAX: Duration = Duration::from_secs(10);
-/// A user name's failures are forgotten after this long without one (AUTH-3).
+/// A user name's failures are forgotten after this long without one (AUTHN-3).
 pub const LOGIN_FAILURE_MEMORY: Duration = Duration::from_secs(900);
 /// Most user names whose failures are remembered; past it the oldest are forgotten.
 pub const LOGIN_NAMES_MAX: usize = 10_000;
 /// Most live tokens; past it the one closest to expiry is dropped.
 pub const TOKENS_MAX: usize = 100_000;
-/// How often Authenticate verifies again when the auth store moved under it (AUTH-2).
+/// How often Authenticate verifies again when the auth store moved under it (AUTHN-2).
 const AUTHENTICATE_ATTEMPTS_MAX: usize = 4;
 /// The random letters of a token (etcd's simple token length).
 const TOKEN_LETTERS: usize = 16;
@@ -100,7 +100,7 @@ impl Sessions {
         }
     }
 
-    /// Returns the user of a live token and pushes its expiry (AUTH-1).
+    /// Returns the user of a live token and pushes its expiry (AUTHN-1).
     pub fn user_of(&self, token: &str) -> Option<String> {
         let now = Instant::now();
         let mut tokens = kvd::sync::lock(&self.tokens);
@@ -113,7 +113,7 @@ impl Sessions {
         Some(entry.user.clone())
     }
 
-    /// Issues a token for `user` if `still_current()` holds under the token lock (AUTH-2).
+    /// Issues a token for `user` if `still_current()` holds under the token lock (AUTHN-2).
     fn issue_if(&self, user: &str, still_current: impl FnOnce() -> bool) -> Option<String> {
         let now = Instant::now();
         let mut tokens = kvd::sync::lock(&self.tokens);
@@ -140,18 +140,18 @@ impl Sessions {
         Some(token)
     }
 
-    /// Drops every token of `user` (AUTH-1).
+    /// Drops every token of `user` (AUTHN-1).
     pub fn drop_user(&self, user: &str) {
         kvd::sync::lock(&self.tokens).retain(|_, t| t.user != user);
     }
 
-    /// Drops every token (AUTH-1).
+    /// Drops every token (AUTHN-1).
     pub fn drop_all(&self) {
         kvd::sync::lock(&self.tokens).clear();
     }
 
     /// Returns when the next login attempt of `user` may run, reserving that slot
-    /// (AUTH-3); `None`: at once.
+    /// (AUTHN-3); `None`: at once.
     fn login_slot(&self, user: &str) -> Option<Instant> {
         let now = Instant::now();
         let mut logins = kvd::sync::lock(&self.logins);
@@ -168,7 +168,7 @@ impl Sessions {
         Some(slot)
     }
 
-    /// Counts a failed login of `user` (AUTH-3).
+    /// Counts a failed login of `user` (AUTHN-3).
     fn login_failed(&self, user: &str) {
         let now = Instant::now();
         let mut logins = kvd::sync::lock(&self.logins);
@@ -190,13 +190,13 @@ impl Sessions {
         entry.last = now;
     }
 
-    /// Clears the failures of `user` after a successful login (AUTH-3).
+    /// Clears the failures of `user` after a successful login (AUTHN-3).
     fn login_succeeded(&self, user: &str) {
         kvd::sync::lock(&self.logins).remove(user);
     }
 }
 
-/// Returns the delay between two attempts after `failures` failed ones (AUTH-3).
+/// Returns the delay between two attempts after `failures` failed ones (AUTHN-3).
 fn login_delay(failures: u32) -> Duration {
     let doublings = failures.saturating_sub(LOGIN_FAILURES_FREE).min(16);
     LOGIN_DELAY_MIN
@@ -232,8 +232,8 @@ fn token_of(metadata: &MetadataMap) -> Option<String> {
 }
 
 /// Returns the authenticated user of a gRPC request: `Ok(None)` while auth is disabled
-/// (AUTH-4) or when the request presents no identity; a token that is not live is refused
-/// (AUTH-1).
+/// (AUTHN-4) or when the request presents no identity; a token that is not live is refused
+/// (AUTHN-1).
 ///
 /// This is the one place a request's identity is resolved. A token comes first, as in
 /// etcd; TLS adds the common name of a verified client certificate (a request extension)
@@ -299,7 +299,7 @@ impl AuthService {
         AuthService { node }
     }
 
-    /// Resolves the caller and checks it is an administrator (AUTH-5).
+    /// Resolves the caller and checks it is an administrator (AUTHN-5).
     fn admin<T>(&self, request: &Request<T>) -> Result<(), Status> {
         let user = authenticated_user(&self.node, request)?;
         self.node.quick(|e| e.auth_check_admin(user.as_deref()))
@@ -673,7 +673,7 @@ mod tests {
         let bob = sessions.issue_if("bob", || true).unwrap();
         assert_ne!(alice, bob);
         assert_eq!(alice.split('.').next().map(str::len), Some(16));
-        assert!(sessions.issue_if("carol", || false).is_none(), "AUTH-2");
+        assert!(sessions.issue_if("carol", || false).is_none(), "AUTHN-2");
         assert_eq!(sessions.user_of(&alice).as_deref(), Some("alice"));
         assert_eq!(sessions.user_of("forged.1"), None);
         sessions.drop_user("alice");
@@ -697,7 +697,7 @@ mod tests {
         let second = sessions.login_slot("alice").unwrap();
         assert!(
             second >= first + LOGIN_DELAY_MIN,
-            "AUTH-3: slots are spaced"
+            "AUTHN-3: slots are spaced"
         );
         assert!(sessions.login_slot("bob").is_none(), "per user name");
         sessions.login_succeeded("alice");

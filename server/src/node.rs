@@ -66,7 +66,7 @@ pub struct NodeSettings {
     pub drop_responses_after_commit: u64,
     /// Most Watch streams open at once (`--max-watch-streams`, WATCH-SRV-3).
     pub max_watch_streams: usize,
-    /// How long an idle auth token stays valid (`--auth-token-ttl`, AUTH-1).
+    /// How long an idle auth token stays valid (`--auth-token-ttl`, AUTHN-1).
     pub auth_token_ttl: Duration,
 }
 
@@ -117,7 +117,7 @@ pub struct Node {
     pub drop_after_commit: DropAfterCommit,
     /// Rows the last consumption drift check found, or `None` before the first check.
     pub consumption_drift_rows: ConsumptionDrift,
-    /// The auth tokens and failed-login counters (`server::auth`, AUTH-1..3).
+    /// The auth tokens and failed-login counters (`server::auth`, AUTHN-1..3).
     pub sessions: Sessions,
 }
 
