@@ -342,3 +342,34 @@ fn lease_keys_need_write_permission() {
     assert!(engine.auth_check_lease_revoke(alice, empty).is_ok());
     engine.close().unwrap();
 }
+
+#[test]
+fn the_auth_store_travels_in_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path());
+    tenant(&engine);
+    let mut image = Vec::new();
+    let mut stream = engine.snapshot_stream().unwrap();
+    while stream.next_chunk(&mut image, 32 * 1024).unwrap() {}
+    drop(stream);
+    let restored = tempfile::tempdir().unwrap();
+    kvd::restore_snapshot(&image, restored.path()).unwrap();
+    let copy = open(restored.path());
+    assert_eq!(copy.auth_status().unwrap(), engine.auth_status().unwrap());
+    assert_eq!(
+        copy.auth_role("dev").unwrap(),
+        engine.auth_role("dev").unwrap()
+    );
+    assert_eq!(
+        copy.auth_user("alice").unwrap(),
+        engine.auth_user("alice").unwrap()
+    );
+    assert!(denied(copy.auth_check(
+        Some("alice"),
+        b"/other",
+        b"",
+        Access::Read
+    )));
+    copy.close().unwrap();
+    engine.close().unwrap();
+}
