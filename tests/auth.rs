@@ -373,3 +373,76 @@ fn the_auth_store_travels_in_a_snapshot() {
     copy.close().unwrap();
     engine.close().unwrap();
 }
+
+#[test]
+fn writes_with_a_caller_are_checked_again_in_apply_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path());
+    tenant(&engine);
+    let as_alice = kvd::WriteOptions {
+        caller: Some(Some("alice".into())),
+        ..kvd::WriteOptions::default()
+    };
+    engine
+        .put_with(PutRequest::new("/dev/a", "1"), &as_alice)
+        .unwrap();
+    // The revoke is applied before the write queued after it: the write is refused there,
+    // whatever was checked at admission (PERM-4).
+    let revoke = AuthRequest::RoleRevokePermission {
+        role: "dev".into(),
+        key: b"/dev/".to_vec(),
+        range_end: b"/dev0".to_vec(),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx2 = tx.clone();
+    engine.submit_auth(revoke, Box::new(move |r| tx.send(r.map(|_| ())).unwrap()));
+    engine.submit_put_with(
+        PutRequest::new("/dev/b", "2"),
+        &as_alice,
+        Box::new(move |r| tx2.send(r.map(|_| ())).unwrap()),
+    );
+    assert_eq!(rx.recv().unwrap(), Ok(()));
+    assert_eq!(
+        rx.recv().unwrap(),
+        Err(Error::Auth(AuthError::PermissionDenied))
+    );
+    let got = engine.range(&RangeRequest::key("/dev/b")).unwrap();
+    assert_eq!(got.count, 0, "the refused write changed nothing");
+    // No identity is `user name is empty`; no caller at all checks nothing.
+    let anonymous = kvd::WriteOptions {
+        caller: Some(None),
+        ..kvd::WriteOptions::default()
+    };
+    let txn = TxnRequest {
+        compare: vec![],
+        success: vec![RequestOp::Put(PutRequest::new("/dev/c", "3"))],
+        failure: vec![],
+    };
+    assert_eq!(
+        engine.txn_with(txn.clone(), &anonymous).unwrap_err(),
+        Error::Auth(AuthError::UserEmpty)
+    );
+    engine.txn(txn).unwrap();
+    // With an operation id too: the retry gets the recorded answer.
+    let once = kvd::WriteOptions {
+        operation_id: Some("op-1".into()),
+        caller: Some(Some("root".into())),
+    };
+    let first = engine.put_with(PutRequest::new("/x", "1"), &once).unwrap();
+    let retry = engine.put_with(PutRequest::new("/x", "1"), &once).unwrap();
+    assert_eq!(first, retry);
+    let lease = engine
+        .lease_grant(LeaseGrantRequest { ttl: 600, id: 0 })
+        .unwrap()
+        .id;
+    let mut leased = PutRequest::new("/x", "2");
+    leased.lease = lease;
+    engine.put(leased).unwrap();
+    let as_alice_revoke = engine.lease_revoke_with(lease, &as_alice).map(|_| ());
+    assert_eq!(
+        as_alice_revoke,
+        Err(Error::Auth(AuthError::PermissionDenied))
+    );
+    assert_eq!(engine.range(&RangeRequest::key("/x")).unwrap().count, 1);
+    engine.close().unwrap();
+}

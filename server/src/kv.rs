@@ -10,6 +10,9 @@
 //!   permission check before the engine call (read on a Range's range, write on a Put's key
 //!   and its lease's keys, read and write on a DeleteRange's range, every compare and op of
 //!   a Txn, nested ones included); a denial changes nothing. Compact is unchecked (etcd).
+//! - AUTHZ-2: every write goes to the engine with its caller, so the engine checks it
+//!   again in apply order (PERM-4): a write admitted before a permission was revoked and
+//!   applied after the revoke is refused.
 //! - KV-2: a write's `kvd-operation-id` metadata is checked before the engine is called and
 //!   handed to it as the write's options (OPID-1); a retry's answer is the engine's
 //!   recorded response, translated as any other.
@@ -68,7 +71,11 @@ impl Kv for KvService {
             self.node
                 .quick(|e| e.auth_check_put(user.as_deref(), &req))?;
         }
-        let with = options.clone();
+        // AUTHZ-2: checked again in apply order, as this caller.
+        let with = kvd::WriteOptions {
+            caller: Some(user.clone()),
+            ..options.clone()
+        };
         let resp = self
             .node
             .submit(move |engine, done| engine.submit_put_with(req, &with, done))
@@ -89,7 +96,11 @@ impl Kv for KvService {
             self.node
                 .quick(|e| e.auth_check_delete_range(user.as_deref(), &req))?;
         }
-        let with = options.clone();
+        // AUTHZ-2: checked again in apply order, as this caller.
+        let with = kvd::WriteOptions {
+            caller: Some(user.clone()),
+            ..options.clone()
+        };
         let resp = self
             .node
             .submit(move |engine, done| engine.submit_delete_range_with(req, &with, done))
@@ -112,7 +123,11 @@ impl Kv for KvService {
             let resp = self.node.call(move |engine| engine.txn(req)).await?;
             return Ok(Response::new(self.node.ids.txn(resp)));
         }
-        let with = options.clone();
+        // AUTHZ-2: checked again in apply order, as this caller.
+        let with = kvd::WriteOptions {
+            caller: Some(user.clone()),
+            ..options.clone()
+        };
         let resp = self
             .node
             .submit(move |engine, done| engine.submit_txn_with(req, &with, done))

@@ -87,7 +87,10 @@ impl Lease for LeaseService {
         let user = auth::authenticated_user(&self.node, &request)?;
         self.node
             .quick(|e| e.auth_check_lease_revoke(user.as_deref(), id))?;
-        let with = options.clone();
+        let with = kvd::WriteOptions {
+            caller: Some(user),
+            ..options.clone()
+        };
         let resp = self
             .node
             .submit(move |engine, done| engine.submit_lease_revoke_with(id, &with, done))

@@ -358,9 +358,13 @@ fn decode_value(value: &Value) -> Result<Call, Refusal> {
     let options = decode_operation_id(&call)?;
     let call = decode_type(&call, kind)?;
     match (call, options.operation_id) {
-        (Call::Write(request, _), operation_id) => {
-            Ok(Call::Write(request, WriteOptions { operation_id }))
-        }
+        (Call::Write(request, _), operation_id) => Ok(Call::Write(
+            request,
+            WriteOptions {
+                operation_id,
+                ..WriteOptions::default()
+            },
+        )),
         (call, None) => Ok(call),
         (_, Some(_)) => Err(Refusal::bad_request(format!(
             "{VALIDATE_PREFIX}'{OPERATION_ID_FIELD}' is only accepted on calls that change \

@@ -693,6 +693,16 @@ impl Applier {
                 // enqueue_with never nests ids; apply the outer id's write as such.
                 self.apply_identified(batch, *op)
             }
+            Proposal::Authorized(a) => {
+                // PERM-4: checked here, in apply order, against the store as it is now.
+                match super::auth::check_in_apply(&self.shared, a.caller.as_deref(), &a.inner) {
+                    Ok(()) => self.apply_tagged(batch, a.inner, tag),
+                    Err(refusal) => {
+                        a.inner.refuse(refusal);
+                        Ok(Outcome::Refused)
+                    }
+                }
+            }
             Proposal::Reconcile(req, done) => {
                 let answer = self.reconcile(&req);
                 Ok(Outcome::Answer(Answer::new(done, Ok(answer))))
@@ -1062,6 +1072,8 @@ fn replay(
         settle(done, Operations::response_in::<T>(batch, id).map(Ok))
     }
     match proposal {
+        // A retry is answered from the record of a write that passed its check.
+        Proposal::Authorized(a) => replay(batch, a.inner, id),
         Proposal::Put(_, done) => recorded(batch, id, done),
         Proposal::DeleteRange(_, done) => recorded(batch, id, done),
         Proposal::Txn(_, done) => recorded(batch, id, done),

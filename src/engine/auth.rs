@@ -3,9 +3,8 @@
 //! enabled.
 //!
 //! Identities are user names (`None`: the caller presented none); the server resolves them
-//! from tokens or certificates. Checks read the store as it is when they run: a request
-//! admitted just before a permission change may be applied just after it (the window is
-//! one apply batch; etcd's applier re-checks writes in apply order instead).
+//! from tokens or certificates. Reads are checked when they run; writes also when they are
+//! applied (PERM-4).
 //!
 //! Invariants:
 //! - PERM-1 and PERM-2 (`auth::check`): ranges are covered without gaps, Txns checked on
@@ -13,10 +12,15 @@
 //! - PERM-3: a Put on a lease needs write on every key already attached to that lease, and
 //!   a LeaseRevoke write on every attached key (etcd: else a user could delete keys they
 //!   cannot write by revoking a lease).
+//! - PERM-4: a write submitted with a caller (`WriteOptions::caller`) is checked again in
+//!   the apply thread, just before it is applied, against the store as every request before
+//!   it in apply order left it; a refusal there changes nothing. So a write admitted before
+//!   a permission is revoked, and applied after the revoke, is refused, as etcd's applier
+//!   refuses it.
 //!
 //! Contact points: `server::auth` and the KV, Watch, Lease and Maintenance services.
 
-use super::proposal::Proposal;
+use super::proposal::{Authorized, Proposal};
 use super::{Engine, Shared, wait};
 use crate::api::{DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest};
 use crate::auth::{Access, AuthRequest, Role, User};
@@ -108,22 +112,7 @@ impl Engine {
     /// Checks a Put: write on its key, write on the keys of its lease (PERM-3), read on
     /// its key for `prev_kv`.
     pub fn auth_check_put(&self, user: Option<&str>, req: &PutRequest) -> Result<()> {
-        let shared = self.shared()?;
-        if !sync::read(&shared.auth).enabled() {
-            return Ok(());
-        }
-        let lease_keys = self.lease_keys(req.lease)?;
-        let auth = sync::read(&shared.auth);
-        auth.check_key(user, &req.key, b"", Access::Write)?;
-        if !auth.is_root(user) {
-            for key in &lease_keys {
-                auth.check_key(user, key, b"", Access::Write)?;
-            }
-        }
-        if req.prev_kv {
-            auth.check_key(user, &req.key, b"", Access::Read)?;
-        }
-        Ok(())
+        check_put(self.shared()?, user, req)
     }
 
     /// Checks a DeleteRange: read on its range for `prev_kv`, then write on it.
@@ -132,62 +121,132 @@ impl Engine {
         user: Option<&str>,
         req: &DeleteRangeRequest,
     ) -> Result<()> {
-        if req.prev_kv {
-            self.auth_check(user, &req.key, &req.range_end, Access::Read)?;
-        }
-        self.auth_check(user, &req.key, &req.range_end, Access::Write)
+        check_delete_range(self.shared()?, user, req)
     }
 
     /// Checks a Txn: every compare needs read, every op of both branches its own check,
     /// nested Txns included (PERM-2).
     pub fn auth_check_txn(&self, user: Option<&str>, req: &TxnRequest) -> Result<()> {
-        if !sync::read(&self.shared()?.auth).enabled() {
-            return Ok(());
-        }
-        for compare in &req.compare {
-            self.auth_check(user, &compare.key, &compare.range_end, Access::Read)?;
-        }
-        for op in req.success.iter().chain(&req.failure) {
-            match op {
-                RequestOp::Range(r) => self.auth_check_range(user, r)?,
-                RequestOp::Put(p) => self.auth_check_put(user, p)?,
-                RequestOp::DeleteRange(d) => self.auth_check_delete_range(user, d)?,
-                RequestOp::Txn(t) => self.auth_check_txn(user, t)?,
-            }
-        }
-        Ok(())
+        check_txn(self.shared()?, user, req)
     }
 
     /// Checks a LeaseRevoke: write on every key attached to the lease (PERM-3); a lease
     /// without keys (or an unknown one) may be revoked by anyone.
     pub fn auth_check_lease_revoke(&self, user: Option<&str>, id: i64) -> Result<()> {
-        let shared = self.shared()?;
-        if !sync::read(&shared.auth).enabled() {
-            return Ok(());
-        }
-        let keys = self.lease_keys(id)?;
-        let auth = sync::read(&shared.auth);
-        if auth.is_root(user) {
-            return Ok(());
-        }
-        for key in &keys {
+        check_lease_revoke(self.shared()?, user, id)
+    }
+}
+
+fn check_key(
+    shared: &Shared,
+    user: Option<&str>,
+    key: &[u8],
+    range_end: &[u8],
+    access: Access,
+) -> Result<()> {
+    Ok(sync::read(&shared.auth).check_key(user, key, range_end, access)?)
+}
+
+fn check_put(shared: &Shared, user: Option<&str>, req: &PutRequest) -> Result<()> {
+    if !sync::read(&shared.auth).enabled() {
+        return Ok(());
+    }
+    let lease_keys = lease_keys(shared, req.lease);
+    let auth = sync::read(&shared.auth);
+    auth.check_key(user, &req.key, b"", Access::Write)?;
+    if !auth.is_root(user) {
+        for key in &lease_keys {
             auth.check_key(user, key, b"", Access::Write)?;
         }
-        Ok(())
     }
+    if req.prev_kv {
+        auth.check_key(user, &req.key, b"", Access::Read)?;
+    }
+    Ok(())
+}
 
-    /// Returns the keys attached to lease `id` (none for 0 or an unknown lease).
-    fn lease_keys(&self, id: i64) -> Result<Vec<bytes::Bytes>> {
-        if id == 0 {
-            return Ok(Vec::new());
+fn check_delete_range(shared: &Shared, user: Option<&str>, req: &DeleteRangeRequest) -> Result<()> {
+    if req.prev_kv {
+        check_key(shared, user, &req.key, &req.range_end, Access::Read)?;
+    }
+    check_key(shared, user, &req.key, &req.range_end, Access::Write)
+}
+
+fn check_txn(shared: &Shared, user: Option<&str>, req: &TxnRequest) -> Result<()> {
+    if !sync::read(&shared.auth).enabled() {
+        return Ok(());
+    }
+    for compare in &req.compare {
+        check_key(shared, user, &compare.key, &compare.range_end, Access::Read)?;
+    }
+    for op in req.success.iter().chain(&req.failure) {
+        match op {
+            RequestOp::Range(r) => check_key(shared, user, &r.key, &r.range_end, Access::Read)?,
+            RequestOp::Put(p) => check_put(shared, user, p)?,
+            RequestOp::DeleteRange(d) => check_delete_range(shared, user, d)?,
+            RequestOp::Txn(t) => check_txn(shared, user, t)?,
         }
-        let shared = self.shared()?;
-        let now = shared.config.clock.now();
-        let lessor = sync::lock(&shared.lessor);
-        Ok(lessor
-            .time_to_live(id, now)
-            .map(|t| t.keys)
-            .unwrap_or_default())
+    }
+    Ok(())
+}
+
+fn check_lease_revoke(shared: &Shared, user: Option<&str>, id: i64) -> Result<()> {
+    if !sync::read(&shared.auth).enabled() {
+        return Ok(());
+    }
+    let keys = lease_keys(shared, id);
+    let auth = sync::read(&shared.auth);
+    if auth.is_root(user) {
+        return Ok(());
+    }
+    for key in &keys {
+        auth.check_key(user, key, b"", Access::Write)?;
+    }
+    Ok(())
+}
+
+/// Returns the keys attached to lease `id` (none for 0 or an unknown lease).
+fn lease_keys(shared: &Shared, id: i64) -> Vec<bytes::Bytes> {
+    if id == 0 {
+        return Vec::new();
+    }
+    let now = shared.config.clock.now();
+    let lessor = sync::lock(&shared.lessor);
+    lessor
+        .time_to_live(id, now)
+        .map(|t| t.keys)
+        .unwrap_or_default()
+}
+
+/// Returns `proposal` to be checked as `caller` when applied (PERM-4).
+pub(super) fn authorized(proposal: Proposal, caller: Option<String>) -> Proposal {
+    Proposal::Authorized(Box::new(Authorized {
+        caller,
+        inner: proposal,
+    }))
+}
+
+/// Checks a write as `caller` in the apply thread, against the store as every earlier
+/// request left it (PERM-4); writes without keys pass.
+pub(super) fn check_in_apply(
+    shared: &Shared,
+    caller: Option<&str>,
+    proposal: &Proposal,
+) -> Result<()> {
+    match proposal {
+        Proposal::Put(r, _) => check_put(shared, caller, r),
+        Proposal::DeleteRange(r, _) => check_delete_range(shared, caller, r),
+        Proposal::Txn(r, _) => check_txn(shared, caller, r),
+        Proposal::LeaseRevoke(r, _) => check_lease_revoke(shared, caller, r.id),
+        Proposal::Identified(op) => check_in_apply(shared, caller, &op.inner),
+        Proposal::Authorized(a) => check_in_apply(shared, a.caller.as_deref(), &a.inner),
+        Proposal::Compaction(..)
+        | Proposal::LeaseGrant(..)
+        | Proposal::Alarm(..)
+        | Proposal::Accounting(..)
+        | Proposal::Auth(..)
+        | Proposal::Defrag(_)
+        | Proposal::Reconcile(..) => Ok(()),
     }
 }
 

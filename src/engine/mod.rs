@@ -197,6 +197,10 @@ pub struct WriteOptions {
     /// Makes the write exactly-once (OPER-2): a later write with the same id and the same
     /// request gets the recorded response instead of being applied again.
     pub operation_id: Option<String>,
+    /// Checks the write against the auth store in apply order as this caller (PERM-4):
+    /// `Some(None)` is a caller without identity; `None` checks nothing (the embedder's own
+    /// writes).
+    pub caller: Option<Option<String>>,
 }
 
 impl WriteOptions {
@@ -204,6 +208,7 @@ impl WriteOptions {
     pub fn with_operation_id(id: impl Into<String>) -> WriteOptions {
         WriteOptions {
             operation_id: Some(id.into()),
+            caller: None,
         }
     }
 }
@@ -1537,6 +1542,10 @@ impl Engine {
     /// Admission of a write with its options: an operation id is checked, and the write is
     /// marked pending under it until its completion ran; then [`Engine::enqueue`].
     fn enqueue_with(&self, proposal: Proposal, options: &WriteOptions) {
+        let proposal = match &options.caller {
+            Some(caller) => auth::authorized(proposal, caller.clone()),
+            None => proposal,
+        };
         let Some(id) = &options.operation_id else {
             return self.enqueue(proposal);
         };

@@ -138,6 +138,16 @@ pub enum Proposal {
     Identified(Box<Identified>),
     /// A reconciliation, answered in apply order so it sees every write before it.
     Reconcile(ReconcileRequest, Completion<ReconcileAnswer>),
+    /// A write checked against the auth store in apply order (PERM-4).
+    Authorized(Box<Authorized>),
+}
+
+/// A write with the caller it is checked as when applied (PERM-4).
+pub struct Authorized {
+    /// The caller's user name; `None`: the request presented no identity.
+    pub caller: Option<String>,
+    /// The write itself; never a defrag step or a reconciliation.
+    pub inner: Proposal,
 }
 
 /// A write with its operation id and its request's digest.
@@ -198,6 +208,11 @@ impl std::fmt::Debug for Proposal {
                 .field("inner", &op.inner)
                 .finish(),
             Proposal::Reconcile(r, _) => f.debug_tuple("Reconcile").field(r).finish(),
+            Proposal::Authorized(a) => f
+                .debug_struct("Authorized")
+                .field("caller", &a.caller)
+                .field("inner", &a.inner)
+                .finish(),
         }
     }
 }
@@ -218,6 +233,7 @@ impl Proposal {
             // The defrag caller waits on its own reply channel, which sees the drop.
             Proposal::Defrag(_) => {}
             Proposal::Identified(op) => op.inner.refuse(error),
+            Proposal::Authorized(a) => a.inner.refuse(error),
             Proposal::Reconcile(_, done) => done(Err(error)),
         }
     }
@@ -226,6 +242,8 @@ impl Proposal {
     /// operation id (alarms, defrag steps, reconciliations).
     pub fn digest(&self) -> Option<Digest> {
         Some(match self {
+            // The caller is not part of the request: a retry may come from another login.
+            Proposal::Authorized(a) => return a.inner.digest(),
             Proposal::Put(r, _) => digest("put", r),
             Proposal::DeleteRange(r, _) => digest("delete_range", r),
             Proposal::Txn(r, _) => digest("txn", r),
@@ -260,6 +278,10 @@ impl Proposal {
                 Proposal::Identified(op)
             }
             Proposal::Reconcile(r, done) => Proposal::Reconcile(r, holding(slot, done)),
+            Proposal::Authorized(mut a) => {
+                a.inner = a.inner.holding(slot);
+                Proposal::Authorized(a)
+            }
         }
     }
 
@@ -289,6 +311,7 @@ impl Proposal {
                 .sum(),
             // The id travels beside the request (metadata), not in it.
             Proposal::Identified(op) => return op.inner.encoded_len(),
+            Proposal::Authorized(a) => return a.inner.encoded_len(),
             Proposal::Defrag(_) => return 0,
         };
         raft_entry_len(inner)
@@ -301,6 +324,7 @@ impl Proposal {
             Proposal::Txn(t, _) => space::txn_cost(t),
             Proposal::LeaseGrant(..) => space::LEASE_GRANT_COST_BYTES,
             Proposal::Identified(op) => op.inner.cost(),
+            Proposal::Authorized(a) => a.inner.cost(),
             Proposal::DeleteRange(..)
             | Proposal::Compaction(..)
             | Proposal::LeaseRevoke(..)
@@ -321,6 +345,7 @@ impl Proposal {
             Proposal::DeleteRange(d, _) => Some(&d.key),
             Proposal::Txn(t, _) => first_written_in(t),
             Proposal::Identified(op) => op.inner.first_written_key(),
+            Proposal::Authorized(a) => a.inner.first_written_key(),
             _ => None,
         }
     }
@@ -330,6 +355,7 @@ impl Proposal {
         match self {
             Proposal::Compaction(..) => true,
             Proposal::Identified(op) => op.inner.is_compaction(),
+            Proposal::Authorized(a) => a.inner.is_compaction(),
             _ => false,
         }
     }
