@@ -38,6 +38,7 @@
 //! | compaction | `endpoint hashkv --rev 3` (= compact revision) | compacted error | hash | kvd follows etcd 3.5+/3.6 (HashKV at the compact revision is allowed); 3.4 refused it |
 //! | maintenance | `endpoint status` (simple and json) | version `3.4.23` | version `3.6.0` | kvd reports the etcd API level it implements |
 //! | maintenance | `alarm list -w json` | `{}` | a filled header | kvd fills the Alarm header as etcd 3.5+ does |
+//! | auth | `endpoint hashkv` as a non-root user | `rpc error: code = Unknown desc = auth: permission denied` | `etcdserver: permission denied` | kvd sends etcd 3.5+'s translated error |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
@@ -79,6 +80,13 @@ const KNOWN_DIFFERENCES: &[(&str, &str, Kind, &str)] = &[
         "endpoint status -w json",
         Kind::Deliberate,
         "kvd reports version 3.6.0, etcd 3.4.23",
+    ),
+    (
+        "auth",
+        "--user alice:alicepw endpoint hashkv",
+        Kind::Deliberate,
+        "admin-only Maintenance calls answer etcd 3.5+'s translated `etcdserver: permission \
+         denied` (PermissionDenied); etcd 3.4 answers `auth: permission denied` with code Unknown",
     ),
     (
         "maintenance",
@@ -705,6 +713,7 @@ fn auth() -> Scenario {
         alice("user list").fails(DENIED),
         alice("role get dev").contains("Role dev\n"),
         alice("auth disable").fails(DENIED),
+        alice("endpoint hashkv").fails(DENIED),
         ctl("--user alice:wrong get /dev/b")
             .fails("etcdserver: authentication failed, invalid user ID or password"),
         ctl("--user nobody:x get /dev/b")
