@@ -3,7 +3,8 @@
 //! 3.4.23 restarted the same way), the three etcd 3.4
 //! holes closed (nested Txn, from-key watch, RoleGrantPermission without a permission),
 //! bad credentials and tokens with etcd's errors changing nothing, token expiry, LeaseRevoke
-//! and Maintenance checks, the `etcd-client` crate logging in, and the tenant story (auth
+//! and Maintenance checks, failed logins delayed but answered as etcd, the `etcd-client`
+//! crate logging in, and the tenant story (auth
 //! role `dev` is quota role `dev`; the operator API needs root).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -661,4 +662,39 @@ async fn the_tenant_story_alice_in_dev_is_authorized_and_counted() {
         .cloned()
         .unwrap();
     assert_eq!(dev["quota"]["consumed"]["kv_keys"], json!(2), "{dev}");
+}
+
+#[tokio::test]
+async fn repeated_failed_logins_are_only_delayed_never_answered_differently() {
+    let server = common::start_kvd(&[]);
+    let channel = connect(&server.endpoint).await;
+    tenant(&channel).await;
+    let mut auth = AuthClient::new(channel.clone());
+    let login = |password: &str| pb::AuthenticateRequest {
+        name: "alice".into(),
+        password: password.into(),
+    };
+    // Past the free failures each attempt waits for its slot (AUTHN-3); the answers stay
+    // etcd's, and the right password still logs in.
+    for _ in 0..7 {
+        let attempt = tokio::time::timeout(PATIENCE, auth.authenticate(login("wrong"))).await;
+        assert_status(
+            attempt.unwrap(),
+            Code::InvalidArgument,
+            "etcdserver: authentication failed, invalid user ID or password",
+        );
+    }
+    let token = tokio::time::timeout(PATIENCE, auth.authenticate(login("alicepw")))
+        .await
+        .unwrap()
+        .unwrap()
+        .into_inner()
+        .token;
+    KvClient::new(channel)
+        .put(with(&token, put("/dev/after-login", "1")))
+        .await
+        .unwrap();
+    // Each user name has its own count: root logs in as usual.
+    let root = tokio::time::timeout(PATIENCE, authenticate(&mut auth, "root", "rootpw")).await;
+    assert!(!root.unwrap().is_empty());
 }
