@@ -687,6 +687,18 @@ mod tests {
     }
 
     #[test]
+    fn empty_passwords_hash_and_verify_as_in_etcd() {
+        // etcd accepts an empty password; a low cost keeps the test fast.
+        let hash = bcrypt::hash("", 4).unwrap();
+        assert!(bcrypt::verify("", &hash).unwrap());
+        assert!(!bcrypt::verify("x", &hash).unwrap());
+        assert!(
+            bcrypt::verify("x", "not a hash").is_err(),
+            "verify() maps this to false"
+        );
+    }
+
+    #[test]
     fn failed_logins_past_the_free_ones_get_spaced_slots() {
         let sessions = Sessions::new(AUTH_TOKEN_TTL_DEFAULT);
         for _ in 0..LOGIN_FAILURES_FREE {
