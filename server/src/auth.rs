@@ -224,11 +224,16 @@ fn refusal(err: AuthError) -> Status {
 
 /// Returns the token a request carries (`token`, else `authorization` metadata).
 fn token_of(metadata: &MetadataMap) -> Option<String> {
-    TOKEN_METADATA
+    let value = TOKEN_METADATA
         .iter()
         .find_map(|key| metadata.get(*key))
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).to_owned())
+        .and_then(|v| v.to_str().ok())?;
+    Some(without_bearer(value))
+}
+
+/// Returns a token as sent, without the `Bearer ` prefix etcd 3.6.13+ strips.
+fn without_bearer(value: &str) -> String {
+    value.strip_prefix("Bearer ").unwrap_or(value).to_owned()
 }
 
 /// Returns the authenticated user of a gRPC request: `Ok(None)` while auth is disabled
@@ -272,11 +277,11 @@ pub fn authenticated_http_user(
     if !enabled {
         return Ok(None);
     }
-    let token = ["token", "authorization"]
+    let token = TOKEN_METADATA
         .iter()
         .find_map(|key| headers.get(*key))
         .and_then(|v| v.to_str().ok())
-        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).to_owned());
+        .map(without_bearer);
     match token {
         Some(token) => node
             .sessions
