@@ -140,6 +140,92 @@ pub enum Error {
     Closed,
     /// The storage layer failed.
     Storage(StorageError),
+    /// An Auth request or a permission check was refused; nothing changed.
+    Auth(AuthError),
+}
+
+/// A refusal of the auth store (users, roles, tokens, permission checks), each with
+/// etcd's client-visible message (ERR-1).
+///
+/// ```
+/// let e = kvd::Error::Auth(kvd::AuthError::PermissionDenied);
+/// assert_eq!(e.to_string(), "etcdserver: permission denied");
+/// ```
+// Exhaustive on purpose, as `Error`: the server maps every variant to etcd's gRPC code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthError {
+    /// AuthEnable without a user named `root`.
+    RootUserNotExist,
+    /// AuthEnable while user `root` lacks role `root`.
+    RootRoleNotGranted,
+    /// UserAdd of an existing name.
+    UserAlreadyExist,
+    /// UserAdd with an empty name, or a checked call without an identity.
+    UserEmpty,
+    /// The named user does not exist.
+    UserNotFound,
+    /// RoleAdd of an existing name.
+    RoleAlreadyExist,
+    /// The named role does not exist.
+    RoleNotFound,
+    /// RoleAdd with an empty name.
+    RoleEmpty,
+    /// Authenticate with an unknown user, a wrong password or an empty name.
+    AuthFailed,
+    /// A key check or an admin check failed.
+    PermissionDenied,
+    /// UserRevokeRole of a role the user does not hold.
+    RoleNotGranted,
+    /// RoleRevokePermission with no permission of exactly that key and range end.
+    PermissionNotGranted,
+    /// Authenticate while auth is disabled.
+    AuthNotEnabled,
+    /// An unknown, expired, forged or invalidated token.
+    InvalidAuthToken,
+    /// Deleting user or role `root`, or revoking `root` from `root`, while auth is
+    /// enabled; a permission with an empty key or an inverted range.
+    InvalidAuthMgmt,
+    /// The caller's identity was resolved at an auth revision older than the store's.
+    AuthOldRevision,
+    /// RoleGrantPermission without a permission.
+    PermissionNotGiven,
+    /// Authenticate of a user created with `no_password`.
+    NoPasswordUser,
+}
+
+impl fmt::Display for AuthError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AuthError::RootUserNotExist => "etcdserver: root user does not exist",
+            AuthError::RootRoleNotGranted => "etcdserver: root user does not have root role",
+            AuthError::UserAlreadyExist => "etcdserver: user name already exists",
+            AuthError::UserEmpty => "etcdserver: user name is empty",
+            AuthError::UserNotFound => "etcdserver: user name not found",
+            AuthError::RoleAlreadyExist => "etcdserver: role name already exists",
+            AuthError::RoleNotFound => "etcdserver: role name not found",
+            AuthError::RoleEmpty => "etcdserver: role name is empty",
+            AuthError::AuthFailed => {
+                "etcdserver: authentication failed, invalid user ID or password"
+            }
+            AuthError::PermissionDenied => "etcdserver: permission denied",
+            AuthError::RoleNotGranted => "etcdserver: role is not granted to the user",
+            AuthError::PermissionNotGranted => "etcdserver: permission is not granted to the role",
+            AuthError::AuthNotEnabled => "etcdserver: authentication is not enabled",
+            AuthError::InvalidAuthToken => "etcdserver: invalid auth token",
+            AuthError::InvalidAuthMgmt => "etcdserver: invalid auth management",
+            AuthError::AuthOldRevision => "etcdserver: revision of auth store is old",
+            AuthError::PermissionNotGiven => "etcdserver: permission not given",
+            AuthError::NoPasswordUser => {
+                "auth: authentication failed, password was given for no password user"
+            }
+        })
+    }
+}
+
+impl From<AuthError> for Error {
+    fn from(e: AuthError) -> Error {
+        Error::Auth(e)
+    }
 }
 
 impl Error {
@@ -266,6 +352,7 @@ impl fmt::Display for Error {
             }
             Error::Closed => "kvd: engine is closed",
             Error::Storage(e) => return e.fmt(f),
+            Error::Auth(e) => return e.fmt(f),
         };
         f.write_str(text)
     }

@@ -20,6 +20,7 @@
 mod accounting;
 mod alarm;
 mod api;
+mod auth;
 mod clock;
 mod codec;
 mod engine;
@@ -42,13 +43,17 @@ pub use accounting::{
     TaskState, TaskStatus,
 };
 pub use api::*;
+pub use auth::{
+    Access, AuthRequest, Permission, PermissionType, ROOT_ROLE, ROOT_USER, Role as AuthRole,
+    User as AuthUser,
+};
 pub use clock::{Clock, MANUAL_CLOCK_EPOCH, ManualClock, SystemClock};
 pub use engine::{
     AGENT_REREGISTER_TIMEOUT_DEFAULT, AllocationPrepareQueueReplaced, ApplyStats, AutoCompaction,
     CommitFailpoint, CommitStep, Completion, Config, DefragFailpoint, Engine, RoleQueue,
     SnapshotStream, WriteOptions, WriteRequest, restore_snapshot, write_cost,
 };
-pub use error::{Error, Result, StorageError};
+pub use error::{AuthError, Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};
 pub use operations::reconcile::{OperationQuery, OperationState, OperationStatus};
 pub use operations::{

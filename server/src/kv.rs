@@ -6,6 +6,13 @@
 //! - KV-1: each RPC translates its request (`convert`), makes one engine call (a read on the
 //!   blocking pool, a write submitted and awaited, NODE-1), and translates the answer or the
 //!   error (`status`); no semantics live here.
+//! - AUTHZ-1: while auth is enabled each RPC resolves its caller and passes the engine's
+//!   permission check before the engine call (read on a Range's range, write on a Put's key
+//!   and its lease's keys, read and write on a DeleteRange's range, every compare and op of
+//!   a Txn, nested ones included); a denial changes nothing. Compact is unchecked (etcd).
+//! - AUTHZ-2: every write goes to the engine with its caller, so the engine checks it
+//!   again in apply order (PERM-4): a write admitted before a permission was revoked and
+//!   applied after the revoke is refused.
 //! - KV-2: a write's `kvd-operation-id` metadata is checked before the engine is called and
 //!   handed to it as the write's options (OPID-1); a retry's answer is the engine's
 //!   recorded response, translated as any other.
@@ -14,6 +21,7 @@
 
 use tonic::{Request, Response, Status};
 
+use crate::auth;
 use crate::convert;
 use crate::node::Node;
 use crate::operation;
@@ -44,15 +52,30 @@ impl Kv for KvService {
         &self,
         request: Request<RangeRequest>,
     ) -> Result<Response<RangeResponse>, Status> {
+        let user = auth::authenticated_user(&self.node, &request)?;
         let req = convert::range_request(request.into_inner());
+        // An empty key fails validation first, as in etcd (AUTHZ-1).
+        if !req.key.is_empty() {
+            self.node
+                .quick(|e| e.auth_check_range(user.as_deref(), &req))?;
+        }
         let resp = self.node.call(move |engine| engine.range(&req)).await?;
         Ok(Response::new(self.node.ids.range(resp)))
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
         let options = operation::write_options(request.metadata())?;
+        let user = auth::authenticated_user(&self.node, &request)?;
         let req = convert::put_request(request.into_inner());
-        let with = options.clone();
+        if !req.key.is_empty() {
+            self.node
+                .quick(|e| e.auth_check_put(user.as_deref(), &req))?;
+        }
+        // AUTHZ-2: checked again in apply order, as this caller.
+        let with = kvd::WriteOptions {
+            caller: Some(user.clone()),
+            ..options.clone()
+        };
         let resp = self
             .node
             .submit(move |engine, done| engine.submit_put_with(req, &with, done))
@@ -67,8 +90,17 @@ impl Kv for KvService {
         request: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
         let options = operation::write_options(request.metadata())?;
+        let user = auth::authenticated_user(&self.node, &request)?;
         let req = convert::delete_range_request(request.into_inner());
-        let with = options.clone();
+        if !req.key.is_empty() {
+            self.node
+                .quick(|e| e.auth_check_delete_range(user.as_deref(), &req))?;
+        }
+        // AUTHZ-2: checked again in apply order, as this caller.
+        let with = kvd::WriteOptions {
+            caller: Some(user.clone()),
+            ..options.clone()
+        };
         let resp = self
             .node
             .submit(move |engine, done| engine.submit_delete_range_with(req, &with, done))
@@ -80,15 +112,22 @@ impl Kv for KvService {
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
         let options = operation::write_options(request.metadata())?;
+        let user = auth::authenticated_user(&self.node, &request)?;
         let req = convert::txn_request(request.into_inner(), self.node.settings.max_txn_ops)
             .map_err(|err| status::from_error(&err))?;
+        self.node
+            .quick(|e| e.auth_check_txn(user.as_deref(), &req))?;
         if req.is_read_only() {
             // A read, served in the caller's thread: keep it off the reactor (NODE-1). It
             // changes nothing, so its id (if any) records nothing.
             let resp = self.node.call(move |engine| engine.txn(req)).await?;
             return Ok(Response::new(self.node.ids.txn(resp)));
         }
-        let with = options.clone();
+        // AUTHZ-2: checked again in apply order, as this caller.
+        let with = kvd::WriteOptions {
+            caller: Some(user.clone()),
+            ..options.clone()
+        };
         let resp = self
             .node
             .submit(move |engine, done| engine.submit_txn_with(req, &with, done))

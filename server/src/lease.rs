@@ -19,6 +19,9 @@
 //! - LEASE-SRV-4: LeaseGrant and LeaseRevoke take a `kvd-operation-id` as the KV writes do
 //!   (KV-2, OPID-1).
 //!
+//! - LEASE-SRV-5: while auth is enabled LeaseRevoke needs write on every key attached to
+//!   the lease (PERM-3); grant, keep-alive, time-to-live and list are unchecked (etcd 3.4).
+//!
 //! Contact points: `server::convert` (messages), `server::node` (engine calls, shutdown),
 //! `server::operation` (operation ids).
 
@@ -26,6 +29,7 @@ use tonic::codegen::BoxStream;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth;
 use crate::node::{Node, SERVER_STOPPED, StreamGuard};
 use crate::operation;
 use crate::pb::etcdserverpb as pb;
@@ -79,7 +83,14 @@ impl Lease for LeaseService {
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
         let options = operation::write_options(request.metadata())?;
         let id = request.get_ref().id;
-        let with = options.clone();
+        // AUTH: write on every key attached to the lease (PERM-3).
+        let user = auth::authenticated_user(&self.node, &request)?;
+        self.node
+            .quick(|e| e.auth_check_lease_revoke(user.as_deref(), id))?;
+        let with = kvd::WriteOptions {
+            caller: Some(user),
+            ..options.clone()
+        };
         let resp = self
             .node
             .submit(move |engine, done| engine.submit_lease_revoke_with(id, &with, done))

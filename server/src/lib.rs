@@ -74,6 +74,7 @@ use crate::snapshot::Snapshots;
 use kvd::sync::Arc;
 use kvd::{Config, Engine};
 
+pub use crate::auth::AUTH_TOKEN_TTL_DEFAULT;
 pub use crate::connections::ConnectionLimits;
 pub use crate::cors::CORS_DEFAULT;
 pub use crate::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, QUOTA_BACKEND_BYTES_DEFAULT};
@@ -139,6 +140,8 @@ pub struct ServerConfig {
     pub connections: ConnectionLimits,
     /// Most Watch streams open at once (`--max-watch-streams`).
     pub max_watch_streams: usize,
+    /// How long an idle auth token stays valid (`--auth-token-ttl`, etcd's default 300 s).
+    pub auth_token_ttl: Duration,
     /// Most Snapshot streams at once (`--max-snapshots`).
     pub max_snapshots: usize,
     /// How long a Snapshot stream may wait for its client to read (`--snapshot-stall-timeout`).
@@ -405,6 +408,7 @@ async fn serve(
         max_txn_ops: config.max_txn_ops,
         drop_responses_after_commit: config.drop_responses_after_commit,
         max_watch_streams: config.max_watch_streams,
+        auth_token_ttl: config.auth_token_ttl,
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let node = Arc::new(Node::new(engines.clone(), ids, settings, stopped.clone()));

@@ -10,6 +10,7 @@
 //!   locks and never waits) and its answer awaited there, so no thread is parked per
 //!   write in flight.
 //! - NODE-2: the node holds no state of its own beyond configuration, the shutdown signal,
+//!   the auth tokens and failed-login counters (memory only, as etcd's simple tokens),
 //!   the gauges of open streams, the last consumption drift check's figure and the test
 //!   failpoint's counter (`server::operation`); everything a client sees comes from the engine at the
 //!   time of the call (surfaces hold no state).
@@ -23,6 +24,7 @@ use std::time::Duration;
 
 use tonic::Status;
 
+use crate::auth::Sessions;
 use crate::convert::HeaderIds;
 use crate::operation::DropAfterCommit;
 use crate::recovery::EngineSlot;
@@ -64,6 +66,8 @@ pub struct NodeSettings {
     pub drop_responses_after_commit: u64,
     /// Most Watch streams open at once (`--max-watch-streams`, WATCH-SRV-3).
     pub max_watch_streams: usize,
+    /// How long an idle auth token stays valid (`--auth-token-ttl`, AUTHN-1).
+    pub auth_token_ttl: Duration,
 }
 
 /// Gauges of the long-lived streams open right now, for `/metrics`.
@@ -113,6 +117,8 @@ pub struct Node {
     pub drop_after_commit: DropAfterCommit,
     /// Rows the last consumption drift check found, or `None` before the first check.
     pub consumption_drift_rows: ConsumptionDrift,
+    /// The auth tokens and failed-login counters (`server::auth`, AUTHN-1..3).
+    pub sessions: Sessions,
 }
 
 /// The figure of the last periodic consumption drift check (`--consumption-check-interval`).
@@ -155,6 +161,7 @@ impl Node {
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) -> Node {
         let drop_after_commit = DropAfterCommit::new(settings.drop_responses_after_commit);
+        let sessions = Sessions::new(settings.auth_token_ttl);
         Node {
             engines,
             ids,
@@ -163,7 +170,21 @@ impl Node {
             streams: OpenStreams::default(),
             drop_after_commit,
             consumption_drift_rows: ConsumptionDrift::default(),
+            sessions,
         }
+    }
+
+    /// Runs `f` against the engine in the caller's thread: only for the auth store's reads
+    /// and permission checks, which take short locks and never touch the disk (an
+    /// exception to NODE-1, like admission).
+    pub fn quick<T>(&self, f: impl FnOnce(&Engine) -> Result<T>) -> std::result::Result<T, Status> {
+        let engine = self.engine()?;
+        f(&engine).map_err(|err| self.engine_error(&err, false))
+    }
+
+    /// Returns true while auth is enabled (`server::auth`).
+    pub fn auth_enabled(&self) -> std::result::Result<bool, Status> {
+        Ok(self.quick(Engine::auth_status)?.0)
     }
 
     /// Returns true once the server is shutting down (NODE-3). Does not block.

@@ -35,6 +35,11 @@
 //!   exactly-once (OPER-2): a retry with the same id and the same call gets the same answer
 //!   without being applied again, another call under the id gets a 409. The reconciliation
 //!   calls are answered synchronously, in apply order: kvd has no event stream.
+//! - OPS-7: while auth is enabled every call (and `GET /roles`) needs a token of a user
+//!   with role `root` (`Authorization: <token>`, `Bearer ` accepted, or a `token` header),
+//!   checked before anything else: 401 without a live token, 403 for another user. Auth
+//!   roles and quota roles are one namespace: role `dev` of the Auth API is quota role
+//!   `dev`.
 //!
 //! Contact points: `server::http` routes `POST /api/v1` to [`api`] and `GET /roles` to
 //! [`roles`]; the engine's quota methods (`Engine::update_quota`, `get_quota`, `roles`,
@@ -57,7 +62,7 @@ use kvd::Engine;
 use kvd::quota::{QuotaConfig, RawQuotaConfig, SCALAR_MILLI_PER_UNIT, Scalar};
 use kvd::sync::Arc;
 use kvd::{AccountingRequest, Agent, AgentState, Counters, RecordKind, RoleQueue, RoleUsage};
-use kvd::{Error, StorageError};
+use kvd::{AuthError, Error, StorageError};
 use kvd::{OperationQuery, OperationStatus, TaskQuery, TaskStatus, WriteOptions};
 
 /// Mesos's prefix for a body that is not JSON.
@@ -194,6 +199,24 @@ fn http_code(err: &Error) -> StatusCode {
         | Error::LeaseNotFound
         | Error::LeaseExists
         | Error::LeaseTtlTooLarge => StatusCode::BAD_REQUEST,
+        Error::Auth(auth) => match auth {
+            AuthError::UserEmpty | AuthError::InvalidAuthToken => StatusCode::UNAUTHORIZED,
+            AuthError::PermissionDenied | AuthError::UserNotFound => StatusCode::FORBIDDEN,
+            AuthError::RootUserNotExist
+            | AuthError::RootRoleNotGranted
+            | AuthError::UserAlreadyExist
+            | AuthError::RoleAlreadyExist
+            | AuthError::RoleNotFound
+            | AuthError::RoleEmpty
+            | AuthError::AuthFailed
+            | AuthError::RoleNotGranted
+            | AuthError::PermissionNotGranted
+            | AuthError::AuthNotEnabled
+            | AuthError::InvalidAuthMgmt
+            | AuthError::AuthOldRevision
+            | AuthError::PermissionNotGiven
+            | AuthError::NoPasswordUser => StatusCode::BAD_REQUEST,
+        },
         Error::Storage(storage) => match storage {
             // The request may succeed once the operator repairs the disk and restarts.
             StorageError::Locked { .. } | StorageError::Io(_) | StorageError::Poisoned(_) => {
@@ -208,7 +231,10 @@ fn http_code(err: &Error) -> StatusCode {
 
 /// `POST /api/v1`: decodes the call (OPS-1), runs it on the engine (OPS-2) and answers.
 pub async fn api(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes) -> Response {
-    let answer = match check_headers(&headers).and_then(|()| decode_call(&body)) {
+    let checked = require_root(&node, &headers)
+        .and_then(|()| check_headers(&headers))
+        .and_then(|()| decode_call(&body));
+    let answer = match checked {
         Ok(call) => execute(&node, call).await,
         Err(refusal) => Err(refusal),
     };
@@ -222,7 +248,10 @@ pub async fn api(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes)
 }
 
 /// `GET /roles`: every role with a quota, consumption or a reservation.
-pub async fn roles(State(node): State<Arc<Node>>) -> Response {
+pub async fn roles(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
+    if let Err(refusal) = require_root(&node, &headers) {
+        return refusal.into_response();
+    }
     let all = |engine: &Engine| Ok((engine.roles()?, engine.prepare_queue()?, engine.agents()?));
     match run(&node, all).await {
         Ok((roles, queue, agents)) => {
@@ -231,6 +260,43 @@ pub async fn roles(State(node): State<Arc<Node>>) -> Response {
             json_response(&body)
         }
         Err(refusal) => refusal.into_response(),
+    }
+}
+
+/// Checks that the caller holds role `root` while auth is enabled (OPS-7): 401 without a
+/// live token, 403 for a user without the role.
+fn require_root(node: &Node, headers: &HeaderMap) -> Result<(), Refusal> {
+    let user = crate::auth::authenticated_http_user(node, headers).map_err(|e| {
+        Refusal::new(
+            http_code(&e),
+            format!(
+                "{e}: the operator API needs a token of a user with role root while \
+                 authentication is enabled (Authenticate, then send the token in the \
+                 Authorization header)"
+            ),
+        )
+    })?;
+    let Some(user) = user else {
+        if !node
+            .auth_enabled()
+            .map_err(|_| Refusal::from_engine(&Error::Closed))?
+        {
+            return Ok(());
+        }
+        return Err(Refusal::new(
+            StatusCode::UNAUTHORIZED,
+            "kvd: authentication is enabled: the operator API needs a token of a user with \
+             role root (Authenticate, then send the token in the Authorization header)"
+                .to_owned(),
+        ));
+    };
+    match node.quick(|e| e.auth_is_root(Some(&user))) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Refusal::new(
+            StatusCode::FORBIDDEN,
+            format!("kvd: the operator API needs role root; user '{user}' does not hold it"),
+        )),
+        Err(_) => Err(Refusal::from_engine(&Error::Closed)),
     }
 }
 
@@ -292,9 +358,13 @@ fn decode_value(value: &Value) -> Result<Call, Refusal> {
     let options = decode_operation_id(&call)?;
     let call = decode_type(&call, kind)?;
     match (call, options.operation_id) {
-        (Call::Write(request, _), operation_id) => {
-            Ok(Call::Write(request, WriteOptions { operation_id }))
-        }
+        (Call::Write(request, _), operation_id) => Ok(Call::Write(
+            request,
+            WriteOptions {
+                operation_id,
+                ..WriteOptions::default()
+            },
+        )),
         (call, None) => Ok(call),
         (_, Some(_)) => Err(Refusal::bad_request(format!(
             "{VALIDATE_PREFIX}'{OPERATION_ID_FIELD}' is only accepted on calls that change \

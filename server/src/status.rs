@@ -18,7 +18,7 @@
 
 use tonic::{Code, Status};
 
-use kvd::{Error, StorageError};
+use kvd::{AuthError, Error, StorageError};
 
 /// The metadata key of the retry hint of a `too many requests` refusal, in milliseconds.
 pub const RETRY_AFTER_MS_METADATA: &str = "retry-after-ms";
@@ -65,6 +65,32 @@ fn code_of(err: &Error) -> Code {
         // etcd's "server stopped" is Unavailable: the client may try another endpoint.
         Error::Closed => Code::Unavailable,
         Error::Storage(storage) => storage_code(storage),
+        Error::Auth(auth) => auth_code(*auth),
+    }
+}
+
+/// Returns etcd's gRPC code of an auth refusal (STATUS-2: no `_` arm).
+fn auth_code(err: AuthError) -> Code {
+    match err {
+        AuthError::UserEmpty
+        | AuthError::RoleEmpty
+        | AuthError::AuthFailed
+        | AuthError::InvalidAuthMgmt
+        | AuthError::AuthOldRevision
+        | AuthError::PermissionNotGiven => Code::InvalidArgument,
+        AuthError::RootUserNotExist
+        | AuthError::RootRoleNotGranted
+        | AuthError::UserAlreadyExist
+        | AuthError::UserNotFound
+        | AuthError::RoleAlreadyExist
+        | AuthError::RoleNotFound
+        | AuthError::RoleNotGranted
+        | AuthError::PermissionNotGranted
+        | AuthError::AuthNotEnabled => Code::FailedPrecondition,
+        AuthError::PermissionDenied => Code::PermissionDenied,
+        AuthError::InvalidAuthToken => Code::Unauthenticated,
+        // etcd has no gRPC mapping for it: clients see Unknown with the internal text.
+        AuthError::NoPasswordUser => Code::Unknown,
     }
 }
 
@@ -100,11 +126,6 @@ pub fn unimplemented(message: &'static str) -> Status {
 /// The message of cluster reconfiguration RPCs.
 pub const MEMBERSHIP_NOT_SUPPORTED: &str =
     "kvd: member reconfiguration is not supported: kvd is a single-member server";
-/// The message of auth administration RPCs.
-pub const AUTH_NOT_SUPPORTED: &str = "kvd: authentication is not supported";
-/// etcd's answer to Authenticate while auth is disabled; etcd's Go client carries on
-/// without a token when it sees exactly this (`docs/design/wire-protocol.md`).
-pub const AUTH_NOT_ENABLED: &str = "etcdserver: authentication is not enabled";
 /// The message of Maintenance.MoveLeader.
 pub const MOVE_LEADER_NOT_SUPPORTED: &str =
     "kvd: move-leader is not supported: kvd is a single-member server and always the leader";

@@ -31,14 +31,21 @@
 //! - WATCH-SRV-6: a request that cannot be decoded ends the whole stream with the
 //!   decoder's status (`INTERNAL`, as gRPC-go ends it); no request after it is read, and
 //!   the stream is never left open without its request reader.
+//! - WATCH-SRV-7: while auth is enabled a create needs read on the watch's whole range,
+//!   from-key ones included (PERM-1, etcd 3.6); a refused create gets one response with
+//!   watch id -1, `created` and `canceled` set and etcd's reason text, and the stream goes on.
 //!
 //! Contact points: `server::convert` (messages), `server::node` (engine, shutdown, gauges);
 //! the engine's [`WatchStream`].
 
 use tonic::codegen::BoxStream;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
+
+use crate::tls::ClientCertificate;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth;
 use crate::convert;
 use crate::node::{self, Node, SERVER_STOPPED, STREAM_POLL, StreamGuard};
 use crate::pb::etcdserverpb as pb;
@@ -107,8 +114,15 @@ impl Watch for WatchService {
                 Status::unavailable("kvd: cannot start a watch stream thread; retry later")
             })?;
         let node = self.node.clone();
+        // The caller is resolved again at each create, so a dropped token stops new watches.
+        let caller = Caller {
+            metadata: request.metadata().clone(),
+            certificate: request.extensions().get::<ClientCertificate>().cloned(),
+        };
         let requests = request.into_inner();
-        tokio::spawn(async move { read_requests(&node, requests, stream, &sender).await });
+        tokio::spawn(async move {
+            read_requests(&node, &caller, requests, stream, &sender).await;
+        });
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
 }
@@ -145,10 +159,18 @@ fn forward(node: &Node, stream: &WatchStream, sender: &ResponseSender, generatio
     }
 }
 
+/// What names a Watch stream's caller, kept for the stream's life: its metadata (a token)
+/// and its verified client certificate, if any.
+struct Caller {
+    metadata: MetadataMap,
+    certificate: Option<ClientCertificate>,
+}
+
 /// Applies the client's requests to the engine's stream, one at a time and in order, until
 /// the client closes its side or goes away, or the server stops.
 async fn read_requests(
     node: &Node,
+    caller: &Caller,
     mut requests: Streaming<pb::WatchRequest>,
     stream: Arc<WatchStream>,
     sender: &ResponseSender,
@@ -175,6 +197,14 @@ async fn read_requests(
         let Some(request) = request.request_union else {
             continue;
         };
+        if let RequestUnion::CreateRequest(create) = &request
+            && let Err(denied) = authorize(node, caller, create)
+        {
+            if !refuse_watch(node, sender, &denied).await {
+                return;
+            }
+            continue;
+        }
         let stream = stream.clone();
         let applied = node::blocking(move || apply(&stream, request)).await;
         if let Err(status) = applied {
@@ -182,6 +212,42 @@ async fn read_requests(
             return;
         }
     }
+}
+
+/// Checks that the caller may read the whole range of a watch (WATCH-SRV-7).
+fn authorize(node: &Node, caller: &Caller, create: &pb::WatchCreateRequest) -> Result<(), Status> {
+    let user = auth::authenticated_user_of(node, &caller.metadata, caller.certificate.as_ref())?;
+    node.quick(|e| {
+        e.auth_check(
+            user.as_deref(),
+            &create.key,
+            &create.range_end,
+            kvd::Access::Read,
+        )
+    })
+}
+
+/// Answers a refused create as etcd does: one canceled response with watch id -1 whose
+/// reason is the gRPC error's Go text; the stream stays open (WATCH-SRV-7). Returns false
+/// if the client is gone.
+async fn refuse_watch(node: &Node, sender: &ResponseSender, denied: &Status) -> bool {
+    let header = match node.current_header().await {
+        Ok(header) => header,
+        Err(_) => node.ids.header(0),
+    };
+    let response = pb::WatchResponse {
+        header: Some(header),
+        watch_id: -1,
+        created: true,
+        canceled: true,
+        cancel_reason: format!(
+            "rpc error: code = {:?} desc = {}",
+            denied.code(),
+            denied.message()
+        ),
+        ..pb::WatchResponse::default()
+    };
+    sender.send(Ok(response)).await.is_ok()
 }
 
 /// Ends the response stream with `status`: tonic sends it as the trailers and drops the

@@ -655,6 +655,16 @@ impl Applier {
         let cost = proposal.cost();
         match proposal {
             Proposal::Alarm(req, done) => settle(done, self.apply_alarm(batch, req)),
+            Proposal::Auth(req, done) => {
+                let result = self.gated(batch, cost, |a, b| {
+                    let answer = super::auth::apply_auth(&a.shared, &req, b)?;
+                    if answer.is_ok() {
+                        a.applied_index += 1;
+                    }
+                    Ok(answer)
+                });
+                settle(done, result)
+            }
             Proposal::Put(req, done) => {
                 let result = self.gated(batch, cost, |a, b| a.apply_put(b, &req));
                 self.settle_tagged(batch, tag, done, result)
@@ -686,6 +696,16 @@ impl Applier {
             Proposal::Identified(op) => {
                 // enqueue_with never nests ids; apply the outer id's write as such.
                 self.apply_identified(batch, *op)
+            }
+            Proposal::Authorized(a) => {
+                // PERM-4: checked here, in apply order, against the store as it is now.
+                match super::auth::check_in_apply(&self.shared, a.caller.as_deref(), &a.inner) {
+                    Ok(()) => self.apply_tagged(batch, a.inner, tag),
+                    Err(refusal) => {
+                        a.inner.refuse(refusal);
+                        Ok(Outcome::Refused)
+                    }
+                }
             }
             Proposal::Reconcile(req, done) => {
                 let answer = self.reconcile(&req);
@@ -1056,6 +1076,8 @@ fn replay(
         settle(done, Operations::response_in::<T>(batch, id).map(Ok))
     }
     match proposal {
+        // A retry is answered from the record of a write that passed its check.
+        Proposal::Authorized(a) => replay(batch, a.inner, id),
         Proposal::Put(_, done) => recorded(batch, id, done),
         Proposal::DeleteRange(_, done) => recorded(batch, id, done),
         Proposal::Txn(_, done) => recorded(batch, id, done),

@@ -32,6 +32,7 @@
 //! Contact points: the public API of the crate.
 
 mod apply;
+mod auth;
 mod auto_compact;
 mod commit;
 mod defrag;
@@ -62,6 +63,7 @@ use crate::api::{
     LeaseRevokeRequest, LeaseRevokeResponse, LeaseTimeToLiveResponse, PutRequest, PutResponse,
     RangeRequest, RangeResponse, ResponseHeader, Status, TxnRequest, TxnResponse,
 };
+use crate::auth::{AUTH_TABLES, AuthStore};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result, StorageError};
 use crate::lease::{LEASE_TTL_MAX_SECONDS, LEASE_TTL_MIN_SECONDS_DEFAULT, LEASES_TABLE, Lessor};
@@ -198,6 +200,10 @@ pub struct WriteOptions {
     /// Makes the write exactly-once (OPER-2): a later write with the same id and the same
     /// request gets the recorded response instead of being applied again.
     pub operation_id: Option<String>,
+    /// Checks the write against the auth store in apply order as this caller (PERM-4):
+    /// `Some(None)` is a caller without identity; `None` checks nothing (the embedder's own
+    /// writes).
+    pub caller: Option<Option<String>>,
 }
 
 impl WriteOptions {
@@ -205,6 +211,7 @@ impl WriteOptions {
     pub fn with_operation_id(id: impl Into<String>) -> WriteOptions {
         WriteOptions {
             operation_id: Some(id.into()),
+            caller: None,
         }
     }
 }
@@ -285,6 +292,8 @@ struct Shared {
     space: SpaceTracker,
     alarms: Mutex<Alarms>,
     accounts: Mutex<Accounts>,
+    /// The auth store (AUTH-STORE-1), changed by the apply thread only.
+    auth: RwLock<AuthStore>,
     defrag: DefragState,
     /// Tells the watch sync thread to stop.
     stopping: Arc<AtomicBool>,
@@ -490,6 +499,7 @@ impl Engine {
             row_tables: [LEASES_TABLE, ALARMS_TABLE, OPERATIONS_TABLE]
                 .into_iter()
                 .chain(accounting::TABLES)
+                .chain(AUTH_TABLES)
                 .collect(),
             faults: config.faults.clone(),
             wal_file_bytes: config.wal_file_bytes,
@@ -501,6 +511,7 @@ impl Engine {
         let in_use = store.file_size()?;
         let mut accounts = Accounts::load(&store.snapshot()?, &recovered.index)?;
         let operations = Operations::load(&store.snapshot()?)?;
+        let auth = AuthStore::load(&store.snapshot()?)?;
         let allocation_prepare_queue_replaced = configure_prepare_queue(
             &store,
             &mut accounts,
@@ -535,6 +546,7 @@ impl Engine {
             space: SpaceTracker::new(in_use),
             alarms: Mutex::new(recovered.alarms),
             accounts: Mutex::new(accounts),
+            auth: RwLock::new(auth),
             defrag: DefragState::default(),
             stopping,
             prepare: Arc::new(PrepareQueue::new(prepare_queue_length, clock.clone())),
@@ -1544,6 +1556,10 @@ impl Engine {
     /// Admission of a write with its options: an operation id is checked, and the write is
     /// marked pending under it until its completion ran; then [`Engine::enqueue`].
     fn enqueue_with(&self, proposal: Proposal, options: &WriteOptions) {
+        let proposal = match &options.caller {
+            Some(caller) => auth::authorized(proposal, caller.clone()),
+            None => proposal,
+        };
         let Some(id) = &options.operation_id else {
             return self.enqueue(proposal);
         };

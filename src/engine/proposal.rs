@@ -24,6 +24,7 @@ use crate::api::{
     LeaseRevokeResponse, PutRequest, PutResponse, RequestOp, TxnRequest, TxnResponse,
     raft_entry_len,
 };
+use crate::auth::AuthRequest;
 use crate::engine::defrag::DefragStep;
 use crate::error::{Error, Result};
 use crate::operations::Digest;
@@ -129,12 +130,24 @@ pub enum Proposal {
     Alarm(AlarmRequest, Completion<AlarmResponse>),
     /// A quota registry or consumption record request; answers the rows a repair changed.
     Accounting(AccountingRequest, Completion<usize>),
+    /// A change to the auth store; answers the auth revision after it.
+    Auth(AuthRequest, Completion<u64>),
     /// A step of a defrag, run between two batches.
     Defrag(DefragStep),
     /// A write that carries an operation id (exactly-once, OPER-2).
     Identified(Box<Identified>),
     /// A reconciliation, answered in apply order so it sees every write before it.
     Reconcile(ReconcileRequest, Completion<ReconcileAnswer>),
+    /// A write checked against the auth store in apply order (PERM-4).
+    Authorized(Box<Authorized>),
+}
+
+/// A write with the caller it is checked as when applied (PERM-4).
+pub struct Authorized {
+    /// The caller's user name; `None`: the request presented no identity.
+    pub caller: Option<String>,
+    /// The write itself; never a defrag step or a reconciliation.
+    pub inner: Proposal,
 }
 
 /// A write with its operation id and its request's digest.
@@ -187,6 +200,7 @@ impl std::fmt::Debug for Proposal {
             Proposal::LeaseRevoke(r, _) => f.debug_tuple("LeaseRevoke").field(r).finish(),
             Proposal::Alarm(r, _) => f.debug_tuple("Alarm").field(r).finish(),
             Proposal::Accounting(r, _) => f.debug_tuple("Accounting").field(r).finish(),
+            Proposal::Auth(r, _) => f.debug_tuple("Auth").field(r).finish(),
             Proposal::Defrag(step) => f.debug_tuple("Defrag").field(step).finish(),
             Proposal::Identified(op) => f
                 .debug_struct("Identified")
@@ -194,6 +208,11 @@ impl std::fmt::Debug for Proposal {
                 .field("inner", &op.inner)
                 .finish(),
             Proposal::Reconcile(r, _) => f.debug_tuple("Reconcile").field(r).finish(),
+            Proposal::Authorized(a) => f
+                .debug_struct("Authorized")
+                .field("caller", &a.caller)
+                .field("inner", &a.inner)
+                .finish(),
         }
     }
 }
@@ -210,9 +229,11 @@ impl Proposal {
             Proposal::LeaseRevoke(_, done) => done(Err(error)),
             Proposal::Alarm(_, done) => done(Err(error)),
             Proposal::Accounting(_, done) => done(Err(error)),
+            Proposal::Auth(_, done) => done(Err(error)),
             // The defrag caller waits on its own reply channel, which sees the drop.
             Proposal::Defrag(_) => {}
             Proposal::Identified(op) => op.inner.refuse(error),
+            Proposal::Authorized(a) => a.inner.refuse(error),
             Proposal::Reconcile(_, done) => done(Err(error)),
         }
     }
@@ -221,6 +242,8 @@ impl Proposal {
     /// operation id (alarms, defrag steps, reconciliations).
     pub fn digest(&self) -> Option<Digest> {
         Some(match self {
+            // The caller is not part of the request: a retry may come from another login.
+            Proposal::Authorized(a) => return a.inner.digest(),
             Proposal::Put(r, _) => digest("put", r),
             Proposal::DeleteRange(r, _) => digest("delete_range", r),
             Proposal::Txn(r, _) => digest("txn", r),
@@ -229,6 +252,7 @@ impl Proposal {
             Proposal::LeaseRevoke(r, _) => digest("lease_revoke", r),
             Proposal::Accounting(r, _) => digest("accounting", r),
             Proposal::Alarm(..)
+            | Proposal::Auth(..)
             | Proposal::Defrag(_)
             | Proposal::Identified(_)
             | Proposal::Reconcile(..) => return None,
@@ -247,12 +271,17 @@ impl Proposal {
             Proposal::LeaseRevoke(r, done) => Proposal::LeaseRevoke(r, holding(slot, done)),
             Proposal::Alarm(r, done) => Proposal::Alarm(r, holding(slot, done)),
             Proposal::Accounting(r, done) => Proposal::Accounting(r, holding(slot, done)),
+            Proposal::Auth(r, done) => Proposal::Auth(r, holding(slot, done)),
             Proposal::Defrag(step) => Proposal::Defrag(step),
             Proposal::Identified(mut op) => {
                 op.inner = op.inner.holding(slot);
                 Proposal::Identified(op)
             }
             Proposal::Reconcile(r, done) => Proposal::Reconcile(r, holding(slot, done)),
+            Proposal::Authorized(mut a) => {
+                a.inner = a.inner.holding(slot);
+                Proposal::Authorized(a)
+            }
         }
     }
 
@@ -268,6 +297,7 @@ impl Proposal {
             Proposal::LeaseRevoke(r, _) => r.encoded_len(),
             Proposal::Alarm(r, _) => r.encoded_len(),
             Proposal::Accounting(r, _) => r.encoded_len(),
+            Proposal::Auth(r, _) => r.encoded_len(),
             Proposal::Reconcile(ReconcileRequest::Operations { queries, prefix }, _) => {
                 prefix.len()
                     + queries
@@ -281,6 +311,7 @@ impl Proposal {
                 .sum(),
             // The id travels beside the request (metadata), not in it.
             Proposal::Identified(op) => return op.inner.encoded_len(),
+            Proposal::Authorized(a) => return a.inner.encoded_len(),
             Proposal::Defrag(_) => return 0,
         };
         raft_entry_len(inner)
@@ -293,11 +324,13 @@ impl Proposal {
             Proposal::Txn(t, _) => space::txn_cost(t),
             Proposal::LeaseGrant(..) => space::LEASE_GRANT_COST_BYTES,
             Proposal::Identified(op) => op.inner.cost(),
+            Proposal::Authorized(a) => a.inner.cost(),
             Proposal::DeleteRange(..)
             | Proposal::Compaction(..)
             | Proposal::LeaseRevoke(..)
             | Proposal::Alarm(..)
             | Proposal::Accounting(..)
+            | Proposal::Auth(..)
             | Proposal::Defrag(_)
             | Proposal::Reconcile(..) => 0,
         }
@@ -312,6 +345,7 @@ impl Proposal {
             Proposal::DeleteRange(d, _) => Some(&d.key),
             Proposal::Txn(t, _) => first_written_in(t),
             Proposal::Identified(op) => op.inner.first_written_key(),
+            Proposal::Authorized(a) => a.inner.first_written_key(),
             _ => None,
         }
     }
@@ -321,6 +355,7 @@ impl Proposal {
         match self {
             Proposal::Compaction(..) => true,
             Proposal::Identified(op) => op.inner.is_compaction(),
+            Proposal::Authorized(a) => a.inner.is_compaction(),
             _ => false,
         }
     }

@@ -217,6 +217,11 @@ mod cli {
         #[arg(long, value_name = "N", default_value_t = kvd_server::WATCH_STREAMS_MAX_DEFAULT)]
         max_watch_streams: usize,
 
+        /// Seconds an auth token stays valid without use (etcd's flag and default); every
+        /// use pushes its expiry.
+        #[arg(long, value_name = "SECONDS", default_value_t = kvd_server::AUTH_TOKEN_TTL_DEFAULT.as_secs())]
+        auth_token_ttl: u64,
+
         /// Most Snapshot streams at once; a further Snapshot call gets ResourceExhausted.
         #[arg(long, value_name = "N", default_value_t = kvd_server::snapshot::SNAPSHOTS_MAX_DEFAULT)]
         max_snapshots: usize,
@@ -543,6 +548,7 @@ mod cli {
             max_txn_ops: flags.max_txn_ops,
             prepare_queue_length: flags.prepare_queue_length,
             max_watch_streams: flags.max_watch_streams,
+            auth_token_ttl: Duration::from_secs(flags.auth_token_ttl),
             max_snapshots: flags.max_snapshots,
             snapshot_stall_timeout: flags.snapshot_stall_timeout,
             connections: kvd_server::ConnectionLimits {

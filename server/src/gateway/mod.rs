@@ -113,17 +113,31 @@ pub fn router(
 macro_rules! unary {
     ($gateway:expr, $service:ident . $method:ident, $grpc:literal) => {{
         let gateway = $gateway.clone();
-        post(move |body: Bytes| {
+        post(move |headers: axum::http::HeaderMap, body: Bytes| {
             let gateway = gateway.clone();
             async move {
                 let service = gateway.$service.clone();
                 unary(&gateway, $grpc, body, move |request| async move {
-                    service.$method(tonic::Request::new(request)).await
+                    service.$method(with_token(&headers, request)).await
                 })
                 .await
             }
         })
     }};
+}
+
+/// Returns the gRPC request of a gateway call, with the HTTP `Authorization` header as
+/// `authorization` metadata, as etcd's gateway forwards it (`server::auth` reads it).
+fn with_token<T>(headers: &axum::http::HeaderMap, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let token = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| tonic::metadata::MetadataValue::try_from(v).ok());
+    if let Some(token) = token {
+        request.metadata_mut().insert("authorization", token);
+    }
+    request
 }
 
 /// Returns every gateway path (after the prefix) with its route.

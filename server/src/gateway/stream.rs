@@ -49,7 +49,7 @@ pub const STREAM_FRAMES_BUFFERED: usize = 16;
 /// Returns the route of `/v3/watch`.
 pub fn watch_route(gateway: &Gateway) -> MethodRouter {
     let gateway = gateway.clone();
-    post(move |body: Body| {
+    post(move |headers: axum::http::HeaderMap, body: Body| {
         let gateway = gateway.clone();
         async move {
             let service = gateway.watch.clone();
@@ -57,7 +57,9 @@ pub fn watch_route(gateway: &Gateway) -> MethodRouter {
                 &gateway,
                 "/etcdserverpb.Watch/Watch",
                 body,
-                move |requests| async move { service.watch(tonic::Request::new(requests)).await },
+                move |requests| async move {
+                    service.watch(super::with_token(&headers, requests)).await
+                },
             )
             .await
         }
@@ -67,7 +69,7 @@ pub fn watch_route(gateway: &Gateway) -> MethodRouter {
 /// Returns the route of `/v3/lease/keepalive`.
 pub fn keep_alive_route(gateway: &Gateway) -> MethodRouter {
     let gateway = gateway.clone();
-    post(move |body: Body| {
+    post(move |headers: axum::http::HeaderMap, body: Body| {
         let gateway = gateway.clone();
         async move {
             let service = gateway.lease.clone();
@@ -77,7 +79,7 @@ pub fn keep_alive_route(gateway: &Gateway) -> MethodRouter {
                 body,
                 move |requests| async move {
                     service
-                        .lease_keep_alive(tonic::Request::new(requests))
+                        .lease_keep_alive(super::with_token(&headers, requests))
                         .await
                 },
             )
@@ -89,7 +91,7 @@ pub fn keep_alive_route(gateway: &Gateway) -> MethodRouter {
 /// Returns the route of `/v3/maintenance/snapshot`.
 pub fn snapshot_route(gateway: &Gateway) -> MethodRouter {
     let gateway = gateway.clone();
-    post(move |body: Bytes| {
+    post(move |headers: axum::http::HeaderMap, body: Bytes| {
         let gateway = gateway.clone();
         async move {
             let grpc_method = "/etcdserverpb.Maintenance/Snapshot";
@@ -106,7 +108,7 @@ pub fn snapshot_route(gateway: &Gateway) -> MethodRouter {
             };
             let answer = gateway
                 .maintenance
-                .snapshot(tonic::Request::new(request))
+                .snapshot(super::with_token(&headers, request))
                 .await;
             answer_stream(&gateway, grpc_method, started, answer)
         }

@@ -251,6 +251,54 @@ fn try_start_etcd() -> Result<Server, String> {
     }
 }
 
+/// Starts etcd again on the data directory and URLs of `stopped` (which has exited and
+/// still owns the temporary directory), and waits until `/health` answers.
+pub fn restart_etcd(stopped: &Server) -> Server {
+    let peer = stopped
+        .peer_url
+        .clone()
+        .expect("an etcd server has a peer URL");
+    let stderr = stopped
+        .data_dir
+        .with_extension(format!("restart-{}.log", unique()));
+    let child = Command::new("etcd")
+        .arg("--data-dir")
+        .arg(&stopped.data_dir)
+        .args(["--name", "default"])
+        .args(["--listen-client-urls", &stopped.endpoint])
+        .args(["--advertise-client-urls", &stopped.endpoint])
+        .args([
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+        ])
+        .args(["--initial-cluster", &format!("default={peer}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(File::create(&stderr).unwrap()))
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run `etcd` ({e}); install it with .ci/install-deps.sh"));
+    let mut server = Server {
+        child,
+        endpoint: stopped.endpoint.clone(),
+        peer_url: Some(peer),
+        data_dir: stopped.data_dir.clone(),
+        log: stderr,
+        _dir: None,
+    };
+    let healthy = wait_until(START_TIMEOUT, || {
+        matches!(http_get(&server.endpoint, "/health"), Ok((200, _)))
+            || server.child.try_wait().unwrap().is_some()
+    });
+    assert!(
+        healthy && server.child.try_wait().unwrap().is_none(),
+        "etcd did not restart; log:\n{}",
+        server.log()
+    );
+    server
+}
+
 /// Returns two distinct ports that were free a moment ago (bound together, then released).
 pub fn free_ports() -> [u16; 2] {
     let first = TcpListener::bind("127.0.0.1:0").unwrap();

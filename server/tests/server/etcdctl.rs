@@ -23,6 +23,11 @@
 //! complete (at most 10 s) or exits by itself (a compacted start revision exits 5). Lease
 //! steps capture the id a grant prints and pass it to later steps as `$NAME`.
 //!
+//! The `auth` scenario is the auth story of issue 13: users, a role with a prefix
+//! permission, `auth enable` (with etcdctl's own fallback that adds role root), then as that
+//! user allowed and denied get/put/del/txn/watch, admin-only commands, wrong passwords,
+//! a password change, and `auth disable`; kvd and etcd 3.4.23 answer every step alike.
+//!
 //! Gaps of earlier rounds that are closed now: `lease list` (the Lease service) and a put
 //! with an unknown lease (refused with NotFound, as etcd).
 //!
@@ -33,6 +38,7 @@
 //! | compaction | `endpoint hashkv --rev 3` (= compact revision) | compacted error | hash | kvd follows etcd 3.5+/3.6 (HashKV at the compact revision is allowed); 3.4 refused it |
 //! | maintenance | `endpoint status` (simple and json) | version `3.4.23` | version `3.6.0` | kvd reports the etcd API level it implements |
 //! | maintenance | `alarm list -w json` | `{}` | a filled header | kvd fills the Alarm header as etcd 3.5+ does |
+//! | auth | `endpoint hashkv` as a non-root user | `rpc error: code = Unknown desc = auth: permission denied` | `etcdserver: permission denied` | kvd sends etcd 3.5+'s translated error |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
@@ -74,6 +80,13 @@ const KNOWN_DIFFERENCES: &[(&str, &str, Kind, &str)] = &[
         "endpoint status -w json",
         Kind::Deliberate,
         "kvd reports version 3.6.0, etcd 3.4.23",
+    ),
+    (
+        "auth",
+        "--user alice:alicepw endpoint hashkv",
+        Kind::Deliberate,
+        "admin-only Maintenance calls answer etcd 3.5+'s translated `etcdserver: permission \
+         denied` (PermissionDenied); etcd 3.4 answers `auth: permission denied` with code Unknown",
     ),
     (
         "maintenance",
@@ -255,6 +268,7 @@ fn scenarios() -> Vec<Scenario> {
         lease(),
         lease_expiry(),
         watch(),
+        auth(),
     ]
 }
 
@@ -637,6 +651,106 @@ fn watch() -> Scenario {
 // ---------------------------------------------------------------------------------------------
 // Running and masking
 // ---------------------------------------------------------------------------------------------
+
+const DENIED: &str = "etcdserver: permission denied";
+const ALICE: &str = "--user alice:alicepw";
+const ROOT: &str = "--user root:rootpw";
+
+/// The auth story: users, a role with a prefix permission, auth enabled, then as alice
+/// allowed and denied reads, writes, txns and watches, then auth disabled.
+fn auth() -> Scenario {
+    let alice = |args: &str| ctl(&format!("{ALICE} {args}"));
+    let root = |args: &str| ctl(&format!("{ROOT} {args}"));
+    let steps = vec![
+        ctl("auth enable").fails("etcdserver: root user does not exist"),
+        ctl("user add root --new-user-password=rootpw --interactive=false")
+            .out("User root created\n"),
+        ctl("role add dev").out("Role dev created\n"),
+        ctl("role add dev").fails("etcdserver: role name already exists"),
+        ctl("role grant-permission dev readwrite /dev/ --prefix").out("Role dev updated\n"),
+        ctl("role grant-permission nosuch read k").fails("etcdserver: role name not found"),
+        ctl("user add alice --new-user-password=alicepw --interactive=false")
+            .out("User alice created\n"),
+        ctl("user add alice --new-user-password=other --interactive=false")
+            .fails("etcdserver: user name already exists"),
+        ctl("user grant-role alice dev").out("Role dev is granted to user alice\n"),
+        ctl("user grant-role alice nosuch").fails("etcdserver: role name not found"),
+        ctl("user revoke-role alice ops").fails("etcdserver: role is not granted to the user"),
+        ctl("role get dev").out(
+            "Role dev\nKV Read:\n\t[/dev/, /dev0) (prefix /dev/)\nKV Write:\n\t[/dev/, /dev0) (prefix /dev/)\n",
+        ),
+        ctl("user get alice").out("User: alice\nRoles: dev\n"),
+        ctl("put /other/k before").ok(),
+        // etcdctl adds role root and grants it when root lacks it, then retries.
+        ctl("auth enable").out("Authentication Enabled\n"),
+        alice("put /dev/a 1").ok(),
+        alice("get /dev/a").out("/dev/a\n1\n"),
+        alice("get /dev/ --prefix").out("/dev/a\n1\n"),
+        alice("get /dev/ /dev0").out("/dev/a\n1\n"),
+        alice("put /other/k x").fails(DENIED),
+        alice("get /other/k").fails(DENIED),
+        alice("del /other/k").fails(DENIED),
+        alice("get / --prefix").fails(DENIED),
+        alice("get /dev/ /dev1").fails(DENIED),
+        alice("get /dev").fails(DENIED),
+        alice("txn -i")
+            .stdin("value(\"/dev/a\") = \"1\"\n\nput /dev/b 2\n\nput /dev/c 3\n\n")
+            .out(&txn_out("SUCCESS\n\nOK\n")),
+        // Both branches are checked whatever the compares say.
+        alice("txn -i")
+            .stdin("value(\"/dev/a\") = \"1\"\n\nput /dev/b 3\n\nput /other/k y\n\n")
+            .fails(DENIED),
+        alice("txn -i")
+            .stdin("value(\"/other/k\") = \"before\"\n\nput /dev/b 3\n\n\n")
+            .fails(DENIED),
+        alice("del /dev/a").out("1\n"),
+        alice("watch /dev/ --prefix")
+            .during(vec![write(&format!("{ROOT} put /dev/w 1"))])
+            .watched("PUT\n/dev/w\n1\n"),
+        alice("watch /other/k").fails_with(5, "watch is canceled by the server"),
+        alice("user get alice").out("User: alice\nRoles: dev\n"),
+        alice("user get root").fails(DENIED),
+        alice("user list").fails(DENIED),
+        alice("role get dev").contains("Role dev\n"),
+        alice("auth disable").fails(DENIED),
+        alice("endpoint hashkv").fails(DENIED),
+        ctl("--user alice:wrong get /dev/b")
+            .fails("etcdserver: authentication failed, invalid user ID or password"),
+        ctl("--user nobody:x get /dev/b")
+            .fails("etcdserver: authentication failed, invalid user ID or password"),
+        ctl("get /dev/b").fails("etcdserver: user name is empty"),
+        ctl("user add eve --new-user-password=e --interactive=false")
+            .fails("etcdserver: user name is empty"),
+        root("get /dev/b").out("/dev/b\n2\n"),
+        root("get /other/k").out("/other/k\nbefore\n"),
+        root("user list").out("alice\nroot\n"),
+        root("role list").out("dev\nroot\n"),
+        root("user delete root").fails("etcdserver: invalid auth management"),
+        root("role delete root").fails("etcdserver: invalid auth management"),
+        root("role revoke-permission dev /dev/ --prefix")
+            .out("Permission of range [/dev/, /dev0) is revoked from role dev\n"),
+        alice("get /dev/b").fails(DENIED),
+        root("role grant-permission dev read /dev/b").out("Role dev updated\n"),
+        alice("get /dev/b").out("/dev/b\n2\n"),
+        alice("put /dev/b 9").fails(DENIED),
+        root("user passwd alice --interactive=false")
+            .stdin("newpw\n")
+            .out("Password updated\n"),
+        alice("get /dev/b")
+            .fails("etcdserver: authentication failed, invalid user ID or password"),
+        ctl("--user alice:newpw get /dev/b").out("/dev/b\n2\n"),
+        root("auth disable").out("Authentication Disabled\n"),
+        ctl("get /dev/b").out("/dev/b\n2\n"),
+        ctl("user delete alice").out("User alice deleted\n"),
+        ctl("role delete dev").out("Role dev deleted\n"),
+        ctl("user get alice").fails("etcdserver: user name not found"),
+        ctl("role list").out("root\n"),
+    ];
+    Scenario {
+        name: "auth",
+        steps,
+    }
+}
 
 /// One step's outcome, raw and masked.
 #[derive(Debug, Clone)]

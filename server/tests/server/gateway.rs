@@ -361,31 +361,14 @@ fn requests_without_json_content_type_and_wrong_methods() {
 fn kvd_answers_what_its_grpc_services_answer_where_etcd_differs() {
     let kvd = common::start_kvd(&[]);
     let ep = &kvd.endpoint;
-    // Auth: disabled; everything but AuthStatus and Authenticate is refused (501).
+    // Auth is served (disabled on a fresh server); the auth revision starts at 1.
     let status = post(ep, "/v3/auth/status", "{}");
     assert_eq!(status.status, 200);
     assert_eq!(status.body["authRevision"], json!("1"), "{status:?}");
     let users = post(ep, "/v3/auth/user/list", "{}");
-    assert_eq!((users.status, &users.body["code"]), (501, &json!(12)));
-    assert_eq!(
-        users.body["error"],
-        json!("kvd: authentication is not supported")
-    );
+    assert_eq!(users.status, 200, "{users:?}");
+    assert_eq!(users.body.get("users"), None, "no users yet: {users:?}");
     for path in [
-        "/v3/auth/enable",
-        "/v3/auth/disable",
-        "/v3/auth/user/add",
-        "/v3/auth/user/get",
-        "/v3/auth/user/delete",
-        "/v3/auth/user/changepw",
-        "/v3/auth/user/grant",
-        "/v3/auth/user/revoke",
-        "/v3/auth/role/add",
-        "/v3/auth/role/get",
-        "/v3/auth/role/list",
-        "/v3/auth/role/delete",
-        "/v3/auth/role/grant",
-        "/v3/auth/role/revoke",
         "/v3/cluster/member/add",
         "/v3/cluster/member/remove",
         "/v3/cluster/member/update",
@@ -771,4 +754,97 @@ fn a_stream_error_is_a_last_error_line() {
             .starts_with("etcdserver: "),
         "{lines:?}"
     );
+}
+
+/// The auth story through the gateway on etcd 3.4.23 and kvd: the token from
+/// `/v3/auth/authenticate` goes in the `Authorization` header; allowed and denied calls
+/// answer alike (status and JSON body, the header masked).
+#[test]
+fn auth_through_the_gateway_matches_etcd() {
+    let etcd = common::start_etcd();
+    let kvd = common::start_kvd(&[]);
+    let (dev, dev_end, other) = (b64("/dev/"), b64("/dev0"), b64("/other"));
+    let story = |ep: &str| -> Vec<(u16, Value)> {
+        let mut answers = Vec::new();
+        let mut record = |answer: Answer| {
+            let mut body = answer.body;
+            mask_keys(&mut body, &["header"]);
+            answers.push((answer.status, body));
+        };
+        for (path, body) in [
+            (
+                "/v3/auth/user/add",
+                r#"{"name":"root","password":"rootpw"}"#.to_owned(),
+            ),
+            (
+                "/v3/auth/user/grant",
+                r#"{"user":"root","role":"root"}"#.to_owned(),
+            ),
+            ("/v3/auth/role/add", r#"{"name":"dev"}"#.to_owned()),
+            (
+                "/v3/auth/role/grant",
+                format!(
+                    r#"{{"name":"dev","perm":{{"permType":"READWRITE","key":"{dev}","range_end":"{dev_end}"}}}}"#
+                ),
+            ),
+            (
+                "/v3/auth/user/add",
+                r#"{"name":"alice","password":"alicepw"}"#.to_owned(),
+            ),
+            (
+                "/v3/auth/user/grant",
+                r#"{"user":"alice","role":"dev"}"#.to_owned(),
+            ),
+            ("/v3/auth/role/get", r#"{"role":"dev"}"#.to_owned()),
+            ("/v3/auth/enable", "{}".to_owned()),
+            ("/v3/auth/user/list", "{}".to_owned()),
+        ] {
+            record(post(ep, path, &body));
+        }
+        let login = |name: &str, password: &str| {
+            let body = format!(r#"{{"name":"{name}","password":"{password}"}}"#);
+            post(ep, "/v3/auth/authenticate", &body)
+        };
+        let wrong = login("alice", "wrong");
+        record(wrong);
+        let alice = login("alice", "alicepw").body["token"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let root = login("root", "rootpw").body["token"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let as_user = |token: &str, path: &str, body: &str| {
+            request(
+                ep,
+                "POST",
+                path,
+                body,
+                &format!("Authorization: {token}\r\n"),
+            )
+        };
+        let put = format!(r#"{{"key":"{}","value":"{}"}}"#, b64("/dev/a"), b64("1"));
+        record(as_user(&alice, "/v3/kv/put", &put));
+        let range = format!(r#"{{"key":"{dev}","range_end":"{dev_end}"}}"#);
+        let mut got = as_user(&alice, "/v3/kv/range", &range);
+        mask_keys(&mut got.body, &["create_revision", "mod_revision"]);
+        record(got);
+        record(as_user(
+            &alice,
+            "/v3/kv/range",
+            &format!(r#"{{"key":"{other}"}}"#),
+        ));
+        record(as_user("forged.1", "/v3/kv/range", &range));
+        record(post(ep, "/v3/kv/range", &range));
+        record(as_user(&alice, "/v3/auth/user/list", "{}"));
+        record(as_user(&root, "/v3/auth/disable", "{}"));
+        answers
+    };
+    let theirs = story(&etcd.endpoint);
+    let ours = story(&kvd.endpoint);
+    assert_eq!(ours.len(), theirs.len());
+    for (i, (ours, theirs)) in ours.iter().zip(&theirs).enumerate() {
+        assert_eq!(ours, theirs, "step {i}");
+    }
 }

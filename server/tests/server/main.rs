@@ -13,6 +13,9 @@
 //!   3.4.23 (unary endpoints, errors, a watch and a keep-alive stream).
 //! - `metrics`: `/metrics` parsed by `prometheus-parse`: etcd's series with etcd 3.4.23's
 //!   names, types, labels and buckets, and values that follow the store.
+//! - `server_auth`: authentication and authorization over the wire: a restart keeps the
+//!   auth store, the etcd 3.4 holes closed, bad credentials and tokens, token expiry, the
+//!   `etcd-client` crate logging in, the tenant story with the operator API.
 //! - `server_bench`: smoke test of the `kvd bench` load generator.
 //! - `server_full_disk`: a full disk on a tmpfs the test mounts (root): recovery without a
 //!   restart, the scaled filesystem reserve, the NOSPACE log line.
@@ -46,6 +49,7 @@ mod client_crate;
 mod etcdctl;
 mod gateway;
 mod metrics;
+mod server_auth;
 mod server_bench;
 mod server_full_disk;
 mod server_hardening;

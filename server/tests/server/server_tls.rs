@@ -60,6 +60,9 @@ impl Pki {
         );
         write("client.crt", &cert);
         write("client.key", &key);
+        let (cert, key) = leaf(&ca, "root", &[], rcgen::ExtendedKeyUsagePurpose::ClientAuth);
+        write("root.crt", &cert);
+        write("root.key", &key);
         let (cert, key) = leaf(
             &foreign,
             "mallory",
@@ -810,4 +813,76 @@ fn a_silent_client_is_closed_after_the_header_timeout_during_the_handshake() {
     // The server still serves others.
     let run = ctl(&server, &pki.etcdctl_flags(None), &["put", "k", "v"]);
     assert_eq!((run.code, run.stdout.as_str()), (0, "OK\n"), "{run:?}");
+}
+
+/// With auth enabled and `--client-cert-auth`, a client with no token is the user its
+/// certificate names (etcd's rule): root's certificate sets up users and roles and enables
+/// auth, then alice's certificate writes inside her role's prefix and is denied outside it.
+fn cert_auth_scenario(server: &TlsServer, pki: &Pki) -> String {
+    let mut transcript = String::new();
+    let root = pki.etcdctl_flags(Some("root"));
+    let alice = pki.etcdctl_flags(Some("client"));
+    let steps: [(&str, &[String], &[&str]); 11] = [
+        (
+            "root",
+            &root,
+            &["user", "add", "root", "--new-user-password=rootpw"],
+        ),
+        ("root", &root, &["user", "grant-role", "root", "root"]),
+        ("root", &root, &["role", "add", "dev"]),
+        (
+            "root",
+            &root,
+            &[
+                "role",
+                "grant-permission",
+                "dev",
+                "readwrite",
+                "/dev/",
+                "--prefix=true",
+            ],
+        ),
+        (
+            "root",
+            &root,
+            &["user", "add", "alice", "--new-user-password=alicepw"],
+        ),
+        ("root", &root, &["user", "grant-role", "alice", "dev"]),
+        ("root", &root, &["auth", "enable"]),
+        ("alice", &alice, &["put", "/dev/a", "1"]),
+        ("alice", &alice, &["put", "/other", "1"]),
+        ("alice", &alice, &["user", "list"]),
+        ("root", &root, &["get", "/dev/a"]),
+    ];
+    for (who, tls, args) in steps {
+        transcript.push_str(&outcome(
+            &format!("{who} cert: {}", args.join(" ")),
+            &ctl(server, tls, args),
+            server,
+        ));
+    }
+    transcript
+}
+
+#[test]
+fn with_auth_enabled_the_client_certificate_names_the_user_as_in_etcd() {
+    let pki = Pki::new();
+    let kvd = start_kvd_tls(&pki.client_auth_flags());
+    let kvd_transcript = cert_auth_scenario(&kvd, &pki);
+    assert!(
+        kvd_transcript.contains("$ alice cert: put /dev/a 1\nexit 0\nOK"),
+        "{kvd_transcript}"
+    );
+    assert!(
+        kvd_transcript.contains("permission denied"),
+        "alice is denied outside /dev/: {kvd_transcript}"
+    );
+    let etcd = start_etcd_tls(&pki.client_auth_flags());
+    let etcd_transcript = cert_auth_scenario(&etcd, &pki);
+    assert_eq!(
+        kvd_transcript,
+        etcd_transcript,
+        "kvd differs from etcd; kvd log:\n{}",
+        kvd.log()
+    );
 }
