@@ -20,6 +20,8 @@
 mod accounting;
 mod alarm;
 mod api;
+#[doc(hidden)]
+pub mod bbolt;
 mod clock;
 mod engine;
 mod error;
@@ -44,8 +46,9 @@ pub use api::*;
 pub use clock::{Clock, MANUAL_CLOCK_EPOCH, ManualClock, SystemClock};
 pub use engine::{
     AGENT_REREGISTER_TIMEOUT_DEFAULT, AllocationPrepareQueueReplaced, ApplyStats, AutoCompaction,
-    CommitFailpoint, CommitStep, Completion, Config, DefragFailpoint, Engine, RoleQueue,
-    SnapshotStream, WriteOptions, WriteRequest, restore_snapshot, write_cost,
+    CommitFailpoint, CommitStep, Completion, Config, DefragFailpoint, Engine, EtcdMember,
+    EtcdRestoreSummary, EtcdSnapshotStream, RoleQueue, SnapshotStream, WriteOptions, WriteRequest,
+    etcd_snapshot_status, restore_etcd_snapshot, restore_snapshot, write_cost,
 };
 pub use error::{Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};

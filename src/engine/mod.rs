@@ -32,6 +32,7 @@ mod apply;
 mod auto_compact;
 mod commit;
 mod defrag;
+mod etcd_snapshot;
 mod lanes;
 mod mailbox;
 mod prepare;
@@ -80,6 +81,9 @@ pub use commit::{CommitFailpoint, CommitStep};
 use commit::{Committer, Handover};
 pub use defrag::DefragFailpoint;
 use defrag::DefragState;
+pub use etcd_snapshot::{
+    EtcdMember, EtcdRestoreSummary, EtcdSnapshotStream, etcd_snapshot_status, restore_etcd_snapshot,
+};
 use lanes::Queued;
 use mailbox::Mailbox;
 use prepare::PrepareQueue;

@@ -212,6 +212,60 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
+/// Builds a dump record by record, for images made from something other than a store (an
+/// etcd snapshot being imported): the magic first, [`DumpBuilder::finish`] last.
+#[derive(Debug)]
+pub struct DumpBuilder {
+    image: Vec<u8>,
+}
+
+impl Default for DumpBuilder {
+    fn default() -> Self {
+        DumpBuilder::new()
+    }
+}
+
+impl DumpBuilder {
+    /// Returns a builder holding the magic.
+    pub fn new() -> DumpBuilder {
+        DumpBuilder {
+            image: DUMP_MAGIC.to_vec(),
+        }
+    }
+
+    /// Adds a meta integer.
+    pub fn meta(&mut self, key: super::MetaKey, value: u64) {
+        self.image.push(TAG_META);
+        put_bytes(&mut self.image, key.name().as_bytes());
+        put_bytes(&mut self.image, &value.to_be_bytes());
+    }
+
+    /// Adds a row of a registered table.
+    pub fn row(&mut self, table: RowTable, key: &[u8], value: &[u8]) {
+        let name = table.name.as_bytes();
+        self.image.push(TAG_ROW);
+        // Registered table names are short constants.
+        self.image
+            .extend_from_slice(&u16::try_from(name.len()).unwrap_or(0).to_be_bytes());
+        self.image.extend_from_slice(name);
+        put_bytes(&mut self.image, key);
+        put_bytes(&mut self.image, value);
+    }
+
+    /// Adds a history record.
+    pub fn history(&mut self, key: &RevisionKey, record: &[u8]) {
+        self.image.push(TAG_HISTORY);
+        self.image.extend_from_slice(key);
+        put_bytes(&mut self.image, record);
+    }
+
+    /// Returns the image with its end tag.
+    pub fn finish(mut self) -> Vec<u8> {
+        self.image.push(TAG_END);
+        self.image
+    }
+}
+
 /// Reads `image` (a dump, without any trailer) into a new database file in `dir`
 /// (DUMP-4). `dir` must not hold a database yet.
 pub fn restore(image: &[u8], dir: &Path) -> Result<(), StorageError> {

@@ -1,0 +1,183 @@
+//! Snapshots in etcd's format through the engine's public API: a store with history,
+//! deletions, a compaction and leases goes out as an etcd snapshot file and comes back in
+//! through `restore_etcd_snapshot` with the same revisions, values and HashKV; the file's
+//! status equals what etcdctl 3.4.23 reports for it (this test fails without `etcdctl`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::Command;
+
+use kvd::{
+    CompactionRequest, Config, DeleteRangeRequest, Engine, EtcdMember, LeaseGrantRequest,
+    PutRequest, RangeRequest, etcd_snapshot_status, restore_etcd_snapshot,
+};
+
+fn open(dir: &std::path::Path) -> Engine {
+    Engine::open(dir, Config::default()).unwrap()
+}
+
+/// Builds the store: 300 revisions over 40 keys, range deletes, a 9 000-byte value, a
+/// compaction at 150 and two leases (one with keys).
+fn populate(engine: &Engine) -> (i64, i64) {
+    let lease = engine
+        .lease_grant(LeaseGrantRequest {
+            ttl: 600,
+            id: 0x1234,
+        })
+        .unwrap()
+        .id;
+    engine
+        .lease_grant(LeaseGrantRequest { ttl: 77, id: 0x99 })
+        .unwrap();
+    for i in 0..300 {
+        let key = format!("k/{:02}", i % 40);
+        if i % 13 == 12 {
+            engine
+                .delete_range(DeleteRangeRequest {
+                    range_end: format!("k/{:02}", i % 40 + 3).into(),
+                    ..DeleteRangeRequest::key(key)
+                })
+                .unwrap();
+            continue;
+        }
+        let value = if i == 100 {
+            "x".repeat(9000)
+        } else {
+            format!("v{i}")
+        };
+        engine
+            .put(PutRequest {
+                lease: if i % 9 == 0 { lease } else { 0 },
+                ..PutRequest::new(key, value)
+            })
+            .unwrap();
+    }
+    engine
+        .compact(CompactionRequest {
+            revision: 150,
+            physical: true,
+        })
+        .unwrap();
+    (engine.status().unwrap().header.revision, 150)
+}
+
+fn export(engine: &Engine) -> Vec<u8> {
+    let member = EtcdMember {
+        id: 0xbdae_9bbc_11dd_390d,
+        name: "default".into(),
+        peer_urls: vec!["http://127.0.0.1:2380".into()],
+        client_urls: vec!["http://127.0.0.1:2379".into()],
+    };
+    let mut stream = engine.etcd_snapshot_stream(&member).unwrap();
+    let mut file = Vec::new();
+    let mut calls = 0;
+    while stream.next_chunk(&mut file, 32 * 1024).unwrap() {
+        calls += 1;
+        assert!(calls < 100_000);
+    }
+    assert_eq!(file.len() as u64, stream.size());
+    file
+}
+
+fn range_at(engine: &Engine, revision: i64) -> String {
+    let got = engine
+        .range(&RangeRequest {
+            revision,
+            ..RangeRequest::prefix("k/")
+        })
+        .unwrap();
+    format!("{:?} {:?}", got.header.revision, got.kvs)
+}
+
+#[test]
+fn a_store_goes_out_to_etcds_format_and_comes_back_the_same() {
+    let source_dir = tempfile::tempdir().unwrap();
+    let source = open(source_dir.path());
+    let (revision, compacted) = populate(&source);
+    let file = export(&source);
+    let status = etcd_snapshot_status(&file).unwrap();
+    assert_eq!(status.revision, revision);
+
+    let restored_dir = tempfile::tempdir().unwrap();
+    let target = restored_dir.path().join("restored");
+    let summary = restore_etcd_snapshot(&file, &target).unwrap();
+    assert_eq!(summary.revision, revision);
+    assert_eq!(summary.compact_revision, compacted);
+    assert_eq!(summary.leases, 2);
+    let copy = open(&target);
+    assert_eq!(copy.status().unwrap().header.revision, revision);
+    for rev in [compacted, compacted + 1, revision - 10, revision, 0] {
+        assert_eq!(range_at(&copy, rev), range_at(&source, rev), "at {rev}");
+    }
+    assert!(
+        copy.range(&RangeRequest {
+            revision: compacted - 1,
+            ..RangeRequest::prefix("k/")
+        })
+        .unwrap_err()
+        .is_compacted()
+    );
+    assert_eq!(
+        copy.hash_kv(0).unwrap().hash,
+        source.hash_kv(0).unwrap().hash
+    );
+    let leases = copy.lease_leases().unwrap();
+    assert_eq!(leases.leases.len(), 2);
+    assert_eq!(
+        copy.lease_time_to_live(0x1234, true).unwrap().granted_ttl,
+        600
+    );
+    assert_eq!(
+        copy.lease_time_to_live(0x1234, true).unwrap().keys,
+        source.lease_time_to_live(0x1234, true).unwrap().keys
+    );
+}
+
+#[test]
+fn etcdctl_reports_the_same_status_as_kvd() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path());
+    let (revision, _) = populate(&engine);
+    let file = export(&engine);
+    let path = dir.path().join("snap.db");
+    std::fs::write(&path, &file).unwrap();
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["snapshot", "status", "-w", "json"])
+        .arg(&path)
+        .output()
+        .expect("etcdctl (etcd 3.4) must be installed for this test");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = etcd_snapshot_status(&file).unwrap();
+    let want = format!(
+        r#"{{"hash":{},"revision":{},"totalKey":{},"totalSize":{}}}"#,
+        status.hash, revision, status.total_keys, status.total_size
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want);
+}
+
+#[test]
+fn damaged_files_leave_no_directory_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir.path().join("src"));
+    populate(&engine);
+    let file = export(&engine);
+    for (what, bytes) in [
+        ("truncated", file[..file.len() - 4096].to_vec()),
+        ("foreign", b"SQLite format 3\0".repeat(600)),
+        ("zeroed page", {
+            let mut f = file.clone();
+            f[2 * 4096..3 * 4096].fill(0);
+            f
+        }),
+    ] {
+        let target = dir.path().join(what);
+        let err = restore_etcd_snapshot(&bytes, &target).unwrap_err();
+        assert!(err.is_corrupted(), "{what}: {err}");
+        assert!(!target.exists(), "{what}: a directory was left behind");
+    }
+}
