@@ -48,7 +48,7 @@ pub use engine::{
     AGENT_REREGISTER_TIMEOUT_DEFAULT, AllocationPrepareQueueReplaced, ApplyStats, AutoCompaction,
     CommitFailpoint, CommitStep, Completion, Config, DefragFailpoint, Engine, EtcdMember,
     EtcdRestoreSummary, EtcdSnapshotStream, RoleQueue, SnapshotStream, WriteOptions, WriteRequest,
-    etcd_snapshot_status, restore_etcd_snapshot, restore_snapshot, write_cost,
+    etcd_snapshot_status, restore_etcd_snapshot, restore_snapshot, snapshot_summary, write_cost,
 };
 pub use error::{Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};
@@ -62,6 +62,12 @@ pub use space::{
     FreeSpace, ManualFreeSpace, StatvfsFreeSpace, default_fs_reserve_bytes,
     quota_bytes as space_quota_bytes,
 };
+pub use storage::dump::DumpSummary;
+
+/// Returns the first bytes of a kvd dump (a `--format kvd` snapshot).
+pub fn dump_magic() -> &'static [u8] {
+    storage::dump::DUMP_MAGIC
+}
 pub use storage::faults::Faults;
 pub use storage::timings::{DiskTimingsSnapshot, HistogramSnapshot, disk_bucket_bounds_seconds};
 pub use watch::WatchStream;

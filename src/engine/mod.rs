@@ -91,7 +91,7 @@ pub use prepare::RoleQueue;
 pub use proposal::{Completion, WriteRequest, write_cost};
 use proposal::{Identified, Proposal, ReconcileAnswer, ReconcileRequest};
 pub use publish::Published;
-pub use snapshot::{SnapshotStream, restore_snapshot};
+pub use snapshot::{SnapshotStream, restore_snapshot, snapshot_summary};
 
 /// etcd's default `--max-request-bytes`.
 pub const MAX_REQUEST_BYTES_DEFAULT: usize = 1_572_864;

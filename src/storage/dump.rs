@@ -266,6 +266,61 @@ impl DumpBuilder {
     }
 }
 
+/// What a dump holds, for `kvd snapshot status`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DumpSummary {
+    /// The meta `current_revision` (0 if absent).
+    pub current_revision: u64,
+    /// The meta `finished_compact_revision` (0 if absent).
+    pub compact_revision: u64,
+    /// History records.
+    pub history_records: u64,
+    /// Rows of registered tables.
+    pub rows: u64,
+}
+
+/// Reads `image` (a dump, without any trailer) through to its end tag without writing
+/// anything; total as [`restore`] is (DUMP-4).
+pub fn summarize(image: &[u8]) -> Result<DumpSummary, StorageError> {
+    let mut input = Reader { bytes: image };
+    if input.take(DUMP_MAGIC.len())? != DUMP_MAGIC {
+        return Err(corrupted("not a kvd dump (bad magic)"));
+    }
+    let mut summary = DumpSummary::default();
+    loop {
+        match input.take(1)?[0] {
+            TAG_END => break,
+            TAG_META => {
+                let key = input.bytes()?;
+                let value = input.bytes()?;
+                let int = || super::decode_u64(value);
+                if key == super::MetaKey::CurrentRevision.name().as_bytes() {
+                    summary.current_revision = int()?;
+                } else if key == super::MetaKey::FinishedCompactRevision.name().as_bytes() {
+                    summary.compact_revision = int()?;
+                }
+            }
+            TAG_ROW => {
+                let len = u16::from_be_bytes(input.array()?);
+                input.take(usize::from(len))?;
+                input.bytes()?;
+                input.bytes()?;
+                summary.rows += 1;
+            }
+            TAG_HISTORY => {
+                input.array::<REVISION_KEY_BYTES>()?;
+                input.bytes()?;
+                summary.history_records += 1;
+            }
+            other => return Err(corrupted(&format!("unknown record tag {other}"))),
+        }
+    }
+    if input.bytes.iter().any(|b| *b != 0) {
+        return Err(corrupted("bytes after the end of the dump"));
+    }
+    Ok(summary)
+}
+
 /// Reads `image` (a dump, without any trailer) into a new database file in `dir`
 /// (DUMP-4). `dir` must not hold a database yet.
 pub fn restore(image: &[u8], dir: &Path) -> Result<(), StorageError> {

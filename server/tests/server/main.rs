@@ -31,6 +31,8 @@
 //! - `server_process`: the kvd process (signals, restart, a shared data directory, flag
 //!   errors, the HTTP routes).
 //! - `server_wire`: bad and unusual input over the wire, and the shape of the answers.
+//! - `snapshot_etcd`: snapshots between kvd and etcd 3.4.23 in both directions, with
+//!   history, and `kvd snapshot save|restore|status`.
 //!
 //! Invariant: the tests share this process and run on parallel threads, so none of them
 //! changes process-wide state (environment variables, the working directory, signal
@@ -55,3 +57,4 @@ mod server_operator;
 mod server_prepare_queue;
 mod server_process;
 mod server_wire;
+mod snapshot_etcd;
