@@ -288,10 +288,9 @@ pub fn etcd_snapshot_status(file: &[u8]) -> Result<bbolt::status::BboltStatus> {
     Ok(bbolt::status::status(db).map_err(StorageError::from)?)
 }
 
-/// Creates a kvd database in `data_dir` from `db`, an etcd snapshot's bbolt file without
-/// its trailer (the caller checks it): the same history, compaction revision, current
-/// revision and leases (ETCDSNAP-2). `data_dir` must hold no database.
-pub fn restore_etcd_snapshot(db: &[u8], data_dir: &Path) -> Result<EtcdRestoreSummary> {
+/// Reads `db` (an etcd snapshot's bbolt file without its trailer) whole and returns the
+/// kvd dump image with the same state, and what it holds; writes nothing.
+pub fn import_etcd_snapshot(db: &[u8]) -> Result<(Vec<u8>, EtcdRestoreSummary)> {
     let reader = Reader::open(db).map_err(StorageError::from)?;
     let mut import = Import::default();
     reader
@@ -306,19 +305,28 @@ pub fn restore_etcd_snapshot(db: &[u8], data_dir: &Path) -> Result<EtcdRestoreSu
         image.meta(MetaKey::ScheduledCompactRevision, compact as u64);
         image.meta(MetaKey::FinishedCompactRevision, compact as u64);
     }
+    let summary = EtcdRestoreSummary {
+        revision,
+        compact_revision: compact,
+        ..import.summary
+    };
+    Ok((image.finish(), summary))
+}
+
+/// Creates a kvd database in `data_dir` from `db`, an etcd snapshot's bbolt file without
+/// its trailer (the caller checks it): the same history, compaction revision, current
+/// revision and leases (ETCDSNAP-2). `data_dir` must hold no database.
+pub fn restore_etcd_snapshot(db: &[u8], data_dir: &Path) -> Result<EtcdRestoreSummary> {
+    let (image, summary) = import_etcd_snapshot(db)?;
     let created = !data_dir.exists();
     let result = std::fs::create_dir_all(data_dir)
         .map_err(|e| StorageError::Io(format!("create {}: {e}", data_dir.display())))
-        .and_then(|()| crate::storage::dump::restore(&image.finish(), data_dir));
+        .and_then(|()| crate::storage::dump::restore(&image, data_dir));
     if let Err(e) = result {
         if created {
             let _ = std::fs::remove_dir_all(data_dir);
         }
         return Err(e.into());
     }
-    Ok(EtcdRestoreSummary {
-        revision,
-        compact_revision: compact,
-        ..import.summary
-    })
+    Ok(summary)
 }

@@ -82,7 +82,8 @@ use commit::{Committer, Handover};
 pub use defrag::DefragFailpoint;
 use defrag::DefragState;
 pub use etcd_snapshot::{
-    EtcdMember, EtcdRestoreSummary, EtcdSnapshotStream, etcd_snapshot_status, restore_etcd_snapshot,
+    EtcdMember, EtcdRestoreSummary, EtcdSnapshotStream, etcd_snapshot_status, import_etcd_snapshot,
+    restore_etcd_snapshot,
 };
 use lanes::Queued;
 use mailbox::Mailbox;
