@@ -79,6 +79,62 @@ pub async fn save(endpoint: &str, file: &Path, format: Format) -> Result<Saved, 
     })
 }
 
+/// Writes a snapshot of the stopped data directory `dir` into `file`, with the trailer
+/// (SNAPTOOL-1; the engine's directory lock refuses a directory a running kvd holds).
+pub fn save_offline(dir: &Path, file: &Path, format: Format) -> Result<Saved, String> {
+    let part = part_path(file);
+    let result = save_offline_to(dir, &part, format).and_then(|saved| {
+        std::fs::rename(&part, file)
+            .map(|()| saved)
+            .map_err(|e| format!("rename {} to {}: {e}", part.display(), file.display()))
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&part);
+    }
+    result
+}
+
+fn save_offline_to(dir: &Path, part: &Path, format: Format) -> Result<Saved, String> {
+    let engine = kvd::Engine::open(dir, kvd::Config::default()).map_err(|e| e.to_string())?;
+    let mut source: Box<dyn crate::snapshot::ChunkSource> = match format {
+        Format::Etcd => Box::new(
+            engine
+                .etcd_snapshot_stream(&kvd::EtcdMember::default())
+                .map_err(|e| e.to_string())?,
+        ),
+        Format::Kvd => Box::new(engine.snapshot_stream().map_err(|e| e.to_string())?),
+    };
+    let mut out = std::fs::File::options()
+        .write(true)
+        .create_new(true)
+        .open(part)
+        .map_err(|e| format!("create {}: {e}", part.display()))?;
+    let mut hasher = sha2::Sha256::new();
+    let mut bytes: u64 = 0;
+    let mut chunk = Vec::with_capacity(crate::snapshot::SNAPSHOT_CHUNK_BYTES);
+    loop {
+        chunk.clear();
+        let more = source
+            .next_chunk(&mut chunk, crate::snapshot::SNAPSHOT_CHUNK_BYTES)
+            .map_err(|e| e.to_string())?;
+        hasher.update(&chunk);
+        bytes += chunk.len() as u64;
+        out.write_all(&chunk)
+            .map_err(|e| format!("write {}: {e}", part.display()))?;
+        if !more {
+            break;
+        }
+    }
+    out.write_all(&hasher.finalize())
+        .and_then(|()| out.sync_all())
+        .map_err(|e| format!("write {}: {e}", part.display()))?;
+    drop(source);
+    engine.close().map_err(|e| e.to_string())?;
+    Ok(Saved {
+        bytes: bytes + TRAILER_BYTES as u64,
+    })
+}
+
 fn part_path(file: &Path) -> PathBuf {
     let mut name = file.as_os_str().to_owned();
     name.push(".part");

@@ -35,6 +35,7 @@ mod defrag;
 mod etcd_snapshot;
 mod lanes;
 mod mailbox;
+mod offline;
 mod prepare;
 mod proposal;
 mod publish;
@@ -87,6 +88,7 @@ pub use etcd_snapshot::{
 };
 use lanes::Queued;
 use mailbox::Mailbox;
+pub use offline::{CheckReport, OfflineDefrag, check_data_dir, defrag_data_dir};
 use prepare::PrepareQueue;
 pub use prepare::RoleQueue;
 pub use proposal::{Completion, WriteRequest, write_cost};

@@ -19,9 +19,12 @@
 //!   consumption drift (the operator API's `RECONCILE_CONSUMPTION`), prints the JSON answer
 //!   on stdout and a summary on stderr, and exits 0 if the counters agree (or were
 //!   repaired), 2 if they drift and were not repaired, 1 if no endpoint answered.
-//! - BIN-7: `kvd snapshot save FILE [--endpoints URL] [--format etcd|kvd]`, `kvd snapshot
+//! - BIN-7: `kvd snapshot save FILE [--endpoints URL | --data-dir DIR] [--format etcd|kvd]`, `kvd snapshot
 //!   restore FILE --data-dir DIR [--skip-hash-check]` and `kvd snapshot status FILE [-w
 //!   json]` (`snapshot_tool`) exit 0 on success and 1 with one `Error:` line on stderr.
+//! - BIN-8: `kvd check --data-dir DIR` prints one JSON report and exits 0 if sound, 2 if
+//!   damage was found, 1 if it could not run; `kvd defrag --data-dir DIR` exits 0 after a
+//!   defrag that kept HashKV. Both refuse a directory a running kvd holds (OFFLINE-1).
 //! - BIN-6: a flag value kvd cannot use is refused at start with a message that names the
 //!   flag; durations are written as etcd's (Go's) are: `90s`, `10m`, `1h30m`, `0`.
 //!
@@ -73,6 +76,21 @@ mod cli {
         /// directory, or report what a file holds; etcd's format (etcdctl's) or kvd's.
         #[command(subcommand)]
         Snapshot(SnapshotCommand),
+        /// Checks a stopped data directory: redb's integrity check, every history record,
+        /// row and live key decoded, HashKV, the consumption recount. Exits 0 if sound, 2 if
+        /// damage was found, 1 if the check could not run (a running kvd holds the directory).
+        Check {
+            /// The data directory.
+            #[arg(long, value_name = "DIR")]
+            data_dir: PathBuf,
+        },
+        /// Defragments a stopped data directory (rewrites its database file to give free
+        /// space back), keeping HashKV.
+        Defrag {
+            /// The data directory.
+            #[arg(long, value_name = "DIR")]
+            data_dir: PathBuf,
+        },
     }
 
     /// `kvd snapshot` (BIN-7).
@@ -83,6 +101,9 @@ mod cli {
         Save {
             /// The file to write.
             file: PathBuf,
+            /// Save from this stopped data directory instead of a running server.
+            #[arg(long, value_name = "DIR", conflicts_with = "endpoints")]
+            data_dir: Option<PathBuf>,
             /// The client URL of the server (`http://host:port` or `host:port`); the first
             /// of a comma-separated list is used.
             #[arg(
@@ -470,8 +491,27 @@ mod cli {
         let result = match command {
             SnapshotCommand::Save {
                 file,
+                data_dir: Some(dir),
+                format,
+                ..
+            } => {
+                let format = match format {
+                    FormatArg::Etcd => Format::Etcd,
+                    FormatArg::Kvd => Format::Kvd,
+                };
+                snapshot_tool::save_offline(&dir, &file, format).map(|saved| {
+                    println!(
+                        "Snapshot saved at {} ({} bytes)",
+                        file.display(),
+                        saved.bytes
+                    );
+                })
+            }
+            SnapshotCommand::Save {
+                file,
                 endpoints,
                 format,
+                data_dir: None,
             } => {
                 let format = match format {
                     FormatArg::Etcd => Format::Etcd,
@@ -541,6 +581,77 @@ mod cli {
         }
     }
 
+    /// Runs `kvd check` and returns its exit code (BIN-8).
+    fn check_main(data_dir: &std::path::Path) -> ExitCode {
+        eprintln!("kvd check: checking {}", data_dir.display());
+        match kvd::check_data_dir(data_dir, kvd::Config::default()) {
+            Ok(report) => {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "ok": report.ok(),
+                        "repaired": report.repaired,
+                        "revision": report.revision,
+                        "compactRevision": report.compact_revision,
+                        "keys": report.keys,
+                        "hashKv": report.hash_kv,
+                        "driftRows": report.drift_rows,
+                    })
+                );
+                if report.ok() {
+                    eprintln!("kvd check: no damage found");
+                    ExitCode::SUCCESS
+                } else {
+                    eprintln!(
+                        "kvd check: {} consumption rows drift from the recount",
+                        report.drift_rows
+                    );
+                    ExitCode::from(2)
+                }
+            }
+            Err(err) if err.is_corrupted() => {
+                println!(
+                    "{}",
+                    serde_json::json!({ "ok": false, "error": err.to_string() })
+                );
+                eprintln!("kvd check: damage found: {err}");
+                ExitCode::from(2)
+            }
+            Err(err) => {
+                eprintln!("Error: {err}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+
+    /// Runs `kvd defrag --data-dir` and returns its exit code (BIN-8).
+    fn defrag_main(data_dir: &std::path::Path) -> ExitCode {
+        eprintln!("kvd defrag: defragmenting {}", data_dir.display());
+        match kvd::defrag_data_dir(data_dir, kvd::Config::default()) {
+            Ok(d) if d.hash_kv_before == d.hash_kv_after => {
+                println!(
+                    "Defragmented {}: {} -> {} bytes (HashKV {} kept)",
+                    data_dir.display(),
+                    d.size_before,
+                    d.size_after,
+                    d.hash_kv_after
+                );
+                ExitCode::SUCCESS
+            }
+            Ok(d) => {
+                eprintln!(
+                    "Error: HashKV changed across the defrag ({} -> {})",
+                    d.hash_kv_before, d.hash_kv_after
+                );
+                ExitCode::from(2)
+            }
+            Err(err) => {
+                eprintln!("Error: {err}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+
     /// Runs `kvd bench` and returns its exit code (BIN-4).
     fn bench_main(flags: BenchFlags) -> ExitCode {
         let workload = match flags.workload {
@@ -597,6 +708,8 @@ mod cli {
             Some(Command::Bench(flags)) => return bench_main(flags),
             Some(Command::Reconcile(flags)) => return reconcile_main(&flags),
             Some(Command::Snapshot(command)) => return snapshot_main(command),
+            Some(Command::Check { data_dir }) => return check_main(&data_dir),
+            Some(Command::Defrag { data_dir }) => return defrag_main(&data_dir),
             None => {}
         }
         let flags = cli.serve;

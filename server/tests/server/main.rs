@@ -13,6 +13,8 @@
 //!   3.4.23 (unary endpoints, errors, a watch and a keep-alive stream).
 //! - `metrics`: `/metrics` parsed by `prometheus-parse`: etcd's series with etcd 3.4.23's
 //!   names, types, labels and buckets, and values that follow the store.
+//! - `offline_tools`: `kvd check`, `kvd defrag --data-dir` and `kvd snapshot save
+//!   --data-dir` on a stopped data directory, and their refusal of one a kvd holds.
 //! - `server_bench`: smoke test of the `kvd bench` load generator.
 //! - `server_full_disk`: a full disk on a tmpfs the test mounts (root): recovery without a
 //!   restart, the scaled filesystem reserve, the NOSPACE log line.
@@ -46,6 +48,7 @@ mod client_crate;
 mod etcdctl;
 mod gateway;
 mod metrics;
+mod offline_tools;
 mod server_bench;
 mod server_full_disk;
 mod server_hardening;
