@@ -174,10 +174,28 @@ fn damaged_files_leave_no_directory_behind() {
             f[2 * 4096..3 * 4096].fill(0);
             f
         }),
+        // The last key leaf: found only after the records before it were written.
+        ("late damage", {
+            let mut f = file.clone();
+            let last_leaf = last_key_leaf(&f);
+            f[last_leaf * 4096 + 16..last_leaf * 4096 + 48].fill(0xFF);
+            f
+        }),
     ] {
         let target = dir.path().join(what);
         let err = restore_etcd_snapshot(&bytes, &target).unwrap_err();
         assert!(err.is_corrupted(), "{what}: {err}");
         assert!(!target.exists(), "{what}: a directory was left behind");
+        // An empty directory given by the caller stays, empty.
+        std::fs::create_dir(&target).unwrap();
+        assert!(restore_etcd_snapshot(&bytes, &target).is_err());
+        assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0, "{what}");
     }
+}
+
+/// Returns the page number of the last leaf page before the first branch page.
+fn last_key_leaf(file: &[u8]) -> usize {
+    let flags = |page: usize| u16::from_le_bytes([file[page * 4096 + 8], file[page * 4096 + 9]]);
+    let first_branch = (2..file.len() / 4096).find(|p| flags(*p) == 1).unwrap();
+    (2..first_branch).rev().find(|p| flags(*p) == 2).unwrap()
 }

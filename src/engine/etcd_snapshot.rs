@@ -18,9 +18,9 @@
 //! Invariants:
 //! - ETCDSNAP-1: one stream reads one snapshot, as SNAP-1: the file is the committed state
 //!   at [`EtcdSnapshotStream::revision`].
-//! - ETCDSNAP-2: [`restore_etcd_snapshot`] writes the database only after the whole file
-//!   has been read and checked; on any error the directory is left as it was (and a
-//!   directory it created is removed).
+//! - ETCDSNAP-2: [`restore_etcd_snapshot`] validates the metas before it creates anything,
+//!   then writes records as the walk reads them; on any error (a damaged page found part
+//!   way, a write failure) the database file is removed, and a directory it created too.
 //!
 //! Contact points: `server::maintenance` streams it, `kvd snapshot restore|status` import
 //! and inspect.
@@ -35,8 +35,74 @@ use crate::bbolt::{self, BboltError, invalid, parse_etcd_revision_key};
 use crate::error::{Error, Result, StorageError};
 use crate::mvcc::Revision;
 use crate::mvcc::record::Record;
-use crate::storage::dump::DumpBuilder;
+use crate::storage::dump::{DumpBuilder, RestoreWriter};
 use crate::storage::{MetaKey, Snapshot};
+use crate::storage::{RevisionKey, RowTable};
+
+/// Where an import's records go: a dump image in memory, or a new database file.
+trait Sink {
+    fn meta(&mut self, key: MetaKey, value: u64) -> std::result::Result<(), StorageError>;
+    fn row(
+        &mut self,
+        table: RowTable,
+        key: &[u8],
+        value: &[u8],
+    ) -> std::result::Result<(), StorageError>;
+    fn history(
+        &mut self,
+        key: &RevisionKey,
+        record: &[u8],
+    ) -> std::result::Result<(), StorageError>;
+}
+
+impl Sink for DumpBuilder {
+    fn meta(&mut self, key: MetaKey, value: u64) -> std::result::Result<(), StorageError> {
+        DumpBuilder::meta(self, key, value);
+        Ok(())
+    }
+
+    fn row(
+        &mut self,
+        table: RowTable,
+        key: &[u8],
+        value: &[u8],
+    ) -> std::result::Result<(), StorageError> {
+        DumpBuilder::row(self, table, key, value);
+        Ok(())
+    }
+
+    fn history(
+        &mut self,
+        key: &RevisionKey,
+        record: &[u8],
+    ) -> std::result::Result<(), StorageError> {
+        DumpBuilder::history(self, key, record);
+        Ok(())
+    }
+}
+
+impl Sink for RestoreWriter {
+    fn meta(&mut self, key: MetaKey, value: u64) -> std::result::Result<(), StorageError> {
+        RestoreWriter::meta(self, key, value)
+    }
+
+    fn row(
+        &mut self,
+        table: RowTable,
+        key: &[u8],
+        value: &[u8],
+    ) -> std::result::Result<(), StorageError> {
+        RestoreWriter::row(self, table, key, value)
+    }
+
+    fn history(
+        &mut self,
+        key: &RevisionKey,
+        record: &[u8],
+    ) -> std::result::Result<(), StorageError> {
+        RestoreWriter::history(self, key, record)
+    }
+}
 
 /// The member a snapshot names in its `members` bucket.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -205,16 +271,61 @@ pub struct EtcdRestoreSummary {
 }
 
 /// The state of an import while the file is walked.
-#[derive(Default)]
-struct Import {
-    image: DumpBuilder,
+struct Import<S: Sink> {
+    sink: S,
+    /// The first error of the sink, which stops the walk.
+    failed: Option<StorageError>,
     summary: EtcdRestoreSummary,
     last_main: i64,
     finished: i64,
     scheduled: i64,
 }
 
-impl Import {
+impl<S: Sink> Import<S> {
+    fn new(sink: S) -> Import<S> {
+        Import {
+            sink,
+            failed: None,
+            summary: EtcdRestoreSummary::default(),
+            last_main: 0,
+            finished: 0,
+            scheduled: 0,
+        }
+    }
+
+    /// Records a sink error and returns the error that stops the walk.
+    fn sunk(&mut self, result: std::result::Result<(), StorageError>) -> Result<(), BboltError> {
+        result.map_err(|e| {
+            self.failed = Some(e);
+            invalid("the restore stopped: writing failed")
+        })
+    }
+
+    /// Walks `reader` into the sink, then writes the meta integers; returns the summary.
+    fn run(&mut self, reader: &Reader<'_>) -> Result<EtcdRestoreSummary> {
+        let walked = reader.visit(&mut |bucket, key, value| self.entry(bucket, key, value));
+        if let Some(e) = self.failed.take() {
+            return Err(e.into());
+        }
+        walked.map_err(StorageError::from)?;
+        let compact = self.finished.max(self.scheduled);
+        let revision = self.last_main.max(compact).max(1);
+        self.sink
+            .meta(MetaKey::SchemaVersion, crate::storage::SCHEMA_VERSION)?;
+        self.sink.meta(MetaKey::CurrentRevision, revision as u64)?;
+        if compact > 0 {
+            self.sink
+                .meta(MetaKey::ScheduledCompactRevision, compact as u64)?;
+            self.sink
+                .meta(MetaKey::FinishedCompactRevision, compact as u64)?;
+        }
+        Ok(EtcdRestoreSummary {
+            revision,
+            compact_revision: compact,
+            ..self.summary
+        })
+    }
+
     fn entry(&mut self, bucket: &[u8], key: &[u8], value: &[u8]) -> Result<(), BboltError> {
         match bucket {
             bbolt::BUCKET_KEY => self.history(key, value),
@@ -224,13 +335,13 @@ impl Import {
                 if key != id.to_be_bytes() {
                     return Err(invalid("lease row whose key is not its id"));
                 }
-                self.image.row(
+                let written = self.sink.row(
                     crate::lease::LEASES_TABLE,
                     &id.to_be_bytes(),
                     &ttl.to_be_bytes(),
                 );
                 self.summary.leases += 1;
-                Ok(())
+                self.sunk(written)
             }
             // Membership, alarms raised by etcd's members and auth (kvd has none yet) are
             // not part of the imported state.
@@ -259,11 +370,12 @@ impl Import {
                 value: kv.value.into(),
             }
         };
-        self.image
+        let written = self
+            .sink
             .history(&Revision::new(main, sub).to_key(), &record.encode());
         self.last_main = main;
         self.summary.history_entries += 1;
-        Ok(())
+        self.sunk(written)
     }
 
     fn meta(&mut self, key: &[u8], value: &[u8]) -> Result<(), BboltError> {
@@ -292,41 +404,35 @@ pub fn etcd_snapshot_status(file: &[u8]) -> Result<bbolt::status::BboltStatus> {
 /// kvd dump image with the same state, and what it holds; writes nothing.
 pub fn import_etcd_snapshot(db: &[u8]) -> Result<(Vec<u8>, EtcdRestoreSummary)> {
     let reader = Reader::open(db).map_err(StorageError::from)?;
-    let mut import = Import::default();
-    reader
-        .visit(&mut |bucket, key, value| import.entry(bucket, key, value))
-        .map_err(StorageError::from)?;
-    let compact = import.finished.max(import.scheduled);
-    let revision = import.last_main.max(compact).max(1);
-    let mut image = std::mem::take(&mut import.image);
-    image.meta(MetaKey::SchemaVersion, crate::storage::SCHEMA_VERSION);
-    image.meta(MetaKey::CurrentRevision, revision as u64);
-    if compact > 0 {
-        image.meta(MetaKey::ScheduledCompactRevision, compact as u64);
-        image.meta(MetaKey::FinishedCompactRevision, compact as u64);
-    }
-    let summary = EtcdRestoreSummary {
-        revision,
-        compact_revision: compact,
-        ..import.summary
-    };
-    Ok((image.finish(), summary))
+    let mut import = Import::new(DumpBuilder::new());
+    let summary = import.run(&reader)?;
+    Ok((import.sink.finish(), summary))
 }
 
 /// Creates a kvd database in `data_dir` from `db`, an etcd snapshot's bbolt file without
 /// its trailer (the caller checks it): the same history, compaction revision, current
-/// revision and leases (ETCDSNAP-2). `data_dir` must hold no database.
+/// revision and leases (ETCDSNAP-2). `data_dir` must hold no database. Records go to the
+/// database as they are read, so memory holds the file and one commit's rows.
 pub fn restore_etcd_snapshot(db: &[u8], data_dir: &Path) -> Result<EtcdRestoreSummary> {
-    let (image, summary) = import_etcd_snapshot(db)?;
+    let reader = Reader::open(db).map_err(StorageError::from)?;
     let created = !data_dir.exists();
+    let db_file = data_dir.join(crate::storage::DB_FILE_NAME);
     let result = std::fs::create_dir_all(data_dir)
-        .map_err(|e| StorageError::Io(format!("create {}: {e}", data_dir.display())))
-        .and_then(|()| crate::storage::dump::restore(&image, data_dir));
-    if let Err(e) = result {
+        .map_err(|e| StorageError::Io(format!("create {}: {e}", data_dir.display())).into())
+        .and_then(|()| Ok(RestoreWriter::create(data_dir)?))
+        .and_then(|writer| {
+            let mut import = Import::new(writer);
+            let summary = import.run(&reader)?;
+            import.sink.finish()?;
+            Ok(summary)
+        });
+    if result.is_err() {
+        // ETCDSNAP-2: nothing that could be mistaken for a database stays behind.
         if created {
             let _ = std::fs::remove_dir_all(data_dir);
+        } else {
+            let _ = std::fs::remove_file(&db_file);
         }
-        return Err(e.into());
     }
-    Ok(summary)
+    result
 }

@@ -266,6 +266,98 @@ impl DumpBuilder {
     }
 }
 
+/// Writes a new database record by record, committing every [`RESTORE_ROWS_PER_COMMIT`]
+/// rows, for images read from something other than a dump (an etcd snapshot being
+/// imported), so the whole image need not be in memory. Until [`RestoreWriter::finish`]
+/// returns, the file is not a database to open: a caller that fails part way removes it.
+pub struct RestoreWriter {
+    db: redb::Database,
+    txn: Option<redb::WriteTransaction>,
+    in_txn: usize,
+}
+
+impl std::fmt::Debug for RestoreWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestoreWriter")
+            .field("in_txn", &self.in_txn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RestoreWriter {
+    /// Creates the database file in `dir`, which must not hold one.
+    pub fn create(dir: &Path) -> Result<RestoreWriter, StorageError> {
+        let path = dir.join(DB_FILE_NAME);
+        if path.exists() {
+            return Err(StorageError::Io(format!(
+                "restore: {} exists already",
+                path.display()
+            )));
+        }
+        let db = redb::Builder::new()
+            .create(&path)
+            .map_err(|e| open_error(&path, e.into()))?;
+        let txn = db.begin_write().map_err(storage_error)?;
+        Ok(RestoreWriter {
+            db,
+            txn: Some(txn),
+            in_txn: 0,
+        })
+    }
+
+    fn txn(&mut self) -> Result<&mut redb::WriteTransaction, StorageError> {
+        if self.in_txn == RESTORE_ROWS_PER_COMMIT {
+            if let Some(txn) = self.txn.take() {
+                txn.commit().map_err(storage_error)?;
+            }
+            self.in_txn = 0;
+        }
+        if self.txn.is_none() {
+            self.txn = Some(self.db.begin_write().map_err(storage_error)?);
+        }
+        self.in_txn += 1;
+        self.txn
+            .as_mut()
+            .ok_or_else(|| StorageError::Io("restore: no write transaction".into()))
+    }
+
+    /// Writes a meta integer.
+    pub fn meta(&mut self, key: super::MetaKey, value: u64) -> Result<(), StorageError> {
+        let txn = self.txn()?;
+        let mut meta = txn.open_table(META).map_err(storage_error)?;
+        meta.insert(key.name(), &value.to_be_bytes()[..])
+            .map_err(storage_error)?;
+        Ok(())
+    }
+
+    /// Writes a row of a registered table.
+    pub fn row(&mut self, table: RowTable, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
+        let txn = self.txn()?;
+        let mut t = txn.open_table(table.definition()).map_err(storage_error)?;
+        t.insert(key, value).map_err(storage_error)?;
+        Ok(())
+    }
+
+    /// Writes a history record.
+    pub fn history(&mut self, key: &RevisionKey, record: &[u8]) -> Result<(), StorageError> {
+        let txn = self.txn()?;
+        let mut history = txn.open_table(HISTORY).map_err(storage_error)?;
+        history.insert(key, record).map_err(storage_error)?;
+        Ok(())
+    }
+
+    /// Commits the last rows and closes the database.
+    pub fn finish(mut self) -> Result<(), StorageError> {
+        let txn = self.txn()?;
+        // The engine expects the history table to exist even in an empty database.
+        txn.open_table(HISTORY).map_err(storage_error)?;
+        if let Some(txn) = self.txn.take() {
+            txn.commit().map_err(storage_error)?;
+        }
+        self.db.close().map_err(storage_error)
+    }
+}
+
 /// What a dump holds, for `kvd snapshot status`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DumpSummary {
