@@ -71,9 +71,16 @@ fn export(engine: &Engine) -> Vec<u8> {
     let mut stream = engine.etcd_snapshot_stream(&member).unwrap();
     let mut file = Vec::new();
     let mut calls = 0;
-    while stream.next_chunk(&mut file, 32 * 1024).unwrap() {
+    loop {
+        // Each call appends at least one chunk's worth to an empty buffer.
+        let mut chunk = Vec::new();
+        let more = stream.next_chunk(&mut chunk, 32 * 1024).unwrap();
+        file.extend_from_slice(&chunk);
         calls += 1;
-        assert!(calls < 100_000);
+        assert!(calls < 100_000, "the stream never ends");
+        if !more {
+            break;
+        }
     }
     assert_eq!(file.len() as u64, stream.size());
     file
@@ -138,8 +145,42 @@ fn etcdctl_reports_the_same_status_as_kvd() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path());
     let (revision, _) = populate(&engine);
+    assert_etcdctl_status(dir.path(), &engine, revision);
+}
+
+#[test]
+fn etcdctl_checks_a_file_with_two_branch_levels() {
+    // 20 000 history entries: about 200 leaves, so two levels of branch pages.
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path());
+    for batch in 0..200 {
+        let success = (0..100)
+            .map(|i| {
+                kvd::RequestOp::Put(PutRequest::new(
+                    format!("key/{batch:03}/{i:03}"),
+                    format!("{batch}-{i}"),
+                ))
+            })
+            .collect();
+        engine
+            .txn(kvd::TxnRequest {
+                success,
+                ..kvd::TxnRequest::default()
+            })
+            .unwrap();
+    }
+    let revision = engine.status().unwrap().header.revision;
     let file = export(&engine);
-    let path = dir.path().join("snap.db");
+    let branches = (2..file.len() / 4096)
+        .filter(|p| file[p * 4096 + 8] == 1 && file[p * 4096 + 9] == 0)
+        .count();
+    assert!(branches >= 3, "{branches} branch pages: not two levels");
+    assert_etcdctl_status(dir.path(), &engine, revision);
+}
+
+fn assert_etcdctl_status(dir: &std::path::Path, engine: &Engine, revision: i64) {
+    let file = export(engine);
+    let path = dir.join("snap.db");
     std::fs::write(&path, &file).unwrap();
     let out = Command::new("etcdctl")
         .env("ETCDCTL_API", "3")

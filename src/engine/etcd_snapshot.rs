@@ -152,7 +152,14 @@ impl Engine {
     /// engine.put(kvd::PutRequest::new("k", "v")).unwrap();
     /// let mut stream = engine.etcd_snapshot_stream(&kvd::EtcdMember::default()).unwrap();
     /// let mut file = Vec::new();
-    /// while stream.next_chunk(&mut file, 32 * 1024).unwrap() {}
+    /// loop {
+    ///     let mut chunk = Vec::new();
+    ///     let more = stream.next_chunk(&mut chunk, 32 * 1024).unwrap();
+    ///     file.extend_from_slice(&chunk);
+    ///     if !more {
+    ///         break;
+    ///     }
+    /// }
     /// assert_eq!(file.len() as u64, stream.size());
     /// assert_eq!(kvd::etcd_snapshot_status(&file).unwrap().revision, 2);
     /// ```
