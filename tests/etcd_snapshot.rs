@@ -113,6 +113,11 @@ fn a_store_goes_out_to_etcds_format_and_comes_back_the_same() {
     assert_eq!(summary.leases, 2);
     let copy = open(&target);
     assert_eq!(copy.status().unwrap().header.revision, revision);
+    assert_eq!(
+        copy.consumption_drift().unwrap(),
+        Vec::new(),
+        "counters after the import"
+    );
     for rev in [compacted, compacted + 1, revision - 10, revision, 0] {
         assert_eq!(range_at(&copy, rev), range_at(&source, rev), "at {rev}");
     }

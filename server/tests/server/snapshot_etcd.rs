@@ -4,8 +4,8 @@
 //!   count, the hash `kvd snapshot status` computes) → `etcdctl snapshot restore` → an
 //!   etcd started on it serves the same `get --prefix -w json` (revisions included), the
 //!   same old revision, refuses the same compacted one, and has the lease with its TTL;
-//! - etcd → `etcdctl snapshot save` → `kvd snapshot restore` → a kvd started on it serves
-//!   the same;
+//! - etcd → `etcdctl snapshot save` → `kvd snapshot restore` → `kvd check` passes → a kvd
+//!   started on it serves the same;
 //! - `kvd snapshot save --format kvd|etcd` and `kvd snapshot status` for both formats;
 //!   damaged files are refused by `kvd snapshot restore` with no directory left behind.
 //!
@@ -195,6 +195,10 @@ fn an_etcd_snapshot_restores_into_kvd_with_its_history() {
     for field in ["hash", "revision", "totalKey", "totalSize"] {
         assert_eq!(ours[field], theirs[field], "{field}");
     }
+
+    // The imported directory passes kvd's own check before a kvd starts on it.
+    let check = kvd(&["check", "--data-dir", path(&data)]);
+    assert!(check.status.success(), "{check:?}");
 
     let server = common::start_kvd_in(&data, &[]).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(observe(&server.endpoint, &lease, compact, old), want);
