@@ -245,3 +245,39 @@ fn last_key_leaf(file: &[u8]) -> usize {
     let first_branch = (2..file.len() / 4096).find(|p| flags(*p) == 1).unwrap();
     (2..first_branch).rev().find(|p| flags(*p) == 2).unwrap()
 }
+
+#[test]
+fn alarms_go_out_under_the_member_id_and_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir.path().join("src"));
+    engine.put(PutRequest::new("k", "v")).unwrap();
+    for member_id in [0, 42] {
+        engine
+            .alarm(kvd::AlarmRequest {
+                action: kvd::AlarmAction::Activate,
+                member_id,
+                alarm: kvd::AlarmType::Corrupt,
+            })
+            .unwrap();
+    }
+    let file = export(&engine);
+    let target = dir.path().join("restored");
+    restore_etcd_snapshot(&file, &target).unwrap();
+    let copy = open(&target);
+    let mut listed: Vec<_> = copy
+        .alarm(kvd::AlarmRequest::default())
+        .unwrap()
+        .alarms
+        .into_iter()
+        .map(|a| (a.member_id, a.alarm))
+        .collect();
+    listed.sort();
+    // The engine's own member 0 went out as the member's id, as the wire shows it.
+    assert_eq!(
+        listed,
+        [
+            (42, kvd::AlarmType::Corrupt),
+            (0xbdae_9bbc_11dd_390d, kvd::AlarmType::Corrupt)
+        ]
+    );
+}

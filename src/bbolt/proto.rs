@@ -201,6 +201,24 @@ pub fn decode_lease(bytes: &[u8]) -> Result<(i64, i64), BboltError> {
     Ok((id, ttl))
 }
 
+/// Decodes an `AlarmMember` into `(member_id, alarm)` (PROTO-2).
+pub fn decode_alarm(bytes: &[u8]) -> Result<(u64, i32), BboltError> {
+    let what = "AlarmMember";
+    let (mut member, mut alarm) = (0u64, 0i32);
+    let mut fields = Fields { bytes, what };
+    while let Some((number, field)) = fields.next()? {
+        match (number, field) {
+            (1, Field::Varint(v)) => member = v,
+            (2, Field::Varint(v)) => {
+                alarm = i32::try_from(v).map_err(|_| invalid("AlarmMember: alarm out of range"))?
+            }
+            (1..=2, _) => return Err(mismatch(what, number)),
+            _ => {}
+        }
+    }
+    Ok((member, alarm))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,8 +263,15 @@ mod tests {
             ]
         );
         assert_eq!(decode_lease(&lease), Ok((0x390d_a230_7ab6_cb09, 600)));
-        let alarm = encode_alarm(0x9d0a_1b7b_c3ae_8ae8 ^ 0x9d0a_1b7b_c3ae_8ae8, 1);
+        let alarm = encode_alarm(0, 1);
         assert_eq!(alarm, [0x10, 0x01]);
+        // etcd's bytes for a NOSPACE alarm of member 0x9d0a1b7bc3ae8ae (obs).
+        let nospace = [
+            0x08, 0xae, 0x87, 0xd1, 0xd7, 0xc3, 0xbd, 0xa1, 0x8a, 0x9d, 0x01, 0x10, 0x01,
+        ];
+        let (member, kind) = decode_alarm(&nospace).unwrap();
+        assert_eq!(kind, 1);
+        assert_eq!(encode_alarm(member, kind), nospace);
     }
 
     #[test]

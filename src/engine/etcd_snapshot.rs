@@ -11,7 +11,8 @@
 //! - each alarm → `alarm` bucket, `AlarmMember` → empty;
 //! - this member → `members` (hex id → JSON) and `cluster` (`clusterVersion` → `3.4.0`).
 //!
-//! On import, the current revision is the larger of the last `key` entry's main and the
+//! On import, alarms keep the member ids etcd stored (as etcd's own restore does), and the
+//! current revision is the larger of the last `key` entry's main and the
 //! compaction revision (etcd's rule), and the compaction revision is the larger of the
 //! scheduled and finished ones (etcd resumes a scheduled compaction on start).
 //!
@@ -28,7 +29,9 @@
 use std::path::Path;
 
 use super::Engine;
-use crate::bbolt::proto::{decode_key_value, decode_lease, encode_alarm, encode_lease};
+use crate::bbolt::proto::{
+    decode_alarm, decode_key_value, decode_lease, encode_alarm, encode_lease,
+};
 use crate::bbolt::read::Reader;
 use crate::bbolt::write::{Entry, EtcdWriter};
 use crate::bbolt::{self, BboltError, invalid, parse_etcd_revision_key};
@@ -201,14 +204,20 @@ impl Engine {
         }
         let mut alarms = Vec::new();
         for (key, _) in snapshot.rows(crate::alarm::ALARMS_TABLE)? {
-            let (id, kind) = key
-                .split_first_chunk::<8>()
-                .ok_or_else(|| corrupted_row("alarm"))?;
-            let kind = *kind.first().ok_or_else(|| corrupted_row("alarm"))?;
-            alarms.push((
-                encode_alarm(u64::from_be_bytes(*id), i32::from(kind)),
-                Vec::new(),
-            ));
+            let alarm = crate::alarm::decode_key(&key)?;
+            let kind = match alarm.alarm {
+                crate::api::AlarmType::None => 0,
+                crate::api::AlarmType::NoSpace => 1,
+                crate::api::AlarmType::Corrupt => 2,
+            };
+            // The engine raises its own alarms as member 0, which is this member on the
+            // wire: the ids 0 and the member's swap, as the server's Alarm answers do.
+            let id = match alarm.member_id {
+                0 => member.id,
+                id if id == member.id => 0,
+                id => id,
+            };
+            alarms.push((encode_alarm(id, kind), Vec::new()));
         }
         alarms.sort();
         let members = vec![(format!("{:x}", member.id).into_bytes(), member_json(member))];
@@ -350,8 +359,20 @@ impl<S: Sink> Import<S> {
                 self.summary.leases += 1;
                 self.sunk(written)
             }
-            // Membership, alarms raised by etcd's members and auth (kvd has none yet) are
-            // not part of the imported state.
+            bbolt::BUCKET_ALARM => {
+                // etcd keeps its alarms through a restore, under the member ids that
+                // raised them; so does kvd (NOSPACE and CORRUPT; others are not alarms).
+                let (member_id, kind) = decode_alarm(key)?;
+                let alarm = match kind {
+                    1 => crate::api::AlarmType::NoSpace,
+                    2 => crate::api::AlarmType::Corrupt,
+                    _ => return Ok(()),
+                };
+                let row = crate::alarm::encode_key(crate::api::AlarmMember { member_id, alarm });
+                let written = self.sink.row(crate::alarm::ALARMS_TABLE, &row, &[]);
+                self.sunk(written)
+            }
+            // Membership and auth (kvd has no auth yet) are not part of the imported state.
             _ => Ok(()),
         }
     }
