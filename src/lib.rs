@@ -21,6 +21,8 @@ mod accounting;
 mod alarm;
 mod api;
 mod auth;
+#[doc(hidden)]
+pub mod bbolt;
 mod clock;
 mod codec;
 mod engine;
@@ -50,8 +52,10 @@ pub use auth::{
 pub use clock::{Clock, MANUAL_CLOCK_EPOCH, ManualClock, SystemClock};
 pub use engine::{
     AGENT_REREGISTER_TIMEOUT_DEFAULT, AllocationPrepareQueueReplaced, ApplyStats, AutoCompaction,
-    CommitFailpoint, CommitStep, Completion, Config, DefragFailpoint, Engine, RoleQueue,
-    SnapshotStream, WriteOptions, WriteRequest, restore_snapshot, write_cost,
+    CheckReport, CommitFailpoint, CommitStep, Completion, Config, DefragFailpoint, Engine,
+    EtcdMember, EtcdRestoreSummary, EtcdSnapshotStream, OfflineDefrag, RoleQueue, SnapshotStream,
+    WriteOptions, WriteRequest, check_data_dir, defrag_data_dir, etcd_snapshot_status,
+    restore_etcd_snapshot, restore_snapshot, snapshot_summary, write_cost,
 };
 pub use error::{AuthError, Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};
@@ -65,6 +69,12 @@ pub use space::{
     FreeSpace, ManualFreeSpace, StatvfsFreeSpace, default_fs_reserve_bytes,
     quota_bytes as space_quota_bytes,
 };
+pub use storage::dump::DumpSummary;
+
+/// Returns the first bytes of a kvd dump (a `--format kvd` snapshot).
+pub fn dump_magic() -> &'static [u8] {
+    storage::dump::DUMP_MAGIC
+}
 pub use storage::faults::Faults;
 pub use storage::timings::{DiskTimingsSnapshot, HistogramSnapshot, disk_bucket_bounds_seconds};
 pub use watch::WatchStream;

@@ -1,5 +1,5 @@
 //! Replays the committed corpora of the decoder fuzz targets (`fuzz/corpus/{record,rows,
-//! wal_ops,wal_log}/`) through the same `kvd::fuzzing` functions the targets call, so a
+//! wal_ops,wal_log,bbolt_read}/`) through the same `kvd::fuzzing` functions the targets call, so a
 //! plain `cargo test` on stable runs every input the fuzzer kept. Each function panics on a
 //! bug (a decoder that panics, a round trip that changes a value, a replay that differs from
 //! its oracle; REC-1, REC-2, WAL-2, WAL-5); an empty corpus fails the test, so a missing
@@ -49,6 +49,11 @@ fn rows_corpus_replays() {
 #[test]
 fn wal_ops_corpus_replays() {
     replay("wal_ops", kvd::fuzzing::wal_ops);
+}
+
+#[test]
+fn bbolt_read_corpus_replays() {
+    replay("bbolt_read", kvd::fuzzing::bbolt_file);
 }
 
 #[test]

@@ -51,6 +51,7 @@ pub mod pb;
 mod recovery;
 mod single_message;
 pub mod snapshot;
+pub mod snapshot_tool;
 mod status;
 mod tls;
 mod watch;

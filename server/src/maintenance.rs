@@ -14,8 +14,9 @@
 //!   distinct alarms). The header is filled (etcd 3.5+; 3.4 left it empty). Status lists each alarm in `errors` as etcd's compact
 //!   text, `memberID:<id> alarm:<TYPE> ` (trailing space).
 //! - MAINT-3: Defragment is the engine's online defrag; writes pause only for the swap.
-//! - MAINT-4: Snapshot streams the engine's dump of one read snapshot (SNAP-1) through
-//!   `server::snapshot`: 32 KiB chunks with `remaining_bytes`, then a 32-byte SHA-256
+//! - MAINT-4: Snapshot streams one read snapshot (SNAP-1, ETCDSNAP-1) as etcd's bbolt file,
+//!   or as the engine's dump when the request metadata `kvd-snapshot-format` is `kvd`,
+//!   through `server::snapshot`: 32 KiB chunks with `remaining_bytes`, then a 32-byte SHA-256
 //!   trailer (etcd's format), in a bounded number of slots, with bounded memory, no copy on
 //!   disk and a stall timeout (SNAPSHOT-1..5).
 //! - MAINT-5: Hash is a hash of the logical store at the current revision (HASH-SRV-1), not
@@ -209,15 +210,50 @@ impl Maintenance for MaintenanceService {
         request: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
         self.admin(&request)?;
+        let format = request
+            .metadata()
+            .get(crate::snapshot::SNAPSHOT_FORMAT_HEADER)
+            .map(|v| v.to_str().unwrap_or("").to_ascii_lowercase());
+        let native = match format.as_deref() {
+            None | Some("etcd") => false,
+            Some("kvd") => true,
+            Some(other) => {
+                return Err(Status::invalid_argument(format!(
+                    "kvd: unknown snapshot format {other:?} (etcd or kvd)"
+                )));
+            }
+        };
         // MAINT-4, SNAPSHOT-1: the slot first, so a refused call costs nothing.
         let permit = self.snapshots.reserve()?;
-        let source = self.node.call(|engine| engine.snapshot_stream()).await?;
-        tracing::info!(
-            revision = source.revision(),
-            size_estimate = source.size_estimate(),
-            "streaming a snapshot"
-        );
-        let body = self.snapshots.stream(Box::new(source), permit);
+        let source: Box<dyn crate::snapshot::ChunkSource> = if native {
+            let source = self.node.call(|engine| engine.snapshot_stream()).await?;
+            tracing::info!(
+                revision = source.revision(),
+                size_estimate = source.size_estimate(),
+                format = "kvd",
+                "streaming a snapshot"
+            );
+            Box::new(source)
+        } else {
+            let member = kvd::EtcdMember {
+                id: self.node.ids.member_id,
+                name: self.node.settings.name.clone(),
+                peer_urls: vec![self.node.settings.peer_url.clone()],
+                client_urls: self.node.settings.advertise_client_urls.clone(),
+            };
+            let source = self
+                .node
+                .call(move |engine| engine.etcd_snapshot_stream(&member))
+                .await?;
+            tracing::info!(
+                revision = source.revision(),
+                size = source.size(),
+                format = "etcd",
+                "streaming a snapshot"
+            );
+            Box::new(source)
+        };
+        let body = self.snapshots.stream(source, permit);
         Ok(Response::new(Box::pin(body)))
     }
 

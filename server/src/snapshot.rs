@@ -1,7 +1,8 @@
 //! How Maintenance.Snapshot streams: a [`ChunkSource`] yields the image's bytes, this module
 //! cuts them into etcd's 32 KiB chunks, appends etcd's SHA-256 trailer and sends them at
-//! the client's pace. What the bytes are is the source's business (today the engine's dump,
-//! [`kvd::SnapshotStream`]), so another image format slots in without touching this.
+//! the client's pace. What the bytes are is the source's business: etcd's bbolt file
+//! ([`kvd::EtcdSnapshotStream`], the default) or kvd's own dump ([`kvd::SnapshotStream`],
+//! asked for with the request metadata [`SNAPSHOT_FORMAT_HEADER`]` = kvd`).
 //!
 //! Owns: the snapshot slots, each stream's pump task.
 //!
@@ -36,6 +37,9 @@ use tonic::codegen::tokio_stream::Stream;
 use crate::pb::etcdserverpb::SnapshotResponse;
 use kvd::sync::Arc;
 
+/// The request metadata that picks the snapshot format: `etcd` (the default) or `kvd`.
+pub const SNAPSHOT_FORMAT_HEADER: &str = "kvd-snapshot-format";
+
 /// etcd's snapshot chunk size.
 pub const SNAPSHOT_CHUNK_BYTES: usize = 32 * 1024;
 /// Chunks waiting for the client per stream (SNAPSHOT-2).
@@ -62,6 +66,16 @@ impl ChunkSource for kvd::SnapshotStream {
 
     fn size_estimate(&self) -> u64 {
         kvd::SnapshotStream::size_estimate(self)
+    }
+}
+
+impl ChunkSource for kvd::EtcdSnapshotStream {
+    fn next_chunk(&mut self, out: &mut Vec<u8>, chunk_bytes: usize) -> kvd::Result<bool> {
+        kvd::EtcdSnapshotStream::next_chunk(self, out, chunk_bytes)
+    }
+
+    fn size_estimate(&self) -> u64 {
+        kvd::EtcdSnapshotStream::size(self)
     }
 }
 

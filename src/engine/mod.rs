@@ -36,8 +36,10 @@ mod auth;
 mod auto_compact;
 mod commit;
 mod defrag;
+mod etcd_snapshot;
 mod lanes;
 mod mailbox;
+mod offline;
 mod prepare;
 mod proposal;
 mod publish;
@@ -85,14 +87,19 @@ pub use commit::{CommitFailpoint, CommitStep};
 use commit::{Committer, Handover};
 pub use defrag::DefragFailpoint;
 use defrag::DefragState;
+pub use etcd_snapshot::{
+    EtcdMember, EtcdRestoreSummary, EtcdSnapshotStream, etcd_snapshot_status, import_etcd_snapshot,
+    restore_etcd_snapshot,
+};
 use lanes::Queued;
 use mailbox::Mailbox;
+pub use offline::{CheckReport, OfflineDefrag, check_data_dir, defrag_data_dir};
 use prepare::PrepareQueue;
 pub use prepare::RoleQueue;
 pub use proposal::{Completion, WriteRequest, write_cost};
 use proposal::{Identified, Proposal, ReconcileAnswer, ReconcileRequest};
 pub use publish::Published;
-pub use snapshot::{SnapshotStream, restore_snapshot};
+pub use snapshot::{SnapshotStream, restore_snapshot, snapshot_summary};
 
 /// etcd's default `--max-request-bytes`.
 pub const MAX_REQUEST_BYTES_DEFAULT: usize = 1_572_864;

@@ -76,6 +76,12 @@ impl Engine {
     }
 }
 
+/// Returns what a dump image (without the SHA-256 trailer) holds, reading it through
+/// without writing anything: revision, compaction revision, history records, rows.
+pub fn snapshot_summary(image: &[u8]) -> Result<dump::DumpSummary> {
+    Ok(dump::summarize(image)?)
+}
+
 /// Creates a database in `data_dir` (created if missing; it must hold no database) from
 /// `image`, the bytes a [`SnapshotStream`] produced, without etcd's SHA-256 trailer (SNAP-3).
 ///

@@ -212,6 +212,207 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
+/// Builds a dump record by record, for images made from something other than a store (an
+/// etcd snapshot being imported): the magic first, [`DumpBuilder::finish`] last.
+#[derive(Debug)]
+pub struct DumpBuilder {
+    image: Vec<u8>,
+}
+
+impl Default for DumpBuilder {
+    fn default() -> Self {
+        DumpBuilder::new()
+    }
+}
+
+impl DumpBuilder {
+    /// Returns a builder holding the magic.
+    pub fn new() -> DumpBuilder {
+        DumpBuilder {
+            image: DUMP_MAGIC.to_vec(),
+        }
+    }
+
+    /// Adds a meta integer.
+    pub fn meta(&mut self, key: super::MetaKey, value: u64) {
+        self.image.push(TAG_META);
+        put_bytes(&mut self.image, key.name().as_bytes());
+        put_bytes(&mut self.image, &value.to_be_bytes());
+    }
+
+    /// Adds a row of a registered table.
+    pub fn row(&mut self, table: RowTable, key: &[u8], value: &[u8]) {
+        let name = table.name.as_bytes();
+        self.image.push(TAG_ROW);
+        // Registered table names are short constants.
+        self.image
+            .extend_from_slice(&u16::try_from(name.len()).unwrap_or(0).to_be_bytes());
+        self.image.extend_from_slice(name);
+        put_bytes(&mut self.image, key);
+        put_bytes(&mut self.image, value);
+    }
+
+    /// Adds a history record.
+    pub fn history(&mut self, key: &RevisionKey, record: &[u8]) {
+        self.image.push(TAG_HISTORY);
+        self.image.extend_from_slice(key);
+        put_bytes(&mut self.image, record);
+    }
+
+    /// Returns the image with its end tag.
+    pub fn finish(mut self) -> Vec<u8> {
+        self.image.push(TAG_END);
+        self.image
+    }
+}
+
+/// Writes a new database record by record, committing every [`RESTORE_ROWS_PER_COMMIT`]
+/// rows, for images read from something other than a dump (an etcd snapshot being
+/// imported), so the whole image need not be in memory. Until [`RestoreWriter::finish`]
+/// returns, the file is not a database to open: a caller that fails part way removes it.
+pub struct RestoreWriter {
+    db: redb::Database,
+    txn: Option<redb::WriteTransaction>,
+    in_txn: usize,
+}
+
+impl std::fmt::Debug for RestoreWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestoreWriter")
+            .field("in_txn", &self.in_txn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RestoreWriter {
+    /// Creates the database file in `dir`, which must not hold one.
+    pub fn create(dir: &Path) -> Result<RestoreWriter, StorageError> {
+        let path = dir.join(DB_FILE_NAME);
+        if path.exists() {
+            return Err(StorageError::Io(format!(
+                "restore: {} exists already",
+                path.display()
+            )));
+        }
+        let db = redb::Builder::new()
+            .create(&path)
+            .map_err(|e| open_error(&path, e.into()))?;
+        let txn = db.begin_write().map_err(storage_error)?;
+        Ok(RestoreWriter {
+            db,
+            txn: Some(txn),
+            in_txn: 0,
+        })
+    }
+
+    fn txn(&mut self) -> Result<&mut redb::WriteTransaction, StorageError> {
+        if self.in_txn == RESTORE_ROWS_PER_COMMIT {
+            if let Some(txn) = self.txn.take() {
+                txn.commit().map_err(storage_error)?;
+            }
+            self.in_txn = 0;
+        }
+        if self.txn.is_none() {
+            self.txn = Some(self.db.begin_write().map_err(storage_error)?);
+        }
+        self.in_txn += 1;
+        self.txn
+            .as_mut()
+            .ok_or_else(|| StorageError::Io("restore: no write transaction".into()))
+    }
+
+    /// Writes a meta integer.
+    pub fn meta(&mut self, key: super::MetaKey, value: u64) -> Result<(), StorageError> {
+        let txn = self.txn()?;
+        let mut meta = txn.open_table(META).map_err(storage_error)?;
+        meta.insert(key.name(), &value.to_be_bytes()[..])
+            .map_err(storage_error)?;
+        Ok(())
+    }
+
+    /// Writes a row of a registered table.
+    pub fn row(&mut self, table: RowTable, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
+        let txn = self.txn()?;
+        let mut t = txn.open_table(table.definition()).map_err(storage_error)?;
+        t.insert(key, value).map_err(storage_error)?;
+        Ok(())
+    }
+
+    /// Writes a history record.
+    pub fn history(&mut self, key: &RevisionKey, record: &[u8]) -> Result<(), StorageError> {
+        let txn = self.txn()?;
+        let mut history = txn.open_table(HISTORY).map_err(storage_error)?;
+        history.insert(key, record).map_err(storage_error)?;
+        Ok(())
+    }
+
+    /// Commits the last rows and closes the database.
+    pub fn finish(mut self) -> Result<(), StorageError> {
+        let txn = self.txn()?;
+        // The engine expects the history table to exist even in an empty database.
+        txn.open_table(HISTORY).map_err(storage_error)?;
+        if let Some(txn) = self.txn.take() {
+            txn.commit().map_err(storage_error)?;
+        }
+        self.db.close().map_err(storage_error)
+    }
+}
+
+/// What a dump holds, for `kvd snapshot status`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DumpSummary {
+    /// The meta `current_revision` (0 if absent).
+    pub current_revision: u64,
+    /// The meta `finished_compact_revision` (0 if absent).
+    pub compact_revision: u64,
+    /// History records.
+    pub history_records: u64,
+    /// Rows of registered tables.
+    pub rows: u64,
+}
+
+/// Reads `image` (a dump, without any trailer) through to its end tag without writing
+/// anything; total as [`restore`] is (DUMP-4).
+pub fn summarize(image: &[u8]) -> Result<DumpSummary, StorageError> {
+    let mut input = Reader { bytes: image };
+    if input.take(DUMP_MAGIC.len())? != DUMP_MAGIC {
+        return Err(corrupted("not a kvd dump (bad magic)"));
+    }
+    let mut summary = DumpSummary::default();
+    loop {
+        match input.take(1)?[0] {
+            TAG_END => break,
+            TAG_META => {
+                let key = input.bytes()?;
+                let value = input.bytes()?;
+                let int = || super::decode_u64(value);
+                if key == super::MetaKey::CurrentRevision.name().as_bytes() {
+                    summary.current_revision = int()?;
+                } else if key == super::MetaKey::FinishedCompactRevision.name().as_bytes() {
+                    summary.compact_revision = int()?;
+                }
+            }
+            TAG_ROW => {
+                let len = u16::from_be_bytes(input.array()?);
+                input.take(usize::from(len))?;
+                input.bytes()?;
+                input.bytes()?;
+                summary.rows += 1;
+            }
+            TAG_HISTORY => {
+                input.array::<REVISION_KEY_BYTES>()?;
+                input.bytes()?;
+                summary.history_records += 1;
+            }
+            other => return Err(corrupted(&format!("unknown record tag {other}"))),
+        }
+    }
+    if input.bytes.iter().any(|b| *b != 0) {
+        return Err(corrupted("bytes after the end of the dump"));
+    }
+    Ok(summary)
+}
+
 /// Reads `image` (a dump, without any trailer) into a new database file in `dir`
 /// (DUMP-4). `dir` must not hold a database yet.
 pub fn restore(image: &[u8], dir: &Path) -> Result<(), StorageError> {

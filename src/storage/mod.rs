@@ -38,6 +38,7 @@ use redb::{
     TableDefinition, WriteTransaction,
 };
 
+pub mod check;
 pub mod defrag;
 pub mod dump;
 pub mod faults;
@@ -204,24 +205,7 @@ impl Store {
     /// Opens (or creates) the store in `dir`, taking the directory lock.
     pub fn open(dir: &Path, options: &StoreOptions) -> Result<Store, StorageError> {
         fs::create_dir_all(dir).map_err(|e| io_error("create data directory", dir, &e))?;
-        let lock_path = dir.join(LOCK_FILE_NAME);
-        let lock_file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| io_error("open lock file", &lock_path, &e))?;
-        match lock_file.try_lock() {
-            Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => {
-                return Err(StorageError::Locked {
-                    dir: dir.to_path_buf(),
-                });
-            }
-            Err(fs::TryLockError::Error(e)) => {
-                return Err(io_error("lock data directory", &lock_path, &e));
-            }
-        }
+        let lock_file = lock_directory(dir)?;
         // DEFRAG-2: a leftover copy is an unfinished defrag; kvd.redb is complete.
         let leftover = dir.join(defrag::DEFRAG_FILE_NAME);
         if leftover.exists() {
@@ -789,6 +773,24 @@ pub(crate) fn decode_u64(bytes: &[u8]) -> Result<u64, StorageError> {
         .try_into()
         .map_err(|_| StorageError::Corrupted(format!("meta value of {} bytes", bytes.len())))?;
     Ok(u64::from_be_bytes(array))
+}
+
+/// Takes the directory lock of `dir` (STORE-3): returns the locked file, held until dropped.
+pub(crate) fn lock_directory(dir: &Path) -> Result<File, StorageError> {
+    let lock_path = dir.join(LOCK_FILE_NAME);
+    let lock_file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| io_error("open lock file", &lock_path, &e))?;
+    match lock_file.try_lock() {
+        Ok(()) => Ok(lock_file),
+        Err(fs::TryLockError::WouldBlock) => Err(StorageError::Locked {
+            dir: dir.to_path_buf(),
+        }),
+        Err(fs::TryLockError::Error(e)) => Err(io_error("lock data directory", &lock_path, &e)),
+    }
 }
 
 /// Opens `path` for reading and writing, creating it if missing, never truncating it.

@@ -20,6 +20,12 @@
 //!   consumption drift (the operator API's `RECONCILE_CONSUMPTION`), prints the JSON answer
 //!   on stdout and a summary on stderr, and exits 0 if the counters agree (or were
 //!   repaired), 2 if they drift and were not repaired, 1 if no endpoint answered.
+//! - BIN-7: `kvd snapshot save FILE [--endpoints URL | --data-dir DIR] [--format etcd|kvd]`, `kvd snapshot
+//!   restore FILE --data-dir DIR [--skip-hash-check]` and `kvd snapshot status FILE [-w
+//!   json]` (`snapshot_tool`) exit 0 on success and 1 with one `Error:` line on stderr.
+//! - BIN-8: `kvd check --data-dir DIR` prints one JSON report and exits 0 if sound, 2 if
+//!   damage was found, 1 if it could not run; `kvd defrag --data-dir DIR` exits 0 after a
+//!   defrag that kept HashKV. Both refuse a directory a running kvd holds (OFFLINE-1).
 //! - BIN-6: a flag value kvd cannot use is refused at start with a message that names the
 //!   flag; durations are written as etcd's (Go's) are: `90s`, `10m`, `1h30m`, `0`.
 //!
@@ -67,6 +73,80 @@ mod cli {
         /// agree with a recount from the keys and records, and with --repair replaces the
         /// ones that drifted (the operator API's RECONCILE_CONSUMPTION).
         Reconcile(ReconcileFlags),
+        /// Snapshots: save one from a running server, restore one into a new data
+        /// directory, or report what a file holds; etcd's format (etcdctl's) or kvd's.
+        #[command(subcommand)]
+        Snapshot(SnapshotCommand),
+        /// Checks a stopped data directory: redb's integrity check, every history record,
+        /// row and live key decoded, HashKV, the consumption recount. Exits 0 if sound, 2 if
+        /// damage was found, 1 if the check could not run (a running kvd holds the directory).
+        Check {
+            /// The data directory.
+            #[arg(long, value_name = "DIR")]
+            data_dir: PathBuf,
+        },
+        /// Defragments a stopped data directory (rewrites its database file to give free
+        /// space back), keeping HashKV.
+        Defrag {
+            /// The data directory.
+            #[arg(long, value_name = "DIR")]
+            data_dir: PathBuf,
+        },
+    }
+
+    /// `kvd snapshot` (BIN-7).
+    #[derive(Debug, Subcommand)]
+    enum SnapshotCommand {
+        /// Streams a snapshot from a running server into FILE (written as FILE.part, its
+        /// SHA-256 trailer checked, then renamed).
+        Save {
+            /// The file to write.
+            file: PathBuf,
+            /// Save from this stopped data directory instead of a running server.
+            #[arg(long, value_name = "DIR", conflicts_with = "endpoints")]
+            data_dir: Option<PathBuf>,
+            /// The client URL of the server (`http://host:port` or `host:port`); the first
+            /// of a comma-separated list is used.
+            #[arg(
+                long,
+                value_name = "URLS",
+                value_delimiter = ',',
+                default_value = "http://127.0.0.1:2379"
+            )]
+            endpoints: Vec<String>,
+            /// etcd: a bbolt file etcdctl and etcd restore; kvd: kvd's own dump.
+            #[arg(long, value_enum, default_value_t = FormatArg::Etcd)]
+            format: FormatArg,
+        },
+        /// Creates a kvd data directory from a snapshot file of either format, with its
+        /// whole history.
+        Restore {
+            /// The snapshot file.
+            file: PathBuf,
+            /// The data directory to create (it must not exist, or be empty).
+            #[arg(long, value_name = "DIR")]
+            data_dir: PathBuf,
+            /// Accept a file whose SHA-256 trailer is missing or does not match.
+            #[arg(long)]
+            skip_hash_check: bool,
+        },
+        /// Reports a snapshot file's format, hash, revision, entries and size.
+        Status {
+            /// The snapshot file.
+            file: PathBuf,
+            /// `table` or `json`.
+            #[arg(long, short = 'w', default_value = "table")]
+            write_out: String,
+        },
+    }
+
+    /// Values of `kvd snapshot save --format`.
+    #[derive(Debug, Clone, Copy, ValueEnum)]
+    enum FormatArg {
+        /// etcd's snapshot (bbolt).
+        Etcd,
+        /// kvd's dump.
+        Kvd,
     }
 
     /// Flags of `kvd reconcile` (BIN-5).
@@ -436,6 +516,173 @@ mod cli {
         }
     }
 
+    /// Runs `kvd snapshot ...` and returns its exit code (BIN-7).
+    fn snapshot_main(command: SnapshotCommand) -> ExitCode {
+        use kvd_server::snapshot_tool::{self, Format};
+        let result = match command {
+            SnapshotCommand::Save {
+                file,
+                data_dir: Some(dir),
+                format,
+                ..
+            } => {
+                let format = match format {
+                    FormatArg::Etcd => Format::Etcd,
+                    FormatArg::Kvd => Format::Kvd,
+                };
+                snapshot_tool::save_offline(&dir, &file, format).map(|saved| {
+                    println!(
+                        "Snapshot saved at {} ({} bytes)",
+                        file.display(),
+                        saved.bytes
+                    );
+                })
+            }
+            SnapshotCommand::Save {
+                file,
+                endpoints,
+                format,
+                data_dir: None,
+            } => {
+                let format = match format {
+                    FormatArg::Etcd => Format::Etcd,
+                    FormatArg::Kvd => Format::Kvd,
+                };
+                let endpoint = with_scheme(endpoints.first().map_or("127.0.0.1:2379", |e| e));
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("start the runtime: {e}"))
+                    .and_then(|rt| rt.block_on(snapshot_tool::save(&endpoint, &file, format)))
+                    .map(|saved| {
+                        println!(
+                            "Snapshot saved at {} ({} bytes)",
+                            file.display(),
+                            saved.bytes
+                        );
+                    })
+            }
+            SnapshotCommand::Restore {
+                file,
+                data_dir,
+                skip_hash_check,
+            } => snapshot_tool::restore(&file, &data_dir, skip_hash_check).map(|r| {
+                println!(
+                    "Restored a {} snapshot into {}: revision {}, {} history entries",
+                    r.format.name(),
+                    data_dir.display(),
+                    r.revision,
+                    r.history_entries
+                );
+            }),
+            SnapshotCommand::Status { file, write_out } => {
+                snapshot_tool::status(&file).and_then(|r| match write_out.as_str() {
+                    "json" => {
+                        println!("{}", r.json());
+                        Ok(())
+                    }
+                    "table" => {
+                        println!("FORMAT\tHASH\tREVISION\tTOTAL KEYS\tTOTAL SIZE\tSHA256");
+                        let sha = match r.hash_ok {
+                            Some(true) => "ok",
+                            Some(false) => "MISMATCH",
+                            None => "none",
+                        };
+                        println!(
+                            "{}\t{:x}\t{}\t{}\t{}\t{}",
+                            r.format.name(),
+                            r.hash,
+                            r.revision,
+                            r.total_keys,
+                            r.total_size,
+                            sha
+                        );
+                        Ok(())
+                    }
+                    other => Err(format!("-w {other:?}: table or json")),
+                })
+            }
+        };
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("Error: {err}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+
+    /// Runs `kvd check` and returns its exit code (BIN-8).
+    fn check_main(data_dir: &std::path::Path) -> ExitCode {
+        eprintln!("kvd check: checking {}", data_dir.display());
+        match kvd::check_data_dir(data_dir, kvd::Config::default()) {
+            Ok(report) => {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "ok": report.ok(),
+                        "repaired": report.repaired,
+                        "revision": report.revision,
+                        "compactRevision": report.compact_revision,
+                        "keys": report.keys,
+                        "hashKv": report.hash_kv,
+                        "driftRows": report.drift_rows,
+                    })
+                );
+                if report.ok() {
+                    eprintln!("kvd check: no damage found");
+                    ExitCode::SUCCESS
+                } else {
+                    eprintln!(
+                        "kvd check: {} consumption rows drift from the recount",
+                        report.drift_rows
+                    );
+                    ExitCode::from(2)
+                }
+            }
+            Err(err) if err.is_corrupted() => {
+                println!(
+                    "{}",
+                    serde_json::json!({ "ok": false, "error": err.to_string() })
+                );
+                eprintln!("kvd check: damage found: {err}");
+                ExitCode::from(2)
+            }
+            Err(err) => {
+                eprintln!("Error: {err}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+
+    /// Runs `kvd defrag --data-dir` and returns its exit code (BIN-8).
+    fn defrag_main(data_dir: &std::path::Path) -> ExitCode {
+        eprintln!("kvd defrag: defragmenting {}", data_dir.display());
+        match kvd::defrag_data_dir(data_dir, kvd::Config::default()) {
+            Ok(d) if d.hash_kv_before == d.hash_kv_after => {
+                println!(
+                    "Defragmented {}: {} -> {} bytes (HashKV {} kept)",
+                    data_dir.display(),
+                    d.size_before,
+                    d.size_after,
+                    d.hash_kv_after
+                );
+                ExitCode::SUCCESS
+            }
+            Ok(d) => {
+                eprintln!(
+                    "Error: HashKV changed across the defrag ({} -> {})",
+                    d.hash_kv_before, d.hash_kv_after
+                );
+                ExitCode::from(2)
+            }
+            Err(err) => {
+                eprintln!("Error: {err}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+
     /// Runs `kvd bench` and returns its exit code (BIN-4).
     fn bench_main(flags: BenchFlags) -> ExitCode {
         let workload = match flags.workload {
@@ -491,6 +738,9 @@ mod cli {
         match cli.command {
             Some(Command::Bench(flags)) => return bench_main(flags),
             Some(Command::Reconcile(flags)) => return reconcile_main(&flags),
+            Some(Command::Snapshot(command)) => return snapshot_main(command),
+            Some(Command::Check { data_dir }) => return check_main(&data_dir),
+            Some(Command::Defrag { data_dir }) => return defrag_main(&data_dir),
             None => {}
         }
         let flags = cli.serve;

@@ -203,12 +203,23 @@ fn try_start_etcd() -> Result<Server, String> {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("etcd-data");
     let [client_port, peer_port] = free_ports();
-    let client = format!("http://127.0.0.1:{client_port}");
     let peer = format!("http://127.0.0.1:{peer_port}");
-    let stderr = dir.path().join("etcd.stderr");
+    let mut server = start_etcd_on(&data_dir, client_port, &peer)?;
+    server._dir = Some(dir);
+    Ok(server)
+}
+
+/// Starts etcd as member `default` on `data_dir` (which may hold a restored snapshot) with
+/// the client port and peer URL given, and waits until `/health` answers; `Err` carries its
+/// log if it exits or does not get healthy in time. Its logs go beside `data_dir`.
+pub fn start_etcd_on(data_dir: &Path, client_port: u16, peer: &str) -> Result<Server, String> {
+    let client = format!("http://127.0.0.1:{client_port}");
+    let peer = peer.to_owned();
+    let logs = data_dir.parent().unwrap().to_path_buf();
+    let stderr = logs.join(format!("etcd-{client_port}.stderr"));
     let child = Command::new("etcd")
         .arg("--data-dir")
-        .arg(&data_dir)
+        .arg(data_dir)
         .args(["--name", "default"])
         .args([
             "--listen-client-urls",
@@ -225,7 +236,7 @@ fn try_start_etcd() -> Result<Server, String> {
         .args(["--initial-cluster", &format!("default={peer}")])
         .stdin(Stdio::null())
         .stdout(Stdio::from(
-            File::create(dir.path().join("etcd.stdout")).unwrap(),
+            File::create(logs.join(format!("etcd-{client_port}.stdout"))).unwrap(),
         ))
         .stderr(Stdio::from(File::create(&stderr).unwrap()))
         .spawn()
@@ -234,9 +245,9 @@ fn try_start_etcd() -> Result<Server, String> {
         child,
         endpoint: client,
         peer_url: Some(peer),
-        data_dir,
+        data_dir: data_dir.to_path_buf(),
         log: stderr,
-        _dir: Some(dir),
+        _dir: None,
     };
     let deadline = Instant::now() + START_TIMEOUT;
     loop {

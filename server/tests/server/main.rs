@@ -16,6 +16,8 @@
 //! - `server_auth`: authentication and authorization over the wire: a restart keeps the
 //!   auth store, the etcd 3.4 holes closed, bad credentials and tokens, token expiry, the
 //!   `etcd-client` crate logging in, the tenant story with the operator API.
+//! - `offline_tools`: `kvd check`, `kvd defrag --data-dir` and `kvd snapshot save
+//!   --data-dir` on a stopped data directory, and their refusal of one a kvd holds.
 //! - `server_bench`: smoke test of the `kvd bench` load generator.
 //! - `server_full_disk`: a full disk on a tmpfs the test mounts (root): recovery without a
 //!   restart, the scaled filesystem reserve, the NOSPACE log line.
@@ -36,6 +38,8 @@
 //! - `server_tls`: TLS on `https://` URLs (etcdctl over TLS, client certificates,
 //!   `--auto-tls`, bad configurations, curl on `/health`), differential against etcd 3.4.23.
 //! - `server_wire`: bad and unusual input over the wire, and the shape of the answers.
+//! - `snapshot_etcd`: snapshots between kvd and etcd 3.4.23 in both directions, with
+//!   history, and `kvd snapshot save|restore|status`.
 //!
 //! Invariant: the tests share this process and run on parallel threads, so none of them
 //! changes process-wide state (environment variables, the working directory, signal
@@ -50,6 +54,7 @@ mod etcdctl;
 mod gateway;
 mod metrics;
 mod server_auth;
+mod offline_tools;
 mod server_bench;
 mod server_full_disk;
 mod server_hardening;
@@ -62,3 +67,4 @@ mod server_prepare_queue;
 mod server_process;
 mod server_tls;
 mod server_wire;
+mod snapshot_etcd;

@@ -107,9 +107,9 @@ fn snapshot_save_writes_an_image_with_a_sha256_trailer() {
     use sha2::Digest;
     let (image, trailer) = bytes.split_at(bytes.len() - 32);
     assert_eq!(sha2::Sha256::digest(image).as_slice(), trailer);
-    // The image is kvd's dump of the database: restored, a kvd opened on it has the keys.
+    // The image is etcd's bbolt file: restored, a kvd opened on it has the keys.
     let restored = tempfile::tempdir().unwrap();
-    kvd::restore_snapshot(image, restored.path()).unwrap();
+    kvd::restore_etcd_snapshot(image, restored.path()).unwrap();
     let engine = kvd::Engine::open(restored.path(), kvd::Config::default()).unwrap();
     assert_eq!(
         engine.range(&kvd::RangeRequest::prefix("s")).unwrap().count,

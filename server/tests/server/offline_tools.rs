@@ -1,0 +1,145 @@
+//! The tools for a stopped data directory (issue 15): `kvd defrag --data-dir` shrinks a
+//! file and keeps HashKV; `kvd check --data-dir` passes a sound directory and finds a
+//! corruption planted in the database file; `kvd snapshot save --data-dir` writes a
+//! snapshot etcdctl reads; each refuses a directory a running kvd holds (OFFLINE-1).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use crate::common;
+
+fn kvd(args: &[&str]) -> Output {
+    Command::new(common::kvd_binary())
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A stopped data directory with 400 values of 4 KiB, most of them deleted and compacted
+/// away, so that a defrag has space to give back.
+fn stopped_store(dir: &Path) -> u32 {
+    let engine = kvd::Engine::open(dir, kvd::Config::default()).unwrap();
+    for i in 0..400 {
+        // The kept values carry a marker a test can find in the file.
+        let value = if i >= 350 {
+            format!("LIVE-{i}-").repeat(400)
+        } else {
+            "v".repeat(4096)
+        };
+        engine
+            .put(kvd::PutRequest::new(format!("k{i:03}"), value))
+            .unwrap();
+    }
+    engine
+        .delete_range(kvd::DeleteRangeRequest {
+            range_end: "k350".into(),
+            ..kvd::DeleteRangeRequest::key("k000")
+        })
+        .unwrap();
+    let revision = engine.status().unwrap().header.revision;
+    engine
+        .compact(kvd::CompactionRequest {
+            revision,
+            physical: true,
+        })
+        .unwrap();
+    let hash = engine.hash_kv(0).unwrap().hash;
+    engine.close().unwrap();
+    hash
+}
+
+fn hash_of(dir: &Path) -> u32 {
+    let engine = kvd::Engine::open(dir, kvd::Config::default()).unwrap();
+    let hash = engine.hash_kv(0).unwrap().hash;
+    engine.close().unwrap();
+    hash
+}
+
+#[test]
+fn offline_defrag_shrinks_the_file_and_keeps_hash_kv() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let hash = stopped_store(&data);
+    let before = std::fs::metadata(data.join("kvd.redb")).unwrap().len();
+    let out = kvd(&["defrag", "--data-dir", path(&data)]);
+    assert!(out.status.success(), "{out:?}");
+    let after = std::fs::metadata(data.join("kvd.redb")).unwrap().len();
+    assert!(after < before, "{before} -> {after} bytes");
+    assert_eq!(hash_of(&data), hash);
+}
+
+#[test]
+fn offline_check_passes_a_sound_directory_and_finds_a_planted_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    stopped_store(&data);
+    let out = kvd(&["check", "--data-dir", path(&data)]);
+    assert!(out.status.success(), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ok"], serde_json::Value::Bool(true), "{report}");
+    assert_eq!(report["keys"], serde_json::Value::from(50));
+
+    // Damage every copy of one live value's bytes in the file.
+    let file = data.join("kvd.redb");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let marker = b"LIVE-377-";
+    let mut planted = 0;
+    let mut at = 0;
+    while let Some(found) = bytes[at..].windows(marker.len()).position(|w| w == marker) {
+        let start = at + found;
+        bytes[start..start + marker.len()].copy_from_slice(b"DEAD-377-");
+        at = start + marker.len();
+        planted += 1;
+    }
+    assert!(planted > 0, "the marker is not in the file");
+    std::fs::write(&file, &bytes).unwrap();
+    let out = kvd(&["check", "--data-dir", path(&data)]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ok"], serde_json::Value::Bool(false), "{report}");
+}
+
+#[test]
+fn offline_tools_refuse_a_directory_a_running_kvd_holds() {
+    let server = common::start_kvd(&[]);
+    let data = server.data_dir.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("s.db");
+    for args in [
+        vec!["check", "--data-dir", path(&data)],
+        vec!["defrag", "--data-dir", path(&data)],
+        vec!["snapshot", "save", path(&snap), "--data-dir", path(&data)],
+    ] {
+        let out = kvd(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("in use"), "{args:?}: {stderr}");
+    }
+    assert!(!snap.exists());
+}
+
+#[test]
+fn offline_snapshot_save_writes_a_file_etcdctl_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    stopped_store(&data);
+    let snap = dir.path().join("s.db");
+    let out = kvd(&["snapshot", "save", path(&snap), "--data-dir", path(&data)]);
+    assert!(out.status.success(), "{out:?}");
+    let status = common::etcdctl(
+        "http://127.0.0.1:1",
+        &["snapshot", "status", path(&snap), "-w", "json"],
+        None,
+    );
+    assert_eq!(status.code, 0, "{status:?}");
+    let status: serde_json::Value = serde_json::from_str(&status.stdout).unwrap();
+    let engine = kvd::Engine::open(&data, kvd::Config::default()).unwrap();
+    let revision = engine.status().unwrap().header.revision;
+    engine.close().unwrap();
+    // The last write was the range delete; the compaction adds no revision.
+    assert_eq!(status["revision"], serde_json::Value::from(revision));
+}

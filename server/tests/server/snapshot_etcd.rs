@@ -1,0 +1,317 @@
+//! Snapshots between kvd and Debian's etcd 3.4.23 (issue 15), both directions, with a
+//! store that has history, deletions, a compaction and leases:
+//! - kvd → `etcdctl snapshot save` → `etcdctl snapshot status` (kvd's revision, the key
+//!   count, the hash `kvd snapshot status` computes) → `etcdctl snapshot restore` → an
+//!   etcd started on it serves the same `get --prefix -w json` (revisions included), the
+//!   same old revision, refuses the same compacted one, and has the lease with its TTL;
+//! - etcd → `etcdctl snapshot save` → `kvd snapshot restore` → `kvd check` passes → a kvd
+//!   started on it serves the same;
+//! - `kvd snapshot save --format kvd|etcd` and `kvd snapshot status` for both formats;
+//!   damaged files are refused by `kvd snapshot restore` with no directory left behind.
+//!
+//! These tests fail when etcd or etcdctl is missing.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::common::{self, Run, etcdctl};
+
+/// Runs etcdctl and asserts success.
+fn ok(ep: &str, args: &[&str]) -> Run {
+    let run = etcdctl(ep, args, None);
+    assert_eq!(run.code, 0, "etcdctl {args:?}: {run:?}");
+    run
+}
+
+/// Writes the same history on any server: 60 puts over 12 keys, deletes (one a range),
+/// a leased key, a 9 000-byte value, a compaction; returns (lease id in hex, compaction
+/// revision, an old revision above it).
+fn write_history(ep: &str) -> (String, i64, i64) {
+    let grant = ok(ep, &["lease", "grant", "600"]).stdout;
+    // "lease 694d77aa9e7e3a0b granted with TTL(600s)"
+    let lease = grant.split_whitespace().nth(1).unwrap().to_owned();
+    for i in 0..60 {
+        let key = format!("k/{:02}", i % 12);
+        ok(ep, &["put", &key, &format!("v{i}")]);
+        if i % 17 == 16 {
+            ok(ep, &["del", &key]);
+        }
+    }
+    ok(ep, &["put", "k/big", &"x".repeat(9000)]);
+    ok(ep, &["put", "k/leased", "l", "--lease", &lease]);
+    ok(ep, &["del", "k/03", "k/05"]);
+    let compact = revision(ep) - 20;
+    ok(ep, &["compaction", &compact.to_string()]);
+    ok(ep, &["put", "k/after", "compaction"]);
+    (lease, compact, compact + 5)
+}
+
+fn json(run: &Run) -> Value {
+    serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {run:?}"))
+}
+
+fn revision(ep: &str) -> i64 {
+    json(&ok(ep, &["get", "k/", "--prefix", "-w", "json"]))["header"]["revision"]
+        .as_i64()
+        .unwrap()
+}
+
+/// What must be equal on both sides: the kvs and the revision of each read.
+fn observe(ep: &str, lease: &str, compact: i64, old: i64) -> Vec<String> {
+    let mut seen = Vec::new();
+    for rev in [0, old, compact] {
+        let run = ok(
+            ep,
+            &[
+                "get",
+                "k/",
+                "--prefix",
+                "-w",
+                "json",
+                "--rev",
+                &rev.to_string(),
+            ],
+        );
+        let v = json(&run);
+        seen.push(format!(
+            "rev {rev}: revision {} kvs {}",
+            v["header"]["revision"], v["kvs"]
+        ));
+    }
+    let below = etcdctl(
+        ep,
+        &["get", "k/", "--prefix", "--rev", &(compact - 1).to_string()],
+        None,
+    );
+    seen.push(format!(
+        "below the compaction: {} {}",
+        below.code,
+        below
+            .stderr
+            .contains("required revision has been compacted")
+    ));
+    let ttl = json(&ok(
+        ep,
+        &["lease", "timetolive", lease, "--keys", "-w", "json"],
+    ));
+    seen.push(format!(
+        "lease granted {} keys {}",
+        ttl["granted-ttl"], ttl["keys"]
+    ));
+    seen
+}
+
+fn kvd(args: &[&str]) -> std::process::Output {
+    Command::new(common::kvd_binary())
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn a_kvd_snapshot_restores_into_etcd_with_its_history() {
+    let source = common::start_kvd(&[]);
+    let ep = source.endpoint.as_str();
+    let (lease, compact, old) = write_history(ep);
+    let want = observe(ep, &lease, compact, old);
+    assert!(
+        want[3].contains("true"),
+        "kvd refuses below the compaction: {want:?}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("kvd.snap");
+    ok(ep, &["snapshot", "save", path(&file)]);
+    let status = json(&ok(ep, &["snapshot", "status", path(&file), "-w", "json"]));
+    assert_eq!(status["revision"].as_i64(), Some(revision(ep)));
+    let ours = kvd(&["snapshot", "status", path(&file), "-w", "json"]);
+    assert!(ours.status.success(), "{ours:?}");
+    let ours: Value = serde_json::from_slice(&ours.stdout).unwrap();
+    for field in ["hash", "revision", "totalKey", "totalSize"] {
+        assert_eq!(
+            ours[field], status[field],
+            "{field}: {ours} vs etcdctl's {status}"
+        );
+    }
+    assert_eq!(ours["sha256Ok"], Value::Bool(true));
+
+    let [client_port, peer_port] = common::free_ports();
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    let restored = dir.path().join("etcd-restored");
+    ok(
+        ep,
+        &[
+            "snapshot",
+            "restore",
+            path(&file),
+            "--data-dir",
+            path(&restored),
+            "--name",
+            "default",
+            "--initial-cluster",
+            &format!("default={peer}"),
+            "--initial-advertise-peer-urls",
+            &peer,
+        ],
+    );
+    let etcd = common::start_etcd_on(&restored, client_port, &peer)
+        .unwrap_or_else(|log| panic!("etcd did not start on the restored snapshot:\n{log}"));
+    assert_eq!(observe(&etcd.endpoint, &lease, compact, old), want);
+}
+
+#[test]
+fn an_etcd_snapshot_restores_into_kvd_with_its_history() {
+    let etcd = common::start_etcd();
+    let ep = etcd.endpoint.as_str();
+    let (lease, compact, old) = write_history(ep);
+    let want = observe(ep, &lease, compact, old);
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("etcd.snap");
+    ok(ep, &["snapshot", "save", path(&file)]);
+    let data = dir.path().join("kvd-data");
+    let restore = kvd(&[
+        "snapshot",
+        "restore",
+        path(&file),
+        "--data-dir",
+        path(&data),
+    ]);
+    assert!(restore.status.success(), "{restore:?}");
+    let stdout = String::from_utf8_lossy(&restore.stdout);
+    assert!(
+        stdout.contains(&format!("revision {}", revision(ep))),
+        "{stdout}"
+    );
+    let status = kvd(&["snapshot", "status", path(&file), "-w", "json"]);
+    let ours: Value = serde_json::from_slice(&status.stdout).unwrap();
+    let theirs = json(&ok(ep, &["snapshot", "status", path(&file), "-w", "json"]));
+    for field in ["hash", "revision", "totalKey", "totalSize"] {
+        assert_eq!(ours[field], theirs[field], "{field}");
+    }
+
+    // The imported directory passes kvd's own check before a kvd starts on it.
+    let check = kvd(&["check", "--data-dir", path(&data)]);
+    assert!(check.status.success(), "{check:?}");
+
+    let server = common::start_kvd_in(&data, &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(observe(&server.endpoint, &lease, compact, old), want);
+    assert_eq!(revision(&server.endpoint), revision(ep));
+}
+
+#[test]
+fn kvd_snapshot_save_writes_either_format_and_restores_it() {
+    let source = common::start_kvd(&[]);
+    let ep = source.endpoint.as_str();
+    let (lease, compact, old) = write_history(ep);
+    let want = observe(ep, &lease, compact, old);
+    let dir = tempfile::tempdir().unwrap();
+    for format in ["kvd", "etcd"] {
+        let file = dir.path().join(format!("{format}.snap"));
+        let saved = kvd(&[
+            "snapshot",
+            "save",
+            path(&file),
+            "--endpoints",
+            ep,
+            "--format",
+            format,
+        ]);
+        assert!(saved.status.success(), "{saved:?}");
+        let status = kvd(&["snapshot", "status", path(&file), "-w", "json"]);
+        assert!(status.status.success(), "{status:?}");
+        let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+        assert_eq!(status["format"], Value::from(format));
+        assert_eq!(status["revision"].as_i64(), Some(revision(ep)), "{status}");
+        assert_eq!(status["sha256Ok"], Value::Bool(true));
+        let data = dir.path().join(format!("{format}-data"));
+        let restore = kvd(&[
+            "snapshot",
+            "restore",
+            path(&file),
+            "--data-dir",
+            path(&data),
+        ]);
+        assert!(restore.status.success(), "{restore:?}");
+        let server = common::start_kvd_in(&data, &[]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            observe(&server.endpoint, &lease, compact, old),
+            want,
+            "{format}"
+        );
+    }
+}
+
+#[test]
+fn damaged_snapshots_are_refused_and_leave_no_directory() {
+    let source = common::start_kvd(&[]);
+    let ep = source.endpoint.as_str();
+    for i in 0..40 {
+        ok(ep, &["put", &format!("a{i}"), &"v".repeat(300)]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("good.snap");
+    ok(ep, &["snapshot", "save", path(&file)]);
+    let good = std::fs::read(&file).unwrap();
+    let mut flipped = good.clone();
+    flipped[3 * 4096 + 100] ^= 0xFF;
+    let cases: Vec<(&str, Vec<u8>, &[&str], &str)> = vec![
+        ("flipped", flipped.clone(), &[], "expected sha256"),
+        ("flipped-unchecked", flipped, &["--skip-hash-check"], ""),
+        (
+            "truncated",
+            good[..good.len() - 1000].to_vec(),
+            &[],
+            "missing hash",
+        ),
+        (
+            "truncated-unchecked",
+            good[..2 * 4096].to_vec(),
+            &["--skip-hash-check"],
+            "etcd snapshot",
+        ),
+        (
+            "foreign",
+            b"SQLite format 3\0".repeat(64),
+            &["--skip-hash-check"],
+            "neither",
+        ),
+    ];
+    for (name, bytes, flags, message) in cases {
+        let bad = dir.path().join(format!("{name}.snap"));
+        std::fs::write(&bad, &bytes).unwrap();
+        let data = dir.path().join(format!("{name}-data"));
+        let mut args = vec!["snapshot", "restore", path(&bad), "--data-dir", path(&data)];
+        args.extend_from_slice(flags);
+        let out = kvd(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if name == "flipped-unchecked" {
+            // A flipped byte inside a value's bytes may still be a valid file; either way
+            // a failure leaves nothing behind.
+            assert!(out.status.success() || !data.exists(), "{name}: {stderr}");
+            continue;
+        }
+        assert!(!out.status.success(), "{name}: accepted");
+        assert!(stderr.contains(message), "{name}: {stderr}");
+        assert!(!data.exists(), "{name}: {} left behind", data.display());
+    }
+    // An existing, non-empty directory is refused and kept.
+    let busy = dir.path().join("busy");
+    std::fs::create_dir(&busy).unwrap();
+    std::fs::write(busy.join("keep"), b"x").unwrap();
+    let out = kvd(&[
+        "snapshot",
+        "restore",
+        path(&file),
+        "--data-dir",
+        path(&busy),
+    ]);
+    assert!(!out.status.success());
+    assert!(busy.join("keep").exists());
+}

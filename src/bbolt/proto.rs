@@ -1,0 +1,294 @@
+//! The protobuf messages etcd stores in its buckets, encoded and decoded by hand (the engine
+//! crate does not depend on a protobuf library): `mvccpb.KeyValue`, `leasepb.Lease` and
+//! `etcdserverpb.AlarmMember`.
+//!
+//! Encoding follows gogo's proto3 marshalling, which etcd's files hold: fields in number
+//! order, zero and empty fields left out, int64 as the two's-complement varint.
+//!
+//! Invariants:
+//! - PROTO-1: `decode_key_value(encode_key_value(kv)) == kv`.
+//! - PROTO-2: the decoders are total: any bytes give a message or a [`BboltError`]; unknown
+//!   fields of a known wire type are skipped, as protobuf readers do.
+//!
+//! Contact points: `bbolt::write` encodes, `bbolt::read` users decode.
+
+use super::{BboltError, invalid};
+
+/// etcd's `mvccpb.KeyValue`, as stored in the `key` bucket.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EtcdKeyValue {
+    /// The user key.
+    pub key: Vec<u8>,
+    /// The main revision that created the key's generation.
+    pub create_revision: i64,
+    /// The main revision of this change.
+    pub mod_revision: i64,
+    /// The version after this change.
+    pub version: i64,
+    /// The value.
+    pub value: Vec<u8>,
+    /// The attached lease, 0 for none.
+    pub lease: i64,
+}
+
+const WIRE_VARINT: u64 = 0;
+const WIRE_FIXED64: u64 = 1;
+const WIRE_BYTES: u64 = 2;
+const WIRE_FIXED32: u64 = 5;
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_int_field(out: &mut Vec<u8>, field: u64, v: i64) {
+    if v != 0 {
+        put_varint(out, (field << 3) | WIRE_VARINT);
+        put_varint(out, v as u64);
+    }
+}
+
+fn put_bytes_field(out: &mut Vec<u8>, field: u64, v: &[u8]) {
+    if !v.is_empty() {
+        put_varint(out, (field << 3) | WIRE_BYTES);
+        put_varint(out, v.len() as u64);
+        out.extend_from_slice(v);
+    }
+}
+
+/// Appends the encoding of a KeyValue with these fields to `out`.
+pub fn encode_key_value(out: &mut Vec<u8>, kv: &EtcdKeyValue) {
+    put_bytes_field(out, 1, &kv.key);
+    put_int_field(out, 2, kv.create_revision);
+    put_int_field(out, 3, kv.mod_revision);
+    put_int_field(out, 4, kv.version);
+    put_bytes_field(out, 5, &kv.value);
+    put_int_field(out, 6, kv.lease);
+}
+
+/// Returns the encoding of a `leasepb.Lease` {ID, TTL}.
+pub fn encode_lease(id: i64, ttl: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(22);
+    put_int_field(&mut out, 1, id);
+    put_int_field(&mut out, 2, ttl);
+    out
+}
+
+/// Returns the encoding of an `AlarmMember` {memberID, alarm}.
+pub fn encode_alarm(member_id: u64, alarm: i32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(13);
+    put_int_field(&mut out, 1, member_id as i64);
+    put_int_field(&mut out, 2, i64::from(alarm));
+    out
+}
+
+/// One field read from a message.
+enum Field<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    Other,
+}
+
+/// A cursor over a message's bytes (PROTO-2).
+struct Fields<'a> {
+    bytes: &'a [u8],
+    what: &'static str,
+}
+
+impl<'a> Fields<'a> {
+    fn varint(&mut self) -> Result<u64, BboltError> {
+        let mut v: u64 = 0;
+        for i in 0..10 {
+            let (&b, rest) = self
+                .bytes
+                .split_first()
+                .ok_or_else(|| invalid(format!("{}: truncated varint", self.what)))?;
+            self.bytes = rest;
+            v |= u64::from(b & 0x7F) << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(invalid(format!(
+            "{}: varint longer than 10 bytes",
+            self.what
+        )))
+    }
+
+    fn take(&mut self, n: u64) -> Result<&'a [u8], BboltError> {
+        let n = usize::try_from(n).map_err(|_| invalid("length"))?;
+        let (head, rest) = self
+            .bytes
+            .split_at_checked(n)
+            .ok_or_else(|| invalid(format!("{}: field past the end", self.what)))?;
+        self.bytes = rest;
+        Ok(head)
+    }
+
+    /// Returns the next field number and field, or None at the end.
+    fn next(&mut self) -> Result<Option<(u64, Field<'a>)>, BboltError> {
+        if self.bytes.is_empty() {
+            return Ok(None);
+        }
+        let tag = self.varint()?;
+        let number = tag >> 3;
+        if number == 0 {
+            return Err(invalid(format!("{}: field number 0", self.what)));
+        }
+        let field = match tag & 7 {
+            WIRE_VARINT => Field::Varint(self.varint()?),
+            WIRE_BYTES => {
+                let len = self.varint()?;
+                Field::Bytes(self.take(len)?)
+            }
+            WIRE_FIXED64 => {
+                self.take(8)?;
+                Field::Other
+            }
+            WIRE_FIXED32 => {
+                self.take(4)?;
+                Field::Other
+            }
+            other => {
+                return Err(invalid(format!("{}: wire type {other}", self.what)));
+            }
+        };
+        Ok(Some((number, field)))
+    }
+}
+
+fn mismatch(what: &str, number: u64) -> BboltError {
+    invalid(format!("{what}: field {number} has the wrong wire type"))
+}
+
+/// Decodes a KeyValue (PROTO-2).
+pub fn decode_key_value(bytes: &[u8]) -> Result<EtcdKeyValue, BboltError> {
+    let what = "KeyValue";
+    let mut kv = EtcdKeyValue::default();
+    let mut fields = Fields { bytes, what };
+    while let Some((number, field)) = fields.next()? {
+        match (number, field) {
+            (1, Field::Bytes(b)) => kv.key = b.to_vec(),
+            (5, Field::Bytes(b)) => kv.value = b.to_vec(),
+            (2, Field::Varint(v)) => kv.create_revision = v as i64,
+            (3, Field::Varint(v)) => kv.mod_revision = v as i64,
+            (4, Field::Varint(v)) => kv.version = v as i64,
+            (6, Field::Varint(v)) => kv.lease = v as i64,
+            (1..=6, _) => return Err(mismatch(what, number)),
+            _ => {}
+        }
+    }
+    Ok(kv)
+}
+
+/// Decodes a `leasepb.Lease` into `(id, ttl)` (PROTO-2).
+pub fn decode_lease(bytes: &[u8]) -> Result<(i64, i64), BboltError> {
+    let what = "Lease";
+    let (mut id, mut ttl) = (0, 0);
+    let mut fields = Fields { bytes, what };
+    while let Some((number, field)) = fields.next()? {
+        match (number, field) {
+            (1, Field::Varint(v)) => id = v as i64,
+            (2, Field::Varint(v)) => ttl = v as i64,
+            (3, Field::Varint(_)) => {}
+            (1..=3, _) => return Err(mismatch(what, number)),
+            _ => {}
+        }
+    }
+    Ok((id, ttl))
+}
+
+/// Decodes an `AlarmMember` into `(member_id, alarm)` (PROTO-2).
+pub fn decode_alarm(bytes: &[u8]) -> Result<(u64, i32), BboltError> {
+    let what = "AlarmMember";
+    let (mut member, mut alarm) = (0u64, 0i32);
+    let mut fields = Fields { bytes, what };
+    while let Some((number, field)) = fields.next()? {
+        match (number, field) {
+            (1, Field::Varint(v)) => member = v,
+            (2, Field::Varint(v)) => {
+                alarm = i32::try_from(v).map_err(|_| invalid("AlarmMember: alarm out of range"))?
+            }
+            (1..=2, _) => return Err(mismatch(what, number)),
+            _ => {}
+        }
+    }
+    Ok((member, alarm))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_value_matches_etcd_bytes() {
+        // etcd's bytes for put a=1 at revision 2.
+        let kv = EtcdKeyValue {
+            key: b"a".to_vec(),
+            create_revision: 2,
+            mod_revision: 2,
+            version: 1,
+            value: b"1".to_vec(),
+            lease: 0,
+        };
+        let mut out = Vec::new();
+        encode_key_value(&mut out, &kv);
+        assert_eq!(
+            out,
+            [
+                0x0a, 0x01, 0x61, 0x10, 0x02, 0x18, 0x02, 0x20, 0x01, 0x2a, 0x01, 0x31
+            ]
+        );
+        assert_eq!(decode_key_value(&out), Ok(kv));
+        let negative = EtcdKeyValue {
+            key: b"k".to_vec(),
+            lease: -5,
+            ..EtcdKeyValue::default()
+        };
+        let mut out = Vec::new();
+        encode_key_value(&mut out, &negative);
+        assert_eq!(decode_key_value(&out), Ok(negative));
+    }
+
+    #[test]
+    fn lease_and_alarm_match_etcd_bytes() {
+        let lease = encode_lease(0x390d_a230_7ab6_cb09, 600);
+        assert_eq!(
+            lease,
+            [
+                0x08, 0x89, 0x96, 0xdb, 0xd5, 0x87, 0xc6, 0xe8, 0x86, 0x39, 0x10, 0xd8, 0x04
+            ]
+        );
+        assert_eq!(decode_lease(&lease), Ok((0x390d_a230_7ab6_cb09, 600)));
+        let alarm = encode_alarm(0, 1);
+        assert_eq!(alarm, [0x10, 0x01]);
+        // etcd's bytes for a NOSPACE alarm of member 0x9d0a1b7bc3ae8ae (obs).
+        let nospace = [
+            0x08, 0xae, 0x87, 0xd1, 0xd7, 0xc3, 0xbd, 0xa1, 0x8a, 0x9d, 0x01, 0x10, 0x01,
+        ];
+        let (member, kind) = decode_alarm(&nospace).unwrap();
+        assert_eq!(kind, 1);
+        assert_eq!(encode_alarm(member, kind), nospace);
+    }
+
+    #[test]
+    fn decoders_refuse_bad_bytes() {
+        for bytes in [
+            &[0x0a, 0x05, 0x61][..],
+            &[0x10],
+            &[
+                0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
+            ],
+            &[0x0b],
+            &[0x00, 0x01],
+            &[0x08, 0x01],
+            &[0x12, 0x01],
+        ] {
+            assert!(decode_key_value(bytes).is_err(), "{bytes:?}");
+        }
+        assert!(decode_lease(&[0x0a, 0x00]).is_err());
+    }
+}
