@@ -593,10 +593,7 @@ impl Applier {
         match self.operations.lookup(&id, &digest, wall, age) {
             Lookup::Fresh => self.apply_tagged(batch, inner, Some((id, digest))),
             Lookup::Retry => replay(batch, inner, &id),
-            Lookup::Reused => {
-                inner.refuse(Error::OperationIdReused(id));
-                Ok(Outcome::Refused)
-            }
+            Lookup::Reused => Ok(refused(inner, Error::OperationIdReused(id))),
         }
     }
 
@@ -701,10 +698,7 @@ impl Applier {
                 // PERM-4: checked here, in apply order, against the store as it is now.
                 match super::auth::check_in_apply(&self.shared, a.caller.as_deref(), &a.inner) {
                     Ok(()) => self.apply_tagged(batch, a.inner, tag),
-                    Err(refusal) => {
-                        a.inner.refuse(refusal);
-                        Ok(Outcome::Refused)
-                    }
+                    Err(refusal) => Ok(refused(a.inner, refusal)),
                 }
             }
             Proposal::Reconcile(req, done) => {
@@ -1061,6 +1055,15 @@ impl Applier {
     }
 }
 
+/// A refusal at apply, delivered with the batch like every other answer of apply, so it
+/// never reaches its caller before the commit of the writes it was judged after.
+fn refused(proposal: Proposal, error: Error) -> Outcome {
+    match proposal.refusal(error) {
+        Some(answer) => Outcome::Answer(answer),
+        None => Outcome::Refused,
+    }
+}
+
 /// Answers a retry from its recorded response (OPER-2), delivered with the batch so that it
 /// comes after the commit that holds the first attempt.
 fn replay(
@@ -1091,10 +1094,8 @@ fn replay(
         }
         other => {
             // Admission gives ids to these kinds only (Proposal::digest).
-            other.refuse(Error::InvalidArgument(
-                "this request cannot carry an operation id".into(),
-            ));
-            Ok(Outcome::Refused)
+            let error = Error::InvalidArgument("this request cannot carry an operation id".into());
+            Ok(refused(other, error))
         }
     }
 }

@@ -238,6 +238,30 @@ impl Proposal {
         }
     }
 
+    /// Returns the refusal `error` as an answer delivered with the batch (after the commit
+    /// of the writes before it, like every answer of apply), or `None` for a defrag step,
+    /// which has no completion.
+    pub fn refusal(self, error: Error) -> Option<Answer> {
+        Some(match self {
+            Proposal::Put(_, done) => Answer::new(done, Err(error)),
+            Proposal::DeleteRange(_, done) => Answer::new(done, Err(error)),
+            Proposal::Txn(_, done) => Answer::new(done, Err(error)),
+            Proposal::Compaction(_, done) => Answer::new(done, Err(error)),
+            Proposal::LeaseGrant(_, done) => Answer::new(done, Err(error)),
+            Proposal::LeaseRevoke(_, done) => Answer::new(done, Err(error)),
+            Proposal::Alarm(_, done) => Answer::new(done, Err(error)),
+            Proposal::Accounting(_, done) => Answer::new(done, Err(error)),
+            Proposal::Reconcile(_, done) => Answer::new(done, Err(error)),
+            Proposal::Auth(_, done) => Answer::new(done, Err(error)),
+            Proposal::Identified(op) => return op.inner.refusal(error),
+            Proposal::Authorized(op) => return op.inner.refusal(error),
+            other => {
+                other.refuse(error);
+                return None;
+            }
+        })
+    }
+
     /// Returns the digest of the write (DIGEST-1), or `None` for what cannot carry an
     /// operation id (alarms, defrag steps, reconciliations).
     pub fn digest(&self) -> Option<Digest> {
