@@ -26,6 +26,7 @@
 //! - BIN-8: `kvd check --data-dir DIR` prints one JSON report and exits 0 if sound, 2 if
 //!   damage was found, 1 if it could not run; `kvd defrag --data-dir DIR` exits 0 after a
 //!   defrag that kept HashKV. Both refuse a directory a running kvd holds (OFFLINE-1).
+//!   They, and `kvd snapshot restore`, say on stderr every 10 s that they are still at work.
 //! - BIN-6: a flag value kvd cannot use is refused at start with a message that names the
 //!   flag; durations are written as etcd's (Go's) are: `90s`, `10m`, `1h30m`, `0`.
 //!
@@ -566,7 +567,10 @@ mod cli {
                 file,
                 data_dir,
                 skip_hash_check,
-            } => snapshot_tool::restore(&file, &data_dir, skip_hash_check).map(|r| {
+            } => with_progress("kvd snapshot restore", || {
+                snapshot_tool::restore(&file, &data_dir, skip_hash_check)
+            })
+            .map(|r| {
                 println!(
                     "Restored a {} snapshot into {}: revision {}, {} history entries",
                     r.format.name(),
@@ -612,10 +616,35 @@ mod cli {
         }
     }
 
+    /// How often a long offline command says on stderr that it is still at work.
+    const PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
+
+    /// Runs `work`, printing `<label>: still working (N s)` on stderr every
+    /// `PROGRESS_INTERVAL` until it returns (BIN-8: progress for long runs).
+    fn with_progress<T>(label: &str, work: impl FnOnce() -> T) -> T {
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let started = std::time::Instant::now();
+        let label = label.to_owned();
+        let ticker = std::thread::spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                finished.recv_timeout(PROGRESS_INTERVAL)
+            {
+                eprintln!("{label}: still working ({} s)", started.elapsed().as_secs());
+            }
+        });
+        let result = work();
+        drop(done);
+        let _ = ticker.join();
+        result
+    }
+
     /// Runs `kvd check` and returns its exit code (BIN-8).
     fn check_main(data_dir: &std::path::Path) -> ExitCode {
         eprintln!("kvd check: checking {}", data_dir.display());
-        match kvd::check_data_dir(data_dir, kvd::Config::default()) {
+        let checked = with_progress("kvd check", || {
+            kvd::check_data_dir(data_dir, kvd::Config::default())
+        });
+        match checked {
             Ok(report) => {
                 println!(
                     "{}",
@@ -658,7 +687,10 @@ mod cli {
     /// Runs `kvd defrag --data-dir` and returns its exit code (BIN-8).
     fn defrag_main(data_dir: &std::path::Path) -> ExitCode {
         eprintln!("kvd defrag: defragmenting {}", data_dir.display());
-        match kvd::defrag_data_dir(data_dir, kvd::Config::default()) {
+        let defragmented = with_progress("kvd defrag", || {
+            kvd::defrag_data_dir(data_dir, kvd::Config::default())
+        });
+        match defragmented {
             Ok(d) if d.hash_kv_before == d.hash_kv_after => {
                 println!(
                     "Defragmented {}: {} -> {} bytes (HashKV {} kept)",
