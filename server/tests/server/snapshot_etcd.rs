@@ -413,6 +413,11 @@ fn an_etcd_snapshot_with_auth_restores_into_kvd_that_enforces_it() {
         path(&data),
     ]);
     assert!(restore.status.success(), "{restore:?}");
+    let stdout = String::from_utf8_lossy(&restore.stdout);
+    assert!(
+        stdout.contains("auth enabled with 2 users and 2 roles"),
+        "{stdout}"
+    );
     let check = kvd(&["check", "--data-dir", path(&data)]);
     assert!(check.status.success(), "{check:?}");
     let server = common::start_kvd_in(&data, &[]).unwrap_or_else(|e| panic!("{e}"));
