@@ -1,7 +1,9 @@
 //! Snapshots in etcd's format through the engine's public API: a store with history,
 //! deletions, a compaction and leases goes out as an etcd snapshot file and comes back in
-//! through `restore_etcd_snapshot` with the same revisions, values and HashKV; the file's
-//! status equals what etcdctl 3.4.23 reports for it (this test fails without `etcdctl`).
+//! through `restore_etcd_snapshot` with the same revisions, values and HashKV; an auth
+//! store comes back with the same users, roles, permissions, enabled flag and revision; the
+//! file's status equals what etcdctl 3.4.23 reports for it (this test fails without
+//! `etcdctl`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -280,4 +282,143 @@ fn alarms_go_out_under_the_member_id_and_come_back() {
             (0xbdae_9bbc_11dd_390d, kvd::AlarmType::Corrupt)
         ]
     );
+}
+
+/// Sets up auth as an operator would: root with role root, alice in role dev (readwrite on
+/// the /dev/ prefix, read on key `pub`), a password-less bob in dev and ops (write from
+/// `/` on), auth enabled.
+fn set_up_auth(engine: &Engine) {
+    use kvd::AuthRequest::*;
+    let hash = |s: &str| Some(format!("$2b$10${s}"));
+    let perm = |perm_type, key: &str, range_end: &str| {
+        Some(kvd::Permission {
+            perm_type,
+            key: key.into(),
+            range_end: range_end.into(),
+        })
+    };
+    for request in [
+        UserAdd {
+            name: "root".into(),
+            password_hash: hash("root"),
+        },
+        RoleAdd {
+            name: "root".into(),
+        },
+        UserGrantRole {
+            user: "root".into(),
+            role: "root".into(),
+        },
+        RoleAdd { name: "dev".into() },
+        RoleAdd { name: "ops".into() },
+        RoleGrantPermission {
+            role: "dev".into(),
+            permission: perm(kvd::PermissionType::ReadWrite, "/dev/", "/dev0"),
+        },
+        RoleGrantPermission {
+            role: "dev".into(),
+            permission: perm(kvd::PermissionType::Read, "pub", ""),
+        },
+        RoleGrantPermission {
+            role: "ops".into(),
+            permission: perm(kvd::PermissionType::Write, "/", "\0"),
+        },
+        UserAdd {
+            name: "alice".into(),
+            password_hash: hash("alice"),
+        },
+        UserGrantRole {
+            user: "alice".into(),
+            role: "dev".into(),
+        },
+        UserAdd {
+            name: "bob".into(),
+            password_hash: None,
+        },
+        UserGrantRole {
+            user: "bob".into(),
+            role: "ops".into(),
+        },
+        UserGrantRole {
+            user: "bob".into(),
+            role: "dev".into(),
+        },
+        Enable,
+    ] {
+        engine.auth(request).unwrap();
+    }
+}
+
+fn auth_state(engine: &Engine) -> String {
+    let users: Vec<_> = engine
+        .auth_user_names()
+        .unwrap()
+        .iter()
+        .map(|n| engine.auth_user(n).unwrap().unwrap())
+        .collect();
+    let roles: Vec<_> = engine
+        .auth_role_names()
+        .unwrap()
+        .iter()
+        .map(|n| engine.auth_role(n).unwrap().unwrap())
+        .collect();
+    format!("{:?}\n{users:?}\n{roles:?}", engine.auth_status().unwrap())
+}
+
+#[test]
+fn an_auth_store_goes_out_to_etcds_format_and_comes_back_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = open(&dir.path().join("src"));
+    source.put(PutRequest::new("/dev/a", "1")).unwrap();
+    set_up_auth(&source);
+    let (enabled, auth_revision) = source.auth_status().unwrap();
+    assert!(enabled);
+    assert_eq!(auth_revision, 14, "13 changes after the fresh store's 1");
+    let file = export(&source);
+    let target = dir.path().join("restored");
+    let summary = restore_etcd_snapshot(&file, &target).unwrap();
+    assert_eq!(
+        (summary.auth_users, summary.auth_roles, summary.auth_enabled),
+        (3, 3, true)
+    );
+    let copy = open(&target);
+    assert_eq!(auth_state(&copy), auth_state(&source));
+    assert!(auth_state(&copy).contains("$2b$10$alice"));
+    // The restored store enforces what the source did.
+    let put =
+        |user, key: &str| copy.auth_check(Some(user), key.as_bytes(), b"", kvd::Access::Write);
+    assert!(put("alice", "/dev/x").is_ok());
+    assert!(put("alice", "/other").is_err());
+    assert!(put("bob", "/other").is_ok());
+    assert!(copy.auth_check_admin(Some("root")).is_ok());
+    assert!(copy.auth_check_admin(Some("alice")).is_err());
+    // etcdctl's tx.Check accepts the file with the auth buckets, and counts their keys.
+    let status = etcd_snapshot_status(&file).unwrap();
+    let plain = export(&open(&dir.path().join("plain")));
+    let plain_keys = etcd_snapshot_status(&plain).unwrap().total_keys;
+    assert_eq!(
+        status.total_keys,
+        plain_keys + 1 + 2 + 3 + 3,
+        "one more revision, auth's 2 keys, 3 users, 3 roles"
+    );
+    assert_etcdctl_status(&dir.path().join("src"), &source, 2);
+}
+
+#[test]
+fn a_fresh_auth_store_writes_no_auth_buckets() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path());
+    engine.put(PutRequest::new("k", "v")).unwrap();
+    let file = export(&engine);
+    for name in [&b"authUsers"[..], b"authRoles", b"authRevision"] {
+        assert!(
+            !file.windows(name.len()).any(|w| w == name),
+            "{}",
+            String::from_utf8_lossy(name)
+        );
+    }
+    let target = dir.path().join("restored");
+    let summary = restore_etcd_snapshot(&file, &target).unwrap();
+    assert_eq!((summary.auth_users, summary.auth_roles), (0, 0));
+    assert_eq!(open(&target).auth_status().unwrap(), (false, 1));
 }

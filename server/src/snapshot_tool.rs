@@ -231,6 +231,8 @@ pub struct Restored {
     pub revision: i64,
     /// History entries written.
     pub history_entries: u64,
+    /// From an etcd snapshot: the auth users and roles imported, and whether auth is on.
+    pub auth: Option<(u64, u64, bool)>,
 }
 
 /// Creates a kvd data directory `data_dir` from the snapshot `file` (SNAPTOOL-2).
@@ -256,12 +258,14 @@ pub fn restore(file: &Path, data_dir: &Path, skip_hash_check: bool) -> Result<Re
             format,
             revision: s.revision,
             history_entries: s.history_entries,
+            auth: Some((s.auth_users, s.auth_roles, s.auth_enabled)),
         }),
         Format::Kvd => kvd::snapshot_summary(db).and_then(|summary| {
             kvd::restore_snapshot(db, data_dir).map(|()| Restored {
                 format,
                 revision: i64::try_from(summary.current_revision).unwrap_or(i64::MAX),
                 history_entries: summary.history_records,
+                auth: None,
             })
         }),
     };

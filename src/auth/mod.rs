@@ -44,8 +44,12 @@ pub const ROOT_USER: &str = "root";
 /// The name of the role that passes every check.
 pub const ROOT_ROLE: &str = "root";
 
-const ENABLED_KEY: &[u8] = b"enabled";
-const REVISION_KEY: &[u8] = b"revision";
+/// `auth_meta` key of the enabled flag (one byte, 0 or 1).
+pub(crate) const ENABLED_KEY: &[u8] = b"enabled";
+/// `auth_meta` key of the auth revision (8-byte big-endian).
+pub(crate) const REVISION_KEY: &[u8] = b"revision";
+
+pub(crate) use codec::{encode_role as role_row, encode_user as user_row};
 
 /// What a permission allows (etcd's `authpb.Permission.Type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

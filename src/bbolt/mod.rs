@@ -3,7 +3,8 @@
 //!
 //! Owns: bbolt's page layout (pages, metas, leaf and branch elements, bucket headers), the
 //! FNV-1a meta checksum, and the hand-written protobuf encodings of the etcd messages stored
-//! in the buckets (`mvccpb.KeyValue`, `leasepb.Lease`, `etcdserverpb.AlarmMember`).
+//! in the buckets (`mvccpb.KeyValue`, `leasepb.Lease`, `etcdserverpb.AlarmMember`,
+//! `authpb.User`, `authpb.Role`).
 //!
 //! Format facts used here (bbolt native order is little-endian on every platform kvd runs
 //! on; every integer etcd stores inside keys and values is big-endian):
@@ -71,6 +72,16 @@ pub const BUCKET_ALARM: &[u8] = b"alarm";
 pub const BUCKET_MEMBERS: &[u8] = b"members";
 /// etcd's bucket of the cluster version.
 pub const BUCKET_CLUSTER: &[u8] = b"cluster";
+/// etcd's bucket of the auth enabled flag and the auth revision.
+pub const BUCKET_AUTH: &[u8] = b"auth";
+/// etcd's bucket of users: name → `authpb.User`.
+pub const BUCKET_AUTH_USERS: &[u8] = b"authUsers";
+/// etcd's bucket of roles: name → `authpb.Role`.
+pub const BUCKET_AUTH_ROLES: &[u8] = b"authRoles";
+/// `auth` key of the enabled flag (one byte, 0 or 1).
+pub const AUTH_ENABLED: &[u8] = b"authEnabled";
+/// `auth` key of the auth revision (8-byte big-endian).
+pub const AUTH_REVISION: &[u8] = b"authRevision";
 /// `meta` key of the last applied raft index (8-byte big-endian).
 pub const META_CONSISTENT_INDEX: &[u8] = b"consistent_index";
 /// `meta` key of the scheduled compaction revision (a 17-byte revision key).

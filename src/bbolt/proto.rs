@@ -1,9 +1,11 @@
 //! The protobuf messages etcd stores in its buckets, encoded and decoded by hand (the engine
-//! crate does not depend on a protobuf library): `mvccpb.KeyValue`, `leasepb.Lease` and
-//! `etcdserverpb.AlarmMember`.
+//! crate does not depend on a protobuf library): `mvccpb.KeyValue`, `leasepb.Lease`,
+//! `etcdserverpb.AlarmMember`, `authpb.User` and `authpb.Role`.
 //!
 //! Encoding follows gogo's proto3 marshalling, which etcd's files hold: fields in number
-//! order, zero and empty fields left out, int64 as the two's-complement varint.
+//! order, zero and empty fields left out, int64 as the two's-complement varint. One
+//! exception, as etcd 3.4.23 writes it: a User's `options` (field 4) is always present, as
+//! `22 00` when it is empty.
 //!
 //! Invariants:
 //! - PROTO-1: `decode_key_value(encode_key_value(kv)) == kv`.
@@ -13,6 +15,7 @@
 //! Contact points: `bbolt::write` encodes, `bbolt::read` users decode.
 
 use super::{BboltError, invalid};
+use crate::auth::{Permission, PermissionType, Role, User};
 
 /// etcd's `mvccpb.KeyValue`, as stored in the `key` bucket.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -82,6 +85,38 @@ pub fn encode_alarm(member_id: u64, alarm: i32) -> Vec<u8> {
     let mut out = Vec::with_capacity(13);
     put_int_field(&mut out, 1, member_id as i64);
     put_int_field(&mut out, 2, i64::from(alarm));
+    out
+}
+
+/// Returns the encoding of an `authpb.User` {name, password, roles, options{no_password}}.
+pub fn encode_user(user: &User) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_bytes_field(&mut out, 1, user.name.as_bytes());
+    put_bytes_field(&mut out, 2, user.password_hash.as_bytes());
+    for role in &user.roles {
+        put_bytes_field(&mut out, 3, role.as_bytes());
+    }
+    let mut options = Vec::new();
+    put_int_field(&mut options, 1, i64::from(user.no_password));
+    put_varint(&mut out, (4 << 3) | WIRE_BYTES);
+    put_varint(&mut out, options.len() as u64);
+    out.extend_from_slice(&options);
+    out
+}
+
+/// Returns the encoding of an `authpb.Role` {name, keyPermission{permType, key, range_end}}.
+pub fn encode_role(role: &Role) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_bytes_field(&mut out, 1, role.name.as_bytes());
+    for perm in &role.permissions {
+        let mut inner = Vec::new();
+        put_int_field(&mut inner, 1, i64::from(perm.perm_type.number()));
+        put_bytes_field(&mut inner, 2, &perm.key);
+        put_bytes_field(&mut inner, 3, &perm.range_end);
+        put_varint(&mut out, (2 << 3) | WIRE_BYTES);
+        put_varint(&mut out, inner.len() as u64);
+        out.extend_from_slice(&inner);
+    }
     out
 }
 
@@ -219,6 +254,96 @@ pub fn decode_alarm(bytes: &[u8]) -> Result<(u64, i32), BboltError> {
     Ok((member, alarm))
 }
 
+fn utf8(bytes: &[u8], what: &str) -> Result<String, BboltError> {
+    String::from_utf8(bytes.to_vec()).map_err(|_| invalid(format!("{what}: text not UTF-8")))
+}
+
+/// Decodes an `authpb.User` (PROTO-2); its roles come out sorted and unique, as kvd keeps
+/// them (etcd keeps them sorted too).
+pub fn decode_user(bytes: &[u8]) -> Result<User, BboltError> {
+    let what = "User";
+    let mut user = User {
+        name: String::new(),
+        password_hash: String::new(),
+        no_password: false,
+        roles: Vec::new(),
+    };
+    let mut fields = Fields { bytes, what };
+    while let Some((number, field)) = fields.next()? {
+        match (number, field) {
+            (1, Field::Bytes(b)) => user.name = utf8(b, what)?,
+            (2, Field::Bytes(b)) => user.password_hash = utf8(b, what)?,
+            (3, Field::Bytes(b)) => user.roles.push(utf8(b, what)?),
+            (4, Field::Bytes(b)) => {
+                let what = "UserAddOptions";
+                let mut options = Fields { bytes: b, what };
+                while let Some((number, field)) = options.next()? {
+                    match (number, field) {
+                        (1, Field::Varint(v)) => user.no_password = v != 0,
+                        (1, _) => return Err(mismatch(what, number)),
+                        _ => {}
+                    }
+                }
+            }
+            (1..=4, _) => return Err(mismatch(what, number)),
+            _ => {}
+        }
+    }
+    user.roles.sort();
+    user.roles.dedup();
+    Ok(user)
+}
+
+/// Decodes an `authpb.Role` (PROTO-2); its permissions come out sorted by key and range
+/// end, one per (key, range end) (the last one read wins), as kvd keeps them.
+pub fn decode_role(bytes: &[u8]) -> Result<Role, BboltError> {
+    let what = "Role";
+    let mut role = Role {
+        name: String::new(),
+        permissions: Vec::new(),
+    };
+    let mut fields = Fields { bytes, what };
+    while let Some((number, field)) = fields.next()? {
+        match (number, field) {
+            (1, Field::Bytes(b)) => role.name = utf8(b, what)?,
+            (2, Field::Bytes(b)) => role.permissions.push(decode_permission(b)?),
+            (1..=2, _) => return Err(mismatch(what, number)),
+            _ => {}
+        }
+    }
+    role.permissions.reverse();
+    role.permissions
+        .sort_by(|a, b| (&a.key, &a.range_end).cmp(&(&b.key, &b.range_end)));
+    role.permissions
+        .dedup_by(|a, b| a.key == b.key && a.range_end == b.range_end);
+    Ok(role)
+}
+
+fn decode_permission(bytes: &[u8]) -> Result<Permission, BboltError> {
+    let what = "Permission";
+    let mut perm = Permission {
+        perm_type: PermissionType::Read,
+        key: Vec::new(),
+        range_end: Vec::new(),
+    };
+    let mut fields = Fields { bytes, what };
+    while let Some((number, field)) = fields.next()? {
+        match (number, field) {
+            (1, Field::Varint(v)) => {
+                perm.perm_type = u8::try_from(v)
+                    .ok()
+                    .and_then(PermissionType::from_number)
+                    .ok_or_else(|| invalid(format!("{what}: permType {v}")))?;
+            }
+            (2, Field::Bytes(b)) => perm.key = b.to_vec(),
+            (3, Field::Bytes(b)) => perm.range_end = b.to_vec(),
+            (1..=3, _) => return Err(mismatch(what, number)),
+            _ => {}
+        }
+    }
+    Ok(perm)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +397,105 @@ mod tests {
         let (member, kind) = decode_alarm(&nospace).unwrap();
         assert_eq!(kind, 1);
         assert_eq!(encode_alarm(member, kind), nospace);
+    }
+
+    #[test]
+    fn user_and_role_match_etcd_bytes() {
+        // etcd 3.4.23's bytes for role r1 with readwrite on [foo, fop), and for role root.
+        let r1 = Role {
+            name: "r1".into(),
+            permissions: vec![Permission {
+                perm_type: PermissionType::ReadWrite,
+                key: b"foo".to_vec(),
+                range_end: b"fop".to_vec(),
+            }],
+        };
+        let bytes = [
+            0x0a, 0x02, 0x72, 0x31, 0x12, 0x0c, 0x08, 0x02, 0x12, 0x03, 0x66, 0x6f, 0x6f, 0x1a,
+            0x03, 0x66, 0x6f, 0x70,
+        ];
+        assert_eq!(encode_role(&r1), bytes);
+        assert_eq!(decode_role(&bytes), Ok(r1));
+        let root = Role {
+            name: "root".into(),
+            permissions: Vec::new(),
+        };
+        assert_eq!(encode_role(&root), [0x0a, 0x04, 0x72, 0x6f, 0x6f, 0x74]);
+        // A READ permission (enum 0) leaves its type out.
+        let read = Role {
+            name: "r".into(),
+            permissions: vec![Permission {
+                perm_type: PermissionType::Read,
+                key: b"a".to_vec(),
+                range_end: Vec::new(),
+            }],
+        };
+        assert_eq!(
+            encode_role(&read),
+            [0x0a, 0x01, 0x72, 0x12, 0x03, 0x12, 0x01, 0x61]
+        );
+        assert_eq!(decode_role(&encode_role(&read)), Ok(read));
+
+        let user = User {
+            name: "u".into(),
+            password_hash: "$2a$10$h".into(),
+            no_password: false,
+            roles: vec!["a".into(), "b".into()],
+        };
+        let mut want = vec![0x0a, 0x01, b'u', 0x12, 0x08];
+        want.extend_from_slice(b"$2a$10$h");
+        want.extend_from_slice(&[0x1a, 0x01, b'a', 0x1a, 0x01, b'b', 0x22, 0x00]);
+        assert_eq!(encode_user(&user), want);
+        assert_eq!(decode_user(&want), Ok(user));
+        let no_password = User {
+            name: "n".into(),
+            password_hash: String::new(),
+            no_password: true,
+            roles: Vec::new(),
+        };
+        assert_eq!(
+            encode_user(&no_password),
+            [0x0a, 0x01, b'n', 0x22, 0x02, 0x08, 0x01]
+        );
+        assert_eq!(decode_user(&encode_user(&no_password)), Ok(no_password));
+    }
+
+    #[test]
+    fn role_permissions_come_out_sorted_and_unique() {
+        let perm = |t: u8, key: &[u8]| {
+            let mut inner = vec![0x08, t, 0x12, key.len() as u8];
+            inner.extend_from_slice(key);
+            let mut out = vec![0x12, inner.len() as u8];
+            out.extend_from_slice(&inner);
+            out
+        };
+        let mut bytes = vec![0x0a, 0x01, b'r'];
+        bytes.extend(perm(1, b"b"));
+        bytes.extend(perm(0, b"a"));
+        bytes.extend(perm(2, b"b"));
+        let role = decode_role(&bytes).unwrap();
+        let got: Vec<_> = role
+            .permissions
+            .iter()
+            .map(|p| (p.key.clone(), p.perm_type))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (b"a".to_vec(), PermissionType::Read),
+                (b"b".to_vec(), PermissionType::ReadWrite)
+            ]
+        );
+        assert!(
+            decode_role(&[0x12, 0x02, 0x08, 0x03]).is_err(),
+            "permType 3"
+        );
+        assert!(decode_role(&[0x0a, 0x01, 0xff]).is_err(), "name not UTF-8");
+        assert!(
+            decode_user(&[0x22, 0x01, 0x0a]).is_err(),
+            "options of the wrong type"
+        );
+        assert!(decode_user(&[0x1a, 0x05, 0x61]).is_err(), "truncated role");
     }
 
     #[test]

@@ -9,9 +9,15 @@
 //!   revisions → `scheduledCompactRev` and `finishedCompactRev` as revision keys;
 //! - each lease row → `lease` bucket, id (8 BE) → `leasepb.Lease` {ID, TTL};
 //! - each alarm → `alarm` bucket, `AlarmMember` → empty;
-//! - this member → `members` (hex id → JSON) and `cluster` (`clusterVersion` → `3.4.0`).
+//! - this member → `members` (hex id → JSON) and `cluster` (`clusterVersion` → `3.4.0`);
+//! - the auth store, when it is not a fresh one (users, roles, auth enabled or a revision
+//!   past 1): the enabled flag and the auth revision → `auth` (`authEnabled` → 1 byte 0/1,
+//!   `authRevision` → 8 BE); each user → `authUsers`, name → `authpb.User` {name, the
+//!   bcrypt hash as etcd stores it, roles, options{no_password}}; each role → `authRoles`,
+//!   name → `authpb.Role` {name, keyPermission{permType, key, range_end}}.
 //!
-//! On import, alarms keep the member ids etcd stored (as etcd's own restore does), and the
+//! On import, alarms keep the member ids etcd stored (as etcd's own restore does), users'
+//! roles and roles' permissions are sorted as kvd keeps them (AUTH-STORE-3), and the
 //! current revision is the larger of the last `key` entry's main and the
 //! compaction revision (etcd's rule), and the compaction revision is the larger of the
 //! scheduled and finished ones (etcd resumes a scheduled compaction on start).
@@ -30,7 +36,8 @@ use std::path::Path;
 
 use super::Engine;
 use crate::bbolt::proto::{
-    decode_alarm, decode_key_value, decode_lease, encode_alarm, encode_lease,
+    decode_alarm, decode_key_value, decode_lease, decode_role, decode_user, encode_alarm,
+    encode_lease, encode_role, encode_user,
 };
 use crate::bbolt::read::Reader;
 use crate::bbolt::write::{Entry, EtcdWriter};
@@ -222,16 +229,54 @@ impl Engine {
         alarms.sort();
         let members = vec![(format!("{:x}", member.id).into_bytes(), member_json(member))];
         let cluster = vec![(b"clusterVersion".to_vec(), bbolt::CLUSTER_VERSION.to_vec())];
-        let buckets = vec![
+        let mut buckets = vec![
             (bbolt::BUCKET_ALARM.to_vec(), alarms),
             (bbolt::BUCKET_CLUSTER.to_vec(), cluster),
             (bbolt::BUCKET_LEASE.to_vec(), leases),
             (bbolt::BUCKET_MEMBERS.to_vec(), members),
             (bbolt::BUCKET_META.to_vec(), meta_bucket),
         ];
+        buckets.extend(auth_buckets(&snapshot)?);
         let writer = EtcdWriter::new(snapshot, buckets)?;
         Ok(EtcdSnapshotStream { writer, revision })
     }
+}
+
+/// Returns the `auth`, `authUsers` and `authRoles` buckets of the auth store in `snapshot`,
+/// or none for a fresh store (an etcd starting on the file creates the same state).
+fn auth_buckets(snapshot: &Snapshot) -> Result<Vec<(Vec<u8>, Vec<Entry>)>> {
+    let store = crate::auth::AuthStore::load(snapshot)?;
+    if store == crate::auth::AuthStore::default() {
+        return Ok(Vec::new());
+    }
+    let meta = vec![
+        (
+            bbolt::AUTH_ENABLED.to_vec(),
+            vec![u8::from(store.enabled())],
+        ),
+        (
+            bbolt::AUTH_REVISION.to_vec(),
+            store.revision().to_be_bytes().to_vec(),
+        ),
+    ];
+    // The names come sorted (a BTreeMap's order is the bytewise one bbolt needs).
+    let users = store
+        .user_names()
+        .iter()
+        .filter_map(|name| store.user(name))
+        .map(|user| (user.name.as_bytes().to_vec(), encode_user(user)))
+        .collect();
+    let roles = store
+        .role_names()
+        .iter()
+        .filter_map(|name| store.role(name))
+        .map(|role| (role.name.as_bytes().to_vec(), encode_role(role)))
+        .collect();
+    Ok(vec![
+        (bbolt::BUCKET_AUTH.to_vec(), meta),
+        (bbolt::BUCKET_AUTH_ROLES.to_vec(), roles),
+        (bbolt::BUCKET_AUTH_USERS.to_vec(), users),
+    ])
 }
 
 fn be8(bytes: &[u8], what: &str) -> Result<[u8; 8]> {
@@ -284,6 +329,12 @@ pub struct EtcdRestoreSummary {
     pub history_entries: u64,
     /// Leases imported.
     pub leases: u64,
+    /// Auth users imported.
+    pub auth_users: u64,
+    /// Auth roles imported.
+    pub auth_roles: u64,
+    /// Whether the imported store has auth enabled.
+    pub auth_enabled: bool,
 }
 
 /// The state of an import while the file is walked.
@@ -372,7 +423,34 @@ impl<S: Sink> Import<S> {
                 let written = self.sink.row(crate::alarm::ALARMS_TABLE, &row, &[]);
                 self.sunk(written)
             }
-            // Membership and auth (kvd has no auth yet) are not part of the imported state.
+            bbolt::BUCKET_AUTH => self.auth_meta(key, value),
+            bbolt::BUCKET_AUTH_USERS => {
+                let user = decode_user(value)?;
+                if key != user.name.as_bytes() {
+                    return Err(invalid("user row whose key is not its name"));
+                }
+                let written = self.sink.row(
+                    crate::auth::AUTH_USERS_TABLE,
+                    key,
+                    &crate::auth::user_row(&user),
+                );
+                self.summary.auth_users += 1;
+                self.sunk(written)
+            }
+            bbolt::BUCKET_AUTH_ROLES => {
+                let role = decode_role(value)?;
+                if key != role.name.as_bytes() {
+                    return Err(invalid("role row whose key is not its name"));
+                }
+                let written = self.sink.row(
+                    crate::auth::AUTH_ROLES_TABLE,
+                    key,
+                    &crate::auth::role_row(&role),
+                );
+                self.summary.auth_roles += 1;
+                self.sunk(written)
+            }
+            // Membership is not part of the imported state.
             _ => Ok(()),
         }
     }
@@ -403,6 +481,28 @@ impl<S: Sink> Import<S> {
             .history(&Revision::new(main, sub).to_key(), &record.encode());
         self.last_main = main;
         self.summary.history_entries += 1;
+        self.sunk(written)
+    }
+
+    /// Imports `auth`'s two keys as the `auth_meta` rows, whose values are etcd's bytes.
+    fn auth_meta(&mut self, key: &[u8], value: &[u8]) -> Result<(), BboltError> {
+        let row = match key {
+            bbolt::AUTH_ENABLED => match value {
+                [0] | [1] => {
+                    self.summary.auth_enabled = value == [1];
+                    crate::auth::ENABLED_KEY
+                }
+                _ => return Err(invalid("authEnabled is not one byte 0 or 1")),
+            },
+            bbolt::AUTH_REVISION => {
+                if value.len() != 8 {
+                    return Err(invalid("authRevision is not 8 bytes"));
+                }
+                crate::auth::REVISION_KEY
+            }
+            _ => return Ok(()),
+        };
+        let written = self.sink.row(crate::auth::AUTH_META_TABLE, row, value);
         self.sunk(written)
     }
 
@@ -439,7 +539,7 @@ pub fn import_etcd_snapshot(db: &[u8]) -> Result<(Vec<u8>, EtcdRestoreSummary)> 
 
 /// Creates a kvd database in `data_dir` from `db`, an etcd snapshot's bbolt file without
 /// its trailer (the caller checks it): the same history, compaction revision, current
-/// revision and leases (ETCDSNAP-2). `data_dir` must hold no database. Records go to the
+/// revision, leases, alarms and auth store (ETCDSNAP-2). `data_dir` must hold no database. Records go to the
 /// database as they are read, so memory holds the file and one commit's rows.
 pub fn restore_etcd_snapshot(db: &[u8], data_dir: &Path) -> Result<EtcdRestoreSummary> {
     let reader = Reader::open(db).map_err(StorageError::from)?;

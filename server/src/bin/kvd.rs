@@ -571,8 +571,15 @@ mod cli {
                 snapshot_tool::restore(&file, &data_dir, skip_hash_check)
             })
             .map(|r| {
+                let auth = match r.auth {
+                    Some((users, roles, enabled)) if users + roles > 0 => format!(
+                        ", auth {} with {users} users and {roles} roles",
+                        if enabled { "enabled" } else { "disabled" }
+                    ),
+                    _ => String::new(),
+                };
                 println!(
-                    "Restored a {} snapshot into {}: revision {}, {} history entries",
+                    "Restored a {} snapshot into {}: revision {}, {} history entries{auth}",
                     r.format.name(),
                     data_dir.display(),
                     r.revision,

@@ -7,7 +7,10 @@
 //! - etcd → `etcdctl snapshot save` → `kvd snapshot restore` → `kvd check` passes → a kvd
 //!   started on it serves the same;
 //! - `kvd snapshot save --format kvd|etcd` and `kvd snapshot status` for both formats;
-//!   damaged files are refused by `kvd snapshot restore` with no directory left behind.
+//!   damaged files are refused by `kvd snapshot restore` with no directory left behind;
+//! - both directions again with auth enabled (root, alice in role dev with readwrite on
+//!   /dev/): the restored server lets alice write /dev/x and refuses /other and a request
+//!   without a user, and root sees the same users, roles, permissions as on the source.
 //!
 //! These tests fail when etcd or etcdctl is missing.
 
@@ -314,4 +317,109 @@ fn damaged_snapshots_are_refused_and_leave_no_directory() {
     ]);
     assert!(!out.status.success());
     assert!(busy.join("keep").exists());
+}
+
+const ROOT: &str = "--user=root:rootpw";
+
+/// Sets up auth with etcdctl on any server: root with role root, alice in role dev with
+/// readwrite on the /dev/ prefix, auth enabled.
+fn set_up_auth(ep: &str) {
+    for args in [
+        "user add root --new-user-password=rootpw --interactive=false",
+        "role add root",
+        "user grant-role root root",
+        "role add dev",
+        "role grant-permission dev readwrite /dev/ --prefix=true",
+        "user add alice --new-user-password=alicepw --interactive=false",
+        "user grant-role alice dev",
+        "auth enable",
+    ] {
+        ok(ep, &args.split(' ').collect::<Vec<_>>());
+    }
+}
+
+/// Returns what a server with [`set_up_auth`]'s store shows, after checking that it
+/// enforces it: alice may write under /dev/ only, root lists both users.
+fn observe_auth(ep: &str) -> Vec<String> {
+    let alice = "--user=alice:alicepw";
+    ok(ep, &[alice, "put", "/dev/x", "1"]);
+    let denied = etcdctl(ep, &[alice, "put", "/other", "1"], None);
+    assert_ne!(denied.code, 0, "{denied:?}");
+    assert!(denied.stderr.contains("permission denied"), "{denied:?}");
+    let anonymous = etcdctl(ep, &["put", "/dev/y", "1"], None);
+    assert_ne!(anonymous.code, 0, "no user: {anonymous:?}");
+    let users = ok(ep, &[ROOT, "user", "list"]).stdout;
+    assert_eq!(users.trim(), "alice\nroot");
+    vec![
+        users,
+        ok(ep, &[ROOT, "role", "list"]).stdout,
+        ok(ep, &[ROOT, "role", "get", "dev"]).stdout,
+        ok(ep, &[ROOT, "user", "get", "alice"]).stdout,
+        ok(ep, &[ROOT, "auth", "enable"]).stdout,
+    ]
+}
+
+#[test]
+fn a_kvd_snapshot_with_auth_restores_into_etcd_that_enforces_it() {
+    let source = common::start_kvd(&[]);
+    let ep = source.endpoint.as_str();
+    set_up_auth(ep);
+    let want = observe_auth(ep);
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("kvd.snap");
+    ok(ep, &[ROOT, "snapshot", "save", path(&file)]);
+    ok(ep, &["snapshot", "status", path(&file)]);
+    let [client_port, peer_port] = common::free_ports();
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    let restored = dir.path().join("etcd-restored");
+    ok(
+        ep,
+        &[
+            "snapshot",
+            "restore",
+            path(&file),
+            "--data-dir",
+            path(&restored),
+            "--name",
+            "default",
+            "--initial-cluster",
+            &format!("default={peer}"),
+            "--initial-advertise-peer-urls",
+            &peer,
+        ],
+    );
+    let etcd = common::start_etcd_on(&restored, client_port, &peer)
+        .unwrap_or_else(|log| panic!("etcd did not start on the restored snapshot:\n{log}"));
+    assert_eq!(observe_auth(&etcd.endpoint), want);
+}
+
+#[test]
+fn an_etcd_snapshot_with_auth_restores_into_kvd_that_enforces_it() {
+    let etcd = common::start_etcd();
+    let ep = etcd.endpoint.as_str();
+    set_up_auth(ep);
+    let want = observe_auth(ep);
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("etcd.snap");
+    ok(ep, &[ROOT, "snapshot", "save", path(&file)]);
+    let data = dir.path().join("kvd-data");
+    let restore = kvd(&[
+        "snapshot",
+        "restore",
+        path(&file),
+        "--data-dir",
+        path(&data),
+    ]);
+    assert!(restore.status.success(), "{restore:?}");
+    let stdout = String::from_utf8_lossy(&restore.stdout);
+    assert!(
+        stdout.contains("auth enabled with 2 users and 2 roles"),
+        "{stdout}"
+    );
+    let check = kvd(&["check", "--data-dir", path(&data)]);
+    assert!(check.status.success(), "{check:?}");
+    let server = common::start_kvd_in(&data, &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(observe_auth(&server.endpoint), want);
 }
