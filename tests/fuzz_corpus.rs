@@ -4,24 +4,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod fuzz_inputs;
 mod model;
 
 use std::fs;
-use std::path::{Path, PathBuf};
-
-/// Returns the files of `dir` in name order, skipping hidden ones (libFuzzer's temporaries).
-fn inputs(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut files: Vec<PathBuf> = entries
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.is_file())
-        .filter(|path| !path.file_name().unwrap().to_string_lossy().starts_with('.'))
-        .collect();
-    files.sort();
-    files
-}
+use std::path::Path;
 
 fn replay(path: &Path) {
     let bytes = fs::read(path).unwrap();
@@ -39,13 +26,11 @@ fn replay(path: &Path) {
 #[test]
 fn fuzz_corpus_replays() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
-    let corpus = inputs(&root.join("corpus/ops"));
-    assert!(
-        !corpus.is_empty(),
-        "no inputs in {}",
-        root.join("corpus/ops").display()
-    );
-    for path in corpus.iter().chain(&inputs(&root.join("artifacts/ops"))) {
+    let corpus = fuzz_inputs::corpus(&root.join("corpus/ops"));
+    for path in corpus
+        .iter()
+        .chain(&fuzz_inputs::inputs(&root.join("artifacts/ops")))
+    {
         replay(path);
     }
 }

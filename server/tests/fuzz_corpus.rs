@@ -7,34 +7,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::fs;
-use std::path::{Path, PathBuf};
+#[path = "../../tests/fuzz_inputs/mod.rs"]
+mod fuzz_inputs;
 
-/// Returns the files of `fuzz/corpus/<target>/` (beside this package, at the repository
-/// root) in name order, skipping hidden ones (libFuzzer's temporaries); panics if there are
-/// none.
-fn corpus(target: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz/corpus")
-        .join(target);
-    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.is_file())
-        .filter(|path| !path.file_name().unwrap().to_string_lossy().starts_with('.'))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no inputs in {}", dir.display());
-    files
-}
+use std::path::Path;
 
-/// Runs `check` on every input of `target`'s corpus, naming the input if it panics.
+/// Runs `check` on every input of `fuzz/corpus/<target>/` (beside this package, at the
+/// repository root).
 fn replay(target: &str, check: fn(&[u8])) {
-    for path in corpus(target) {
-        let bytes = fs::read(&path).unwrap();
-        let outcome = std::panic::catch_unwind(|| check(&bytes));
-        assert!(outcome.is_ok(), "fuzz input {} failed", path.display());
-    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
+    fuzz_inputs::replay(&root.join(target), check);
 }
 
 #[test]
