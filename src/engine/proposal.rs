@@ -220,27 +220,14 @@ impl std::fmt::Debug for Proposal {
 impl Proposal {
     /// Answers the proposal with `error` without applying it (PROP-1).
     pub fn refuse(self, error: Error) {
-        match self {
-            Proposal::Put(_, done) => done(Err(error)),
-            Proposal::DeleteRange(_, done) => done(Err(error)),
-            Proposal::Txn(_, done) => done(Err(error)),
-            Proposal::Compaction(_, done) => done(Err(error)),
-            Proposal::LeaseGrant(_, done) => done(Err(error)),
-            Proposal::LeaseRevoke(_, done) => done(Err(error)),
-            Proposal::Alarm(_, done) => done(Err(error)),
-            Proposal::Accounting(_, done) => done(Err(error)),
-            Proposal::Auth(_, done) => done(Err(error)),
-            // The defrag caller waits on its own reply channel, which sees the drop.
-            Proposal::Defrag(_) => {}
-            Proposal::Identified(op) => op.inner.refuse(error),
-            Proposal::Authorized(a) => a.inner.refuse(error),
-            Proposal::Reconcile(_, done) => done(Err(error)),
+        if let Some(answer) = self.refusal(error) {
+            answer.deliver();
         }
     }
 
-    /// Returns the refusal `error` as an answer delivered with the batch (after the commit
-    /// of the writes before it, like every answer of apply), or `None` for a defrag step,
-    /// which has no completion.
+    /// Returns the refusal `error` as an answer, for apply to deliver with the batch (after
+    /// the commit of the writes before it, like every answer of apply) or [`Proposal::refuse`]
+    /// at once; `None` for a defrag step, which has no completion.
     pub fn refusal(self, error: Error) -> Option<Answer> {
         Some(match self {
             Proposal::Put(_, done) => Answer::new(done, Err(error)),
@@ -255,10 +242,8 @@ impl Proposal {
             Proposal::Auth(_, done) => Answer::new(done, Err(error)),
             Proposal::Identified(op) => return op.inner.refusal(error),
             Proposal::Authorized(op) => return op.inner.refusal(error),
-            other => {
-                other.refuse(error);
-                return None;
-            }
+            // The defrag caller waits on its own reply channel, which sees the drop.
+            Proposal::Defrag(_) => return None,
         })
     }
 
