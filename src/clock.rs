@@ -7,11 +7,12 @@
 //! - CLOCK-2: apply and compaction take time only from the engine's `Clock` (house rule 5),
 //!   so a test that drives a [`ManualClock`] replays exactly.
 //!
-//! Contact points: `engine::Config::clock`; lease expiry and auto-compaction (later) read it.
+//! Contact points: `engine::Config::clock`; lease expiry and auto-compaction read it, and the
+//! engine registers with `Clock::on_jump` so a manual clock's `advance` wakes its apply thread.
 
 use std::time::{Duration, Instant};
 
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Mutex, Ordering, WeakWake, lock};
 
 /// A monotonic source of time, measured from an arbitrary origin.
 ///
@@ -30,6 +31,13 @@ pub trait Clock: Send + Sync + std::fmt::Debug {
     /// same after a restart (an operation's record, when an agent became unreachable). It
     /// may jump with the system's clock; nothing that needs monotonic time reads it.
     fn wall(&self) -> Duration;
+
+    /// Registers `wake`, to be called after every jump of this clock while it is alive, so a
+    /// thread that sleeps until a deadline on this clock can look again. A clock that only
+    /// flows with real time (the system's) has no jumps and ignores it.
+    fn on_jump(&self, wake: WeakWake) {
+        drop(wake);
+    }
 }
 
 /// The operating system's monotonic clock.
@@ -74,9 +82,11 @@ impl Clock for SystemClock {
 
 /// A clock that moves only when told to; for tests. Its wall time is
 /// [`MANUAL_CLOCK_EPOCH`] plus its monotonic time.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ManualClock {
     nanos: AtomicU64,
+    /// Called after each `advance`; dead ones are dropped then.
+    on_jump: Mutex<Vec<WeakWake>>,
 }
 
 /// The wall time of a [`ManualClock`] at its origin: 2026-01-01T00:00:00Z.
@@ -92,13 +102,33 @@ impl ManualClock {
     /// assert_eq!(clock.now().as_secs(), 3);
     /// ```
     pub fn new() -> ManualClock {
-        ManualClock::default()
+        ManualClock {
+            nanos: AtomicU64::new(0),
+            on_jump: Mutex::new(Vec::new()),
+        }
     }
 
     /// Moves the clock forward by `by`.
     pub fn advance(&self, by: Duration) {
         let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
         self.nanos.fetch_add(by, Ordering::SeqCst);
+        let wakes: Vec<_> = {
+            let mut registered = lock(&self.on_jump);
+            registered.retain(|wake| wake.strong_count() > 0);
+            registered
+                .iter()
+                .filter_map(|wake| wake.upgrade())
+                .collect()
+        };
+        for wake in wakes {
+            wake();
+        }
+    }
+}
+
+impl Default for ManualClock {
+    fn default() -> ManualClock {
+        ManualClock::new()
     }
 }
 
@@ -109,5 +139,9 @@ impl Clock for ManualClock {
 
     fn wall(&self) -> Duration {
         MANUAL_CLOCK_EPOCH + self.now()
+    }
+
+    fn on_jump(&self, wake: WeakWake) {
+        lock(&self.on_jump).push(wake);
     }
 }

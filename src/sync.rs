@@ -28,6 +28,19 @@ pub use std::sync::{
 /// checks, so it is the standard library's `Arc` under loom too (loom's has no `Ord`).
 pub type Name = std::sync::Arc<str>;
 
+/// A callback held by reference count, such as a clock's wake-up of a sleeping thread. It is
+/// the standard library's `Arc` under loom too, so a weak reference to it can be kept (loom's
+/// `Arc` has none); nothing loom models calls one.
+pub type Wake = std::sync::Arc<dyn Fn() + Send + Sync>;
+
+/// A weak reference to a [`Wake`]: its holder calls it while somebody else keeps it alive.
+pub type WeakWake = std::sync::Weak<dyn Fn() + Send + Sync>;
+
+/// Returns `f` as a [`Wake`].
+pub fn wake(f: impl Fn() + Send + Sync + 'static) -> Wake {
+    std::sync::Arc::new(f)
+}
+
 /// Locks `mutex`, recovering the guard if a panicking thread poisoned it: the data behind
 /// our mutexes is kept consistent by the code that holds them, so poisoning carries no
 /// information we act on.

@@ -30,6 +30,8 @@ struct State<T> {
     closed: bool,
     /// True while the consumer sleeps: a push notifies only then (MAIL-3).
     waiting: bool,
+    /// Set by `nudge`: the next `take` returns even if nothing is queued.
+    nudged: bool,
 }
 
 /// What [`Mailbox::take`] found.
@@ -49,6 +51,7 @@ impl<T> Mailbox<T> {
                 items: VecDeque::new(),
                 closed: false,
                 waiting: false,
+                nudged: false,
             }),
             ready: Condvar::new(),
         }
@@ -76,6 +79,18 @@ impl<T> Mailbox<T> {
         self.ready.notify_one();
     }
 
+    /// Makes the consumer's current or next `take` return, with nothing if nothing is queued:
+    /// for a change the consumer must look at that is not an item (a manual clock moved).
+    pub fn nudge(&self) {
+        let mut state = lock(&self.state);
+        state.nudged = true;
+        let wake = state.waiting;
+        drop(state);
+        if wake {
+            self.ready.notify_one();
+        }
+    }
+
     /// Returns true if nothing is queued.
     pub fn is_empty(&self) -> bool {
         lock(&self.state).items.is_empty()
@@ -94,7 +109,7 @@ impl<T> Mailbox<T> {
     pub fn take(&self, max: usize, timeout: Option<Duration>) -> Taken<T> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut state = lock(&self.state);
-        while state.items.is_empty() && !state.closed {
+        while state.items.is_empty() && !state.closed && !state.nudged {
             let wait = match deadline {
                 None => None,
                 Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
@@ -117,6 +132,7 @@ impl<T> Mailbox<T> {
             };
             state.waiting = false;
         }
+        state.nudged = false;
         let n = state.items.len().min(max);
         let items: Vec<T> = state.items.drain(..n).collect();
         let closed = state.closed && state.items.is_empty();
@@ -164,5 +180,22 @@ mod tests {
         };
         mailbox.push(7).unwrap();
         assert_eq!(consumer.join().unwrap(), vec![7]);
+    }
+
+    #[test]
+    fn nudge_ends_one_wait_with_nothing_taken() {
+        let mailbox = crate::sync::Arc::new(Mailbox::<u8>::new());
+        let consumer = {
+            let mailbox = mailbox.clone();
+            std::thread::spawn(move || mailbox.take(8, None))
+        };
+        mailbox.nudge();
+        let taken = consumer.join().unwrap();
+        assert!(taken.items.is_empty() && !taken.closed);
+        // The nudge is spent: the next take waits for its timeout again.
+        let started = Instant::now();
+        let again = mailbox.take(8, Some(Duration::from_millis(20)));
+        assert!(again.items.is_empty());
+        assert!(started.elapsed() >= Duration::from_millis(20));
     }
 }

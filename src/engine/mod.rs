@@ -79,7 +79,7 @@ use crate::space::{self, FreeSpace, SpaceTracker, StatvfsFreeSpace};
 use crate::storage::faults::Faults;
 use crate::storage::wal::WAL_FILE_BYTES_DEFAULT;
 use crate::storage::{CommitSync, Store, StoreOptions};
-use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Name, Ordering, RwLock, Weak};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Name, Ordering, RwLock, Wake, Weak};
 use crate::watch::{Hub, WATCH_STALLED_RETRY, WATCH_SYNC_INTERVAL, WatchSource, WatchStream};
 use apply::Applier;
 pub use auto_compact::AutoCompaction;
@@ -479,6 +479,21 @@ struct Running {
     apply_thread: JoinHandle<()>,
     commit_thread: JoinHandle<()>,
     watch_thread: JoinHandle<()>,
+    /// Wakes the apply thread when the clock jumps (a manual clock's `advance`), so a lease
+    /// due then expires without waiting for the idle timeout; the clock holds it weakly.
+    _on_clock_jump: OnClockJump,
+}
+
+/// Keeps a [`Wake`] alive: only the clock calls it, through its weak reference (its Debug
+/// text names it only).
+struct OnClockJump {
+    _wake: Wake,
+}
+
+impl std::fmt::Debug for OnClockJump {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnClockJump")
+    }
 }
 
 impl Engine {
@@ -562,6 +577,11 @@ impl Engine {
             config,
         });
         let proposals = Arc::new(Mailbox::new());
+        let on_clock_jump: Wake = {
+            let proposals = proposals.clone();
+            crate::sync::wake(move || proposals.nudge())
+        };
+        clock.on_jump(Wake::downgrade(&on_clock_jump));
         let commits: Arc<Mailbox<Handover>> = Arc::new(Mailbox::new());
         let applier = Applier::new(
             shared.clone(),
@@ -607,6 +627,9 @@ impl Engine {
                 apply_thread,
                 commit_thread,
                 watch_thread,
+                _on_clock_jump: OnClockJump {
+                    _wake: on_clock_jump,
+                },
             }),
         })
     }

@@ -346,8 +346,13 @@ impl Watches {
                     return Ok(());
                 };
                 match stream.stream.recv_timeout(SETTLE_POLL) {
+                    // The stream answers in order: once the progress response at the current
+                    // revision is routed, every event before it has been read.
                     Ok(Some(resp)) => {
-                        settled |= self.route(kind, resp, model)?;
+                        if self.route(kind, resp, model)? {
+                            settled = true;
+                            break;
+                        }
                     }
                     Ok(None) => break,
                     Err(e) => return Err(mismatch("WatchStream::recv_timeout", &e, &"a response")),
