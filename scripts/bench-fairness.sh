@@ -15,8 +15,11 @@
 # successful write and its peak memory (VmHWM).
 #
 # Environment: QUEUE (prepare queue length, default 256), DURATION (default 20s),
-# POLITE_SHARE (default 0.05), GREEDY_CLIENTS (default 1024), GREEDY_FACTOR (default 10),
-# KVD (the binary; built with
+# POLITE_SHARE (default 0.05), POLITE_CLIENTS (default 8), GREEDY_CLIENTS (default 1024), GREEDY_FACTOR (default 10),
+# SERVER_CPUS and CLIENT_CPUS (taskset CPU lists for kvd and for the load generators; unset,
+# both float over every CPU), POLITE_NICE (the polite generator's nice value, default 0; a
+# negative value needs root), GREEDY_HONOURS_HINT (1: a refused greedy client waits for the
+# refusal's retry-after-ms before its next request; default 0, it does not), KVD (the binary; built with
 # cargo build --release --bin kvd if missing). Needs curl and python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,9 +27,16 @@ cd "$(dirname "$0")/.."
 QUEUE=${QUEUE:-256}
 DURATION=${DURATION:-20s}
 POLITE_SHARE=${POLITE_SHARE:-0.05}
+POLITE_CLIENTS=${POLITE_CLIENTS:-8}
 GREEDY_CLIENTS=${GREEDY_CLIENTS:-1024}
 GREEDY_FACTOR=${GREEDY_FACTOR:-10}
 KVD=${KVD:-target/release/kvd}
+SERVER_CPUS=${SERVER_CPUS:-}
+CLIENT_CPUS=${CLIENT_CPUS:-}
+POLITE_NICE=${POLITE_NICE:-0}
+GREEDY_HONOURS_HINT=${GREEDY_HONOURS_HINT:-0}
+greedy_flags=()
+[ "$GREEDY_HONOURS_HINT" = 1 ] && greedy_flags=(--honour-retry-after)
 
 log() { printf '[bench-fairness] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -34,11 +44,15 @@ command -v curl >/dev/null || die "curl is required"
 command -v python3 >/dev/null || die "python3 is required"
 [ -x "$KVD" ] || cargo build --release --bin kvd
 log "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+pin() { # pin CPUS COMMAND...: runs COMMAND on CPUS, or anywhere if CPUS is empty
+  local cpus=$1; shift
+  if [ -n "$cpus" ]; then taskset -c "$cpus" "$@"; else "$@"; fi
+}
 
 work=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 endpoint="http://127.0.0.1:$port"
-"$KVD" --data-dir "$work/data" --listen-client-urls "$endpoint" \
+${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} "$KVD" --data-dir "$work/data" --listen-client-urls "$endpoint" \
   --prepare-queue-length "$QUEUE" --log-level warn >"$work/kvd.log" 2>&1 &
 kvd_pid=$!
 cleanup() { kill "$kvd_pid" 2>/dev/null || true; wait "$kvd_pid" 2>/dev/null || true; rm -rf "$work"; }
@@ -55,7 +69,8 @@ curl -sf -m 10 -H 'Content-Type: application/json' -d '{"type":"UPDATE_QUOTA","u
   || die "UPDATE_QUOTA failed"
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$kvd_pid/stat"; }
-bench() { "$KVD" bench put --endpoints "$endpoint" --json --quiet --max-errors 1000000000000 "$@"; }
+bench() { pin "$CLIENT_CPUS" "$KVD" bench put --endpoints "$endpoint" --json --quiet --max-errors 1000000000000 "$@"; }
+polite() { pin "$CLIENT_CPUS" nice -n "$POLITE_NICE" "$KVD" bench put --endpoints "$endpoint" --json --quiet --max-errors 1000000000000 "$@"; }
 field() { python3 -c 'import json,sys; r=json.loads(sys.argv[1]); v=r
 for k in sys.argv[2].split("."): v=v[k]
 print(v)' "$1" "$2"; }
@@ -68,15 +83,15 @@ greedy_rate=$(python3 -c "print(max(1, int($rate * $GREEDY_FACTOR)))")
 log "drain rate D = $rate/s; polite rate = $polite_rate/s; greedy rate = $greedy_rate/s"
 
 log "2/3 polite alone for $DURATION"
-alone=$(bench --clients 8 --conns 2 --key-prefix /polite/ --rate "$polite_rate" --total 100000000 --duration "$DURATION")
+alone=$(polite --clients "$POLITE_CLIENTS" --conns 2 --key-prefix /polite/ --rate "$polite_rate" --total 100000000 --duration "$DURATION")
 
 log "3/3 polite beside $GREEDY_CLIENTS greedy clients for $DURATION"
 ticks_before=$(cpu_ticks)
-bench --clients "$GREEDY_CLIENTS" --conns 16 --key-prefix /greedy/ --rate "$greedy_rate" \
+bench --clients "$GREEDY_CLIENTS" --conns 16 --key-prefix /greedy/ --rate "$greedy_rate" "${greedy_flags[@]}" \
   --total 100000000000 --duration "$DURATION" >"$work/greedy.json" &
 greedy_pid=$!
 sleep 1
-both=$(bench --clients 8 --conns 2 --key-prefix /polite/ --rate "$polite_rate" --total 100000000 --duration "$DURATION")
+both=$(polite --clients "$POLITE_CLIENTS" --conns 2 --key-prefix /polite/ --rate "$polite_rate" --total 100000000 --duration "$DURATION")
 # The greedy run exits non-zero: its refusals count as errors.
 wait "$greedy_pid" || true
 ticks_after=$(cpu_ticks)

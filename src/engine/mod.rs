@@ -167,7 +167,8 @@ pub struct Config {
     pub member_id: u64,
     /// Where the filesystem guard reads the free space (statvfs unless a test drives it).
     pub free_space: Arc<dyn FreeSpace>,
-    /// Length of the write-ahead log file; a full log makes the next batch a checkpoint.
+    /// Length of the write-ahead log file (at least 64 KiB); a full log makes the next batch a
+    /// checkpoint.
     pub wal_file_bytes: u64,
     /// Makes a defrag stop at a step as if the process died there (tests only).
     pub defrag_failpoint: Option<DefragFailpoint>,

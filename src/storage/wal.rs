@@ -62,7 +62,7 @@ pub const WAL_FILE_NAME: &str = "kvd.wal";
 /// also bounds the replay at open and redb's buffer of non-durable pages.
 pub const WAL_FILE_BYTES_DEFAULT: u64 = 16 << 20;
 /// The smallest log file accepted.
-pub const WAL_FILE_BYTES_MIN: u64 = 1 << 20;
+pub const WAL_FILE_BYTES_MIN: u64 = 64 << 10;
 /// Bytes of a record before its payload.
 pub const RECORD_HEADER_BYTES: usize = 20;
 /// Zeros written per call while the file is created.

@@ -225,7 +225,7 @@ pub fn config(
     Config {
         unsafe_no_fsync: true,
         cache_size_bytes: 4 << 20,
-        // The engine clamps it to its smallest log file (1 MiB): each open zero-fills one,
+        // The engine clamps it to its smallest log file (64 KiB): each open zero-fills one,
         // which at the 16 MiB default dominates a short sequence's run time.
         wal_file_bytes: 0,
         max_txn_ops: limits.max_txn_ops,

@@ -440,6 +440,11 @@ mod cli {
         #[arg(long, value_name = "N", default_value_t = 0)]
         rate: u64,
 
+        /// After a refusal with a retry hint (`etcdserver: too many requests` and its
+        /// `retry-after-ms`), the client waits that long before its next request.
+        #[arg(long)]
+        honour_retry_after: bool,
+
         /// Print the report as one JSON line.
         #[arg(long)]
         json: bool,
@@ -746,6 +751,7 @@ mod cli {
             seed: flags.seed,
             max_errors: flags.max_errors.max(1),
             rate: flags.rate,
+            honour_retry_after: flags.honour_retry_after,
             progress: !flags.quiet,
         };
         let report = match loadgen::run(config) {

@@ -121,6 +121,9 @@ pub struct BenchConfig {
     /// Requests per second across all clients, at most (requests start on a fixed
     /// schedule); 0 sends as fast as the clients can.
     pub rate: u64,
+    /// After a refusal with a retry hint, wait that long before the next request (never past
+    /// the run's deadline, BENCH-1).
+    pub honour_retry_after: bool,
     /// Print a progress line on stderr every [`PROGRESS_INTERVAL`].
     pub progress: bool,
 }
@@ -493,10 +496,32 @@ async fn client(shared: &Shared, mut kv: KvClient<Channel>, index: u64) -> Histo
                 shared.succeeded.fetch_add(1, Ordering::Relaxed);
                 shared.keys_returned.fetch_add(keys, Ordering::Relaxed);
             }
-            Err(status) => shared.failed(format!("{:?}: {}", status.code(), status.message())),
+            Err(status) => {
+                shared.failed(format!("{:?}: {}", status.code(), status.message()));
+                let hint = retry_hint(&status).filter(|_| shared.config.honour_retry_after);
+                if let Some(hint) = hint {
+                    let until = (Instant::now() + hint).min(shared.deadline);
+                    tokio::time::sleep_until(until.into()).await;
+                }
+            }
         }
     }
     latencies
+}
+
+/// The wait a refusal asks for: the `retry-after-ms` of a `ResourceExhausted` status.
+fn retry_hint(status: &tonic::Status) -> Option<Duration> {
+    if status.code() != tonic::Code::ResourceExhausted {
+        return None;
+    }
+    let millis = status
+        .metadata()
+        .get(crate::status::RETRY_AFTER_MS_METADATA)?
+        .to_str()
+        .ok()?
+        .parse::<u64>()
+        .ok()?;
+    Some(Duration::from_millis(millis))
 }
 
 /// Sends one request of the workload; returns the number of keys a range returned.
@@ -592,6 +617,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_retry_hint_is_read_from_a_too_many_requests_refusal_only() {
+        let refusal = |code: tonic::Code, hint: &str| {
+            let mut status = tonic::Status::new(code, "etcdserver: too many requests");
+            status.metadata_mut().insert(
+                crate::status::RETRY_AFTER_MS_METADATA,
+                hint.parse().expect("ascii metadata"),
+            );
+            status
+        };
+        let hint = retry_hint(&refusal(tonic::Code::ResourceExhausted, "25"));
+        assert_eq!(hint, Some(Duration::from_millis(25)));
+        assert_eq!(retry_hint(&refusal(tonic::Code::Unavailable, "25")), None);
+        assert_eq!(
+            retry_hint(&refusal(tonic::Code::ResourceExhausted, "soon")),
+            None
+        );
+        let bare = tonic::Status::resource_exhausted("etcdserver: too many requests");
+        assert_eq!(retry_hint(&bare), None);
+    }
+
+    #[test]
     fn keys_sort_in_number_order_and_the_range_end_fits() {
         let keys = Keys::new("b/", 1_000);
         assert_eq!(&keys.key(7)[..], b"b/0007");
@@ -630,6 +676,7 @@ mod tests {
             seed: 1,
             max_errors: 10,
             rate: 0,
+            honour_retry_after: false,
             progress: false,
         };
         assert!(good.validate().is_ok());
