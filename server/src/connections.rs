@@ -29,6 +29,11 @@
 //!   plain-text GOAWAY, which a TLS client could not read. With `--client-cert-auth`, every
 //!   request of the connection carries its [`ClientCertificate`] extension (TLS-4).
 //!
+//! - CONN-7: a connection's calls run inside the connection's own task, a bounded number
+//!   per turn (`server::fair_streams`), not as tasks of their own: the runtime serves
+//!   connections in turn, so a client with many calls in flight delays another client's
+//!   call by at most one turn per connection, not by all its calls.
+//!
 //! Contact points: `server::serve` runs one [`serve_listener`] per listener with a shared
 //! [`Connections`] (and the listener's [`Tls`] for `https://`); `server::authority` reports
 //! unfinished input through [`Activity`]; `/metrics` shows [`Connections::open`] and
@@ -44,8 +49,10 @@ use axum::body::Body;
 use axum::http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::Service;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
+
+use crate::fair_streams::{self, StreamExecutor};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
@@ -116,7 +123,6 @@ impl Default for ConnectionLimits {
 #[derive(Debug)]
 pub struct Connections {
     limits: ConnectionLimits,
-    builder: Builder<TokioExecutor>,
     open: AtomicUsize,
     refused: AtomicU64,
     started: Instant,
@@ -127,25 +133,30 @@ pub struct Connections {
 impl Connections {
     /// Returns the shared state for `limits`.
     pub fn new(limits: ConnectionLimits) -> Connections {
-        let mut builder = Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_timeout);
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
-            .keep_alive_interval(limits.keepalive_interval)
-            .keep_alive_timeout(limits.keepalive_timeout);
         Connections {
             limits,
-            builder,
             open: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
             started: Instant::now(),
             refusal_logged_ms: AtomicU64::new(NONE),
         }
+    }
+
+    /// Returns the HTTP server settings for one connection whose calls run on `executor`
+    /// (CONN-7).
+    fn http_builder(&self, executor: StreamExecutor) -> Builder<StreamExecutor> {
+        let mut builder = Builder::new(executor);
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.limits.header_timeout);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+            .keep_alive_interval(self.limits.keepalive_interval)
+            .keep_alive_timeout(self.limits.keepalive_timeout);
+        builder
     }
 
     /// Returns the number of connections served now.
@@ -440,14 +451,13 @@ async fn serve_connection<S>(
         activity: activity.clone(),
         certificate,
     };
-    let mut connection = pin!(
-        connections
-            .builder
-            .serve_connection_with_upgrades(io, service)
-    );
+    let (executor, mut calls) = fair_streams::streams();
+    let builder = connections.http_builder(executor);
+    let mut connection = pin!(builder.serve_connection_with_upgrades(io, service));
     let mut tick = tokio::time::interval(connections.watchdog_tick());
     let mut closing = false;
     loop {
+        let mut turned = false;
         tokio::select! {
             result = connection.as_mut() => {
                 if let Err(e) = result {
@@ -455,6 +465,7 @@ async fn serve_connection<S>(
                 }
                 break;
             }
+            () = calls.turn() => turned = true,
             _ = stopped.wait_for(|stop| *stop), if !closing => {
                 connection.as_mut().graceful_shutdown();
                 closing = true;
@@ -474,6 +485,10 @@ async fn serve_connection<S>(
                 }
                 Verdict::Idle | Verdict::Healthy => {}
             },
+        }
+        if turned {
+            // CONN-7: the turn polled some calls; let other connections have theirs.
+            tokio::task::yield_now().await;
         }
     }
     drop(slot);
@@ -501,11 +516,88 @@ impl Service<Request<Incoming>> for Tracked {
             request.extensions_mut().insert(certificate.clone());
         }
         let open = OpenRequest::new(self.activity.clone());
+        let streamed = STREAMED_PATHS.contains(&request.uri().path());
         let answer = self.inner.call(request);
+        if streamed {
+            return Box::pin(streamed_call(answer, open));
+        }
         Box::pin(async move {
             let response = answer.await?;
             Ok(response.map(|body| Body::new(CountedBody { inner: body, open })))
         })
+    }
+}
+
+/// The long-lived streaming calls, whose handler and response body run in a task of their
+/// own (CONN-7): a watch stream's events are then encoded beside its connection's turns, in
+/// parallel with them, and one busy stream does not take the turns of its connection's
+/// other calls.
+const STREAMED_PATHS: [&str; 3] = [
+    "/etcdserverpb.Watch/Watch",
+    "/etcdserverpb.Lease/LeaseKeepAlive",
+    "/etcdserverpb.Maintenance/Snapshot",
+];
+
+/// Response frames a streamed call's task may make ahead of the connection's sending.
+const STREAMED_FRAMES_AHEAD: usize = 16;
+
+type Frames = tokio::sync::mpsc::Receiver<Result<http_body::Frame<bytes::Bytes>, axum::Error>>;
+
+/// Runs `answer` and its response body in a task of its own; returns the response, whose
+/// body takes the frames that task makes.
+async fn streamed_call(
+    answer: impl std::future::Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
+    open: OpenRequest,
+) -> Result<Response<Body>, Infallible> {
+    let (head_tx, head_rx) = tokio::sync::oneshot::channel();
+    let (frames_tx, frames_rx) = tokio::sync::mpsc::channel(STREAMED_FRAMES_AHEAD);
+    tokio::spawn(async move {
+        let Ok(response) = answer.await;
+        let (parts, mut body) = response.into_parts();
+        if head_tx.send(parts).is_err() {
+            return;
+        }
+        use http_body::Body as _;
+        loop {
+            // A closed channel means the connection dropped the response (the client went
+            // or reset the stream): the call ends at once, as it would in the connection.
+            let frame = tokio::select! {
+                frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)) => frame,
+                () = frames_tx.closed() => return,
+            };
+            let Some(frame) = frame else {
+                return;
+            };
+            if frames_tx.send(frame).await.is_err() {
+                return;
+            }
+        }
+    });
+    let Ok(parts) = head_rx.await else {
+        // The call's task ended without an answer (its handler panicked).
+        let mut failed = Response::new(Body::empty());
+        *failed.status_mut() = axum::http::StatusCode::INTERNAL_SERVER_ERROR;
+        return Ok(failed);
+    };
+    let body = Body::new(ChannelBody { frames: frames_rx });
+    let counted = Body::new(CountedBody { inner: body, open });
+    Ok(Response::from_parts(parts, counted))
+}
+
+/// A response body fed by a streamed call's task.
+struct ChannelBody {
+    frames: Frames,
+}
+
+impl http_body::Body for ChannelBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.frames.poll_recv(cx)
     }
 }
 

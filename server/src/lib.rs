@@ -34,6 +34,7 @@ pub mod connections;
 mod convert;
 mod cors;
 mod drift;
+mod fair_streams;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gateway;
