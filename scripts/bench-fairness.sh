@@ -15,12 +15,13 @@
 # successful write and its peak memory (VmHWM).
 #
 # Environment: QUEUE (prepare queue length, default 256), DURATION (default 20s),
-# POLITE_SHARE (default 0.05), POLITE_CLIENTS (default 8), GREEDY_CLIENTS (default 1024), GREEDY_FACTOR (default 10),
-# SERVER_CPUS and CLIENT_CPUS (taskset CPU lists for kvd and for the load generators; unset,
-# both float over every CPU), POLITE_NICE (the polite generator's nice value, default 0; a
-# negative value needs root), GREEDY_HONOURS_HINT (1: a refused greedy client waits for the
-# refusal's retry-after-ms before its next request; default 0, it does not), KVD (the binary; built with
-# cargo build --release --bin kvd if missing). Needs curl and python3.
+# POLITE_SHARE (default 0.05), POLITE_CLIENTS (default 8), GREEDY_CLIENTS (default 1024),
+# GREEDY_FACTOR (default 10), SERVER_CPUS and CLIENT_CPUS (taskset CPU lists for kvd and for
+# the load generators; unset, both float over every CPU), POLITE_NICE (the polite
+# generator's nice value, default 0; a negative value needs root), GREEDY_HONOURS_HINT (1: a
+# refused greedy client waits for the refusal's retry-after-ms before its next request;
+# default 0, it does not), KVD (the binary; built with cargo build --release --bin kvd if
+# missing). Needs curl and python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,29 +70,30 @@ curl -sf -m 10 -H 'Content-Type: application/json' -d '{"type":"UPDATE_QUOTA","u
   || die "UPDATE_QUOTA failed"
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$kvd_pid/stat"; }
-bench() { pin "$CLIENT_CPUS" "$KVD" bench put --endpoints "$endpoint" --json --quiet --max-errors 1000000000000 "$@"; }
-polite() { pin "$CLIENT_CPUS" nice -n "$POLITE_NICE" "$KVD" bench put --endpoints "$endpoint" --json --quiet --max-errors 1000000000000 "$@"; }
+# bench NICE ARGS...: one kvd bench put run on the client CPUs at nice value NICE.
+bench() { local niceness=$1; shift
+  pin "$CLIENT_CPUS" nice -n "$niceness" "$KVD" bench put --endpoints "$endpoint" --json --quiet --max-errors 1000000000000 "$@"; }
 field() { python3 -c 'import json,sys; r=json.loads(sys.argv[1]); v=r
 for k in sys.argv[2].split("."): v=v[k]
 print(v)' "$1" "$2"; }
 
 log "1/3 drain rate: 64 greedy clients, 20,000 puts"
-drain=$(bench --clients 64 --conns 8 --key-prefix /greedy/ --total 20000 --duration 60s)
+drain=$(bench 0 --clients 64 --conns 8 --key-prefix /greedy/ --total 20000 --duration 60s)
 rate=$(field "$drain" throughput_rps)
 polite_rate=$(python3 -c "print(max(1, int($rate * $POLITE_SHARE)))")
 greedy_rate=$(python3 -c "print(max(1, int($rate * $GREEDY_FACTOR)))")
 log "drain rate D = $rate/s; polite rate = $polite_rate/s; greedy rate = $greedy_rate/s"
 
 log "2/3 polite alone for $DURATION"
-alone=$(polite --clients "$POLITE_CLIENTS" --conns 2 --key-prefix /polite/ --rate "$polite_rate" --total 100000000 --duration "$DURATION")
+alone=$(bench "$POLITE_NICE" --clients "$POLITE_CLIENTS" --conns 2 --key-prefix /polite/ --rate "$polite_rate" --total 100000000 --duration "$DURATION")
 
 log "3/3 polite beside $GREEDY_CLIENTS greedy clients for $DURATION"
 ticks_before=$(cpu_ticks)
-bench --clients "$GREEDY_CLIENTS" --conns 16 --key-prefix /greedy/ --rate "$greedy_rate" "${greedy_flags[@]}" \
+bench 0 --clients "$GREEDY_CLIENTS" --conns 16 --key-prefix /greedy/ --rate "$greedy_rate" "${greedy_flags[@]}" \
   --total 100000000000 --duration "$DURATION" >"$work/greedy.json" &
 greedy_pid=$!
 sleep 1
-both=$(polite --clients "$POLITE_CLIENTS" --conns 2 --key-prefix /polite/ --rate "$polite_rate" --total 100000000 --duration "$DURATION")
+both=$(bench "$POLITE_NICE" --clients "$POLITE_CLIENTS" --conns 2 --key-prefix /polite/ --rate "$polite_rate" --total 100000000 --duration "$DURATION")
 # The greedy run exits non-zero: its refusals count as errors.
 wait "$greedy_pid" || true
 ticks_after=$(cpu_ticks)

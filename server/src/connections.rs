@@ -28,7 +28,6 @@
 //!   share the port. A refused connection (CONN-1) of such a listener is closed without the
 //!   plain-text GOAWAY, which a TLS client could not read. With `--client-cert-auth`, every
 //!   request of the connection carries its [`ClientCertificate`] extension (TLS-4).
-//!
 //! - CONN-7: a connection's calls run inside the connection's own task, a bounded number
 //!   per turn (`server::fair_streams`), not as tasks of their own: the runtime serves
 //!   connections in turn, so a client with many calls in flight delays another client's
@@ -51,13 +50,12 @@ use hyper::body::Incoming;
 use hyper::service::Service;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-
-use crate::fair_streams::{self, StreamExecutor};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::authority::AuthorityFix;
+use crate::fair_streams::{self, StreamExecutor};
 use crate::tls::{ClientCertificate, Tls};
 use kvd::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 

@@ -26,9 +26,9 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
+use kvd::sync::{Arc, Mutex, lock};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 /// Call polls one turn may make (FAIR-2).
@@ -120,12 +120,6 @@ fn mark_ready(state: &mut WakeState, slot: usize) {
         state.queued[slot] = true;
         state.ready.push_back(slot);
     }
-}
-
-fn lock(mutex: &Mutex<WakeState>) -> std::sync::MutexGuard<'_, WakeState> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Returns a connection's executor and the calls it queues.
