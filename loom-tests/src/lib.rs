@@ -18,3 +18,6 @@ pub mod clock;
 
 #[path = "../../src/engine/prepare.rs"]
 pub mod prepare;
+
+#[path = "../../src/watch/queue.rs"]
+pub mod watch_queue;

@@ -187,11 +187,6 @@ impl Node {
         Ok(self.quick(Engine::auth_status)?.0)
     }
 
-    /// Returns true once the server is shutting down (NODE-3). Does not block.
-    pub fn is_stopping(&self) -> bool {
-        *self.shutdown.borrow()
-    }
-
     /// Returns when the server starts shutting down (NODE-3).
     pub async fn stopping(&self) {
         let mut shutdown = self.shutdown.clone();

@@ -2,32 +2,31 @@
 //! and asked for progress by the client's requests, with the engine's responses sent back in
 //! the engine's order.
 //!
-//! Each gRPC stream has two halves:
+//! Each gRPC stream has two halves, and neither holds a thread:
 //! - a task that reads the client's requests and applies each to the engine's
 //!   [`WatchStream`] on the blocking pool (create and cancel take the engine's locks), one at
 //!   a time and in order;
-//! - a dedicated thread that waits on the engine's stream (a blocking receive) and forwards
-//!   each response, translated, into a bounded channel that tonic sends from.
+//! - the response stream tonic sends from ([`Responses`]): each poll takes the engine's next
+//!   response with the asynchronous receive ([`WatchStream::poll_recv`]) and translates it.
 //!
 //! Invariants:
-//! - WATCH-SRV-1: no reactor thread ever blocks on the engine: receiving runs on the stream's
-//!   own thread, requests on the blocking pool (NODE-1). The blocking pool is not used for
-//!   the receive loop, because a long-lived watch would hold one of its threads for good.
+//! - WATCH-SRV-1: no reactor thread ever blocks on the engine: responses are received
+//!   asynchronously, requests run on the blocking pool (NODE-1); a stream holds no thread.
 //! - WATCH-SRV-2: responses reach the client in the order the engine produced them; the
 //!   created (or refused) response of a watch precedes its events because the engine puts
 //!   both on the same stream in that order.
-//! - WATCH-SRV-3: at most `--max-watch-streams` ([`WATCH_STREAMS_MAX_DEFAULT`]) streams,
-//!   and so threads, are open at once; a further Watch call is refused with `Unavailable`.
-//!   A stream's thread reserves [`WATCH_THREAD_STACK_BYTES`] of stack, of which it touches
-//!   little (it only receives, translates and sends), so the bound is memory: about the
-//!   touched stack plus [`WATCH_RESPONSES_BUFFERED`] responses per stream.
-//! - WATCH-SRV-4: the stream's thread ends within [`STREAM_POLL`] of the client going away,
-//!   the server shutting down (NODE-3) or the engine being reopened (REC-3); dropping the engine's stream cancels its watches.
-//!   The client closing only its sending side ends nothing: watches keep delivering, as in
-//!   etcd.
-//! - WATCH-SRV-5: at most [`WATCH_RESPONSES_BUFFERED`] translated responses wait for a slow
-//!   client; past that the thread waits, the engine's per-watch buffers fill, and the engine
-//!   moves the watch to catch-up from history (WATCH-3) instead of growing memory.
+//! - WATCH-SRV-3: at most `--max-watch-streams` ([`WATCH_STREAMS_MAX_DEFAULT`]) streams are
+//!   open at once; a further Watch call is refused with `Unavailable`. A stream costs its
+//!   request task, its engine stream and what the engine buffers for it (WATCH-3).
+//! - WATCH-SRV-4: a stream ends as soon as the client goes away (tonic drops [`Responses`])
+//!   or the server shuts down (NODE-3), and within [`STREAM_POLL`] of the engine being
+//!   reopened (REC-3); dropping the engine's stream cancels its watches. The client closing
+//!   only its sending side ends nothing: watches keep delivering, as in etcd.
+//! - WATCH-SRV-5: a response is translated only when tonic asks for the next one, which it
+//!   does as the connection's flow control allows; a slow client leaves the responses in the
+//!   engine's per-watch buffers, which fill, and the engine moves the watch to catch-up from
+//!   history (WATCH-3) instead of growing memory. At most [`WATCH_CONTROL_BUFFERED`] of the
+//!   server's own answers (refused creates, an ending status) wait beside them.
 //! - WATCH-SRV-6: a request that cannot be decoded ends the whole stream with the
 //!   decoder's status (`INTERNAL`, as gRPC-go ends it); no request after it is read, and
 //!   the stream is never left open without its request reader.
@@ -38,8 +37,12 @@
 //! Contact points: `server::convert` (messages), `server::node` (engine, shutdown, gauges);
 //! the engine's [`WatchStream`].
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use tonic::codegen::BoxStream;
-use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::tokio_stream::Stream;
 use tonic::metadata::MetadataMap;
 
 use crate::tls::ClientCertificate;
@@ -56,14 +59,13 @@ use kvd::WatchStream;
 use kvd::sync::{Arc, Ordering};
 
 /// Default of `--max-watch-streams` (WATCH-SRV-3).
-pub const WATCH_STREAMS_MAX_DEFAULT: usize = 4_096;
-/// Stack reserved for each stream's thread (WATCH-SRV-3); the receive loop is shallow.
-pub const WATCH_THREAD_STACK_BYTES: usize = 256 * 1024;
+pub const WATCH_STREAMS_MAX_DEFAULT: usize = 65_536;
 /// The status a stream ends with when recovery reopened the database (REC-3).
 const DATABASE_REOPENED: &str =
     "kvd: the database was reopened after a storage error; watch again from your last revision";
-/// Translated responses buffered per stream for a slow client (WATCH-SRV-5).
-pub const WATCH_RESPONSES_BUFFERED: usize = 128;
+/// The server's own answers (refused creates, an ending status) buffered per stream beside
+/// the engine's responses (WATCH-SRV-5).
+pub const WATCH_CONTROL_BUFFERED: usize = 16;
 
 type ResponseSender = tokio::sync::mpsc::Sender<Result<pb::WatchResponse, Status>>;
 
@@ -98,21 +100,14 @@ impl Watch for WatchService {
         }
         let generation = self.node.engines.generation();
         let stream = Arc::new(self.node.call(|engine| engine.watch_stream()).await?);
-        let (sender, receiver) = tokio::sync::mpsc::channel(WATCH_RESPONSES_BUFFERED);
-        let node = self.node.clone();
-        let forwarded = stream.clone();
-        let forward_sender = sender.clone();
-        std::thread::Builder::new()
-            .name("kvd-watch".to_owned())
-            .stack_size(WATCH_THREAD_STACK_BYTES)
-            .spawn(move || {
-                forward(&node, &forwarded, &forward_sender, generation);
-                drop(guard);
-            })
-            .map_err(|e| {
-                tracing::error!(error = %e, "cannot start a watch stream thread");
-                Status::unavailable("kvd: cannot start a watch stream thread; retry later")
-            })?;
+        let (sender, control) = tokio::sync::mpsc::channel(WATCH_CONTROL_BUFFERED);
+        let responses = Responses::new(
+            self.node.clone(),
+            stream.clone(),
+            control,
+            generation,
+            guard,
+        );
         let node = self.node.clone();
         // The caller is resolved again at each create, so a dropped token stops new watches.
         let caller = Caller {
@@ -123,38 +118,92 @@ impl Watch for WatchService {
         tokio::spawn(async move {
             read_requests(&node, &caller, requests, stream, &sender).await;
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+        Ok(Response::new(Box::pin(responses)))
     }
 }
 
-/// Forwards the engine's responses of one stream to the client until the client goes away
-/// or the server stops (WATCH-SRV-4). Runs on the stream's own thread (WATCH-SRV-1).
-fn forward(node: &Node, stream: &WatchStream, sender: &ResponseSender, generation: u64) {
-    loop {
-        if node.is_stopping() {
-            let _ = sender.blocking_send(Err(Status::unavailable(SERVER_STOPPED)));
-            return;
+/// The responses of one stream, as tonic sends them: the server's own answers first, then
+/// the engine's, translated one at a time as tonic asks (WATCH-SRV-1, WATCH-SRV-5), until
+/// the server stops or the engine is reopened (WATCH-SRV-4).
+struct Responses {
+    node: Arc<Node>,
+    stream: Arc<WatchStream>,
+    control: tokio::sync::mpsc::Receiver<Result<pb::WatchResponse, Status>>,
+    stopping: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// Looks at the engine's generation every [`STREAM_POLL`] (REC-3).
+    tick: tokio::time::Interval,
+    generation: u64,
+    ended: bool,
+    /// Counts this stream while it is open (WATCH-SRV-3).
+    _guard: StreamGuard,
+}
+
+impl Responses {
+    fn new(
+        node: Arc<Node>,
+        stream: Arc<WatchStream>,
+        control: tokio::sync::mpsc::Receiver<Result<pb::WatchResponse, Status>>,
+        generation: u64,
+        guard: StreamGuard,
+    ) -> Responses {
+        let stopping = {
+            let node = node.clone();
+            Box::pin(async move { node.stopping().await })
+        };
+        let mut tick = tokio::time::interval(STREAM_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Responses {
+            node,
+            stream,
+            control,
+            stopping,
+            tick,
+            generation,
+            ended: false,
+            _guard: guard,
         }
-        if node.engines.generation() != generation {
-            // REC-3: the engine this stream watched was replaced; its hub is gone.
-            let _ = sender.blocking_send(Err(Status::unavailable(DATABASE_REOPENED)));
-            return;
+    }
+
+    /// The status to end with once the engine behind the stream is replaced (REC-3).
+    fn reopened(&self) -> Option<Status> {
+        (self.node.engines.generation() != self.generation)
+            .then(|| Status::unavailable(DATABASE_REOPENED))
+    }
+}
+
+impl Stream for Responses {
+    type Item = Result<pb::WatchResponse, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
         }
-        if sender.is_closed() {
-            return;
+        let ending = |this: &mut Responses, status: Status| {
+            this.ended = true;
+            Poll::Ready(Some(Err(status)))
+        };
+        // The request task's answers; `None` means only that it ended (the client closed its
+        // sending side), which ends nothing here (WATCH-SRV-4).
+        if let Poll::Ready(Some(answer)) = this.control.poll_recv(cx) {
+            this.ended = answer.is_err();
+            return Poll::Ready(Some(answer));
         }
-        match stream.recv_timeout(STREAM_POLL) {
-            Ok(Some(response)) => {
-                // WATCH-SRV-5: waits while the client is slow; fails once it is gone.
-                if sender.blocking_send(Ok(node.ids.watch(response))).is_err() {
-                    return;
-                }
+        if this.stopping.as_mut().poll(cx).is_ready() {
+            return ending(this, Status::unavailable(SERVER_STOPPED));
+        }
+        while this.tick.poll_tick(cx).is_ready() {
+            if let Some(status) = this.reopened() {
+                return ending(this, status);
             }
-            Ok(None) => {}
-            Err(err) => {
-                let _ = sender.blocking_send(Err(status::from_error(&err)));
-                return;
+        }
+        match this.stream.poll_recv(cx) {
+            Poll::Ready(Ok(response)) => Poll::Ready(Some(Ok(this.node.ids.watch(response)))),
+            Poll::Ready(Err(err)) => {
+                let status = this.reopened().unwrap_or_else(|| status::from_error(&err));
+                ending(this, status)
             }
+            Poll::Pending => Poll::Pending,
         }
     }
 }
@@ -251,7 +300,7 @@ async fn refuse_watch(node: &Node, sender: &ResponseSender, denied: &Status) -> 
 }
 
 /// Ends the response stream with `status`: tonic sends it as the trailers and drops the
-/// receiver, which stops the stream's thread (WATCH-SRV-4, WATCH-SRV-6).
+/// stream, which drops the engine's stream (WATCH-SRV-4, WATCH-SRV-6).
 async fn end_with(sender: &ResponseSender, status: Status) {
     tracing::debug!(code = ?status.code(), message = status.message(), "watch stream ends with an error");
     // Fails only if the client is gone already; nobody is left to tell then.

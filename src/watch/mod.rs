@@ -27,16 +27,28 @@
 //!   with that revision (etcd's compacted notice) instead of skipping history.
 //! - WATCH-5: apply finds the watchers of a change by key lookup (single-key watchers) and
 //!   by distinct range (range watchers); idle watchers on other keys cost nothing per write.
+//! - WATCH-6: apply builds a revision's events once and hands every watcher that gets them
+//!   a reference to that one list with the positions it wants ([`Picked`]); the events are
+//!   copied into a watcher's response by the stream's consumer, not by apply, so the
+//!   writer's cost per watcher is a reference count and a queue push.
 //!
 //! Contact points: the engine calls [`Hub::publish`] after each commit; [`WatchStream`] is
-//! the public handle; the sync thread runs [`Hub::sync_pass`].
+//! the public handle, received from blocking or as a future ([`queue`], WATCHQ-1..3); the
+//! sync thread runs [`Hub::sync_pass`].
+
+mod queue;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::ops::Bound;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use self::queue::DeliveryQueue;
 
 use crate::api::{Event, EventType, KeyValue, ResponseHeader, WatchCreateRequest, WatchResponse};
 use crate::error::{Error, StorageError};
@@ -64,6 +76,9 @@ const CANCEL_REASON_DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on t
 #[derive(Debug)]
 struct Delivery {
     response: WatchResponse,
+    /// Live events shared with the revision's other watchers (WATCH-6): the consumer copies
+    /// the picked ones into `response`.
+    shared: Option<(Arc<[Event]>, Picked)>,
     wants_prev_kv: bool,
     /// The watcher whose pending count this response is in (WATCH-3), if any. Keyed by the
     /// hub's own id, not the watch id, which a client may reuse after a cancel.
@@ -91,7 +106,7 @@ struct Watcher {
     /// Something was sent since the last progress tick.
     sent_since_tick: bool,
     pending: Arc<AtomicUsize>,
-    sender: Sender<Delivery>,
+    queue: Arc<DeliveryQueue<Delivery>>,
 }
 
 impl Watcher {
@@ -106,21 +121,20 @@ impl Watcher {
         }
     }
 
-    /// Queues `response` if the watcher has room (WATCH-3); returns false if it has not.
-    fn offer(&mut self, response: WatchResponse) -> bool {
+    /// Queues `response`, with the shared events it carries if any, if the watcher has
+    /// room (WATCH-3); returns false if it has not.
+    fn offer(&mut self, response: WatchResponse, shared: Option<(Arc<[Event]>, Picked)>) -> bool {
         if self.pending.load(Ordering::Acquire) >= WATCH_PENDING_RESPONSES_MAX {
             return false;
         }
         self.pending.fetch_add(1, Ordering::AcqRel);
         self.sent_since_tick = true;
-        let delivery = Delivery {
+        self.queue.push(Delivery {
             response,
+            shared,
             wants_prev_kv: self.prev_kv,
             counted: Some(self.id),
-        };
-        // A stream whose consumer is gone drops its watchers on its own drop; until then a
-        // failed send is harmless.
-        let _ = self.sender.send(delivery);
+        });
         true
     }
 
@@ -128,11 +142,62 @@ impl Watcher {
     /// is at most one per request of the consumer, so they cannot pile up.
     fn control(&self, response: WatchResponse) {
         self.pending.fetch_add(1, Ordering::AcqRel);
-        let _ = self.sender.send(Delivery {
+        self.queue.push(Delivery {
             response,
+            shared: None,
             wants_prev_kv: false,
             counted: Some(self.id),
         });
+    }
+}
+
+/// Which of a revision's shared events a watcher gets, by position (WATCH-6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Picked {
+    All,
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl Picked {
+    fn push(&mut self, position: u32) {
+        match self {
+            Picked::All => {}
+            Picked::One(first) => *self = Picked::Many(vec![*first, position]),
+            Picked::Many(positions) => positions.push(position),
+        }
+    }
+
+    /// Keeps the positions whose event `keep` accepts; `None` if none is left. A pick of
+    /// every one of `events` becomes [`Picked::All`].
+    fn retain(self, events: &[Event], keep: impl Fn(&Event) -> bool) -> Option<Picked> {
+        let positions: Vec<u32> = match self {
+            Picked::All => (0..events.len() as u32).collect(),
+            Picked::One(p) => vec![p],
+            Picked::Many(positions) => positions,
+        };
+        let kept: Vec<u32> = positions
+            .into_iter()
+            .filter(|p| keep(&events[*p as usize]))
+            .collect();
+        match kept.len() {
+            0 => None,
+            n if n == events.len() => Some(Picked::All),
+            1 => Some(Picked::One(kept[0])),
+            _ => Some(Picked::Many(kept)),
+        }
+    }
+
+    /// Returns this watcher's copy of the picked events.
+    fn copy(&self, events: &[Event]) -> Vec<Event> {
+        match self {
+            Picked::All => events.to_vec(),
+            Picked::One(p) => vec![events[*p as usize].clone()],
+            Picked::Many(positions) => positions
+                .iter()
+                .map(|p| events[*p as usize].clone())
+                .collect(),
+        }
     }
 }
 
@@ -262,7 +327,13 @@ impl Hub {
         state.published = revision;
         let mut fell_behind = Vec::new();
         for (rev, changes) in events {
-            for (id, events) in matching_watchers(&state, changes) {
+            let matched = matching_watchers(&state, changes);
+            if matched.is_empty() {
+                continue;
+            }
+            // WATCH-6: the revision's events, built once for all its watchers.
+            let shared: Arc<[Event]> = changes.iter().map(event_of_change).collect();
+            for (id, picked) in matched {
                 let Some(w) = state.watchers.get_mut(&id) else {
                     continue;
                 };
@@ -270,18 +341,21 @@ impl Hub {
                     continue;
                 }
                 debug_assert!(w.next_rev <= *rev, "WATCH-2: revision {rev} given twice");
-                let events: Vec<Event> = events.into_iter().filter(|e| w.wants(e)).collect();
-                if events.is_empty() {
+                let picked = if w.no_put || w.no_delete || picked != Picked::All {
+                    picked.retain(&shared, |e| w.wants(e))
+                } else {
+                    Some(Picked::All)
+                };
+                let Some(picked) = picked else {
                     w.next_rev = rev + 1;
                     continue;
-                }
+                };
                 let response = WatchResponse {
                     header: ResponseHeader { revision: *rev },
                     watch_id: w.watch_id,
-                    events,
                     ..WatchResponse::default()
                 };
-                if w.offer(response) {
+                if w.offer(response, Some((shared.clone(), picked))) {
                     w.next_rev = rev + 1;
                 } else {
                     // WATCH-3: no room; catch up from history starting at this revision.
@@ -312,7 +386,7 @@ impl Hub {
     fn create(
         &self,
         stream: u64,
-        sender: &Sender<Delivery>,
+        queue: &Arc<DeliveryQueue<Delivery>>,
         pending: &Mutex<BTreeMap<u64, Arc<AtomicUsize>>>,
         req: WatchCreateRequest,
         compact_revision: i64,
@@ -331,8 +405,9 @@ impl Hub {
                 cancel_reason: reason.to_owned(),
                 ..WatchResponse::default()
             };
-            let _ = sender.send(Delivery {
+            queue.push(Delivery {
                 response,
+                shared: None,
                 wants_prev_kv: false,
                 counted: None,
             });
@@ -394,7 +469,7 @@ impl Hub {
             synced: false,
             sent_since_tick: false,
             pending: counter,
-            sender: sender.clone(),
+            queue: queue.clone(),
         };
         watcher.control(WatchResponse {
             header,
@@ -441,7 +516,7 @@ impl Hub {
 
     /// Answers a progress request: the current revision, if every watch of the stream is
     /// synced (etcd 3.5.8+), else nothing.
-    fn progress(&self, stream: u64, sender: &Sender<Delivery>) {
+    fn progress(&self, stream: u64, queue: &DeliveryQueue<Delivery>) {
         let state = sync::lock(&self.state);
         let all_synced = state.streams.get(&stream).is_some_and(|s| {
             s.ids
@@ -456,8 +531,9 @@ impl Hub {
                 watch_id: -1,
                 ..WatchResponse::default()
             };
-            let _ = sender.send(Delivery {
+            queue.push(Delivery {
                 response,
+                shared: None,
                 wants_prev_kv: false,
                 counted: None,
             });
@@ -599,7 +675,7 @@ impl Hub {
                 events,
                 ..WatchResponse::default()
             };
-            if !w.offer(response) {
+            if !w.offer(response, None) {
                 return Ok(false); // No room after all: retry the same chunk later.
             }
         }
@@ -639,21 +715,38 @@ fn cancel_compacted(state: &mut HubState, id: u64, compact_revision: i64) {
 }
 
 /// Returns, for each synced watcher interested in some of `changes`, its events in order.
-fn matching_watchers(state: &HubState, changes: &[Change]) -> BTreeMap<u64, Vec<Event>> {
-    let mut out: BTreeMap<u64, Vec<Event>> = BTreeMap::new();
-    for change in changes {
-        let event = event_of_change(change);
+/// Returns the synced watchers of `changes` (WATCH-5), each with the positions of the
+/// changes it watches; a watcher of every change gets [`Picked::All`].
+fn matching_watchers(state: &HubState, changes: &[Change]) -> BTreeMap<u64, Picked> {
+    let mut out: BTreeMap<u64, Picked> = BTreeMap::new();
+    let mut pick = |id: u64, position: u32| {
+        out.entry(id)
+            .and_modify(|picked| picked.push(position))
+            .or_insert(Picked::One(position));
+    };
+    for (position, change) in (0u32..).zip(changes) {
         if let Some(ids) = state.by_key.get(&change.kv().key) {
             for id in ids {
-                out.entry(*id).or_default().push(event.clone());
+                pick(*id, position);
             }
         }
         for ((key, end), ids) in &state.by_range {
             if KeyRange::new(key, end).contains(&change.kv().key) {
                 for id in ids {
-                    out.entry(*id).or_default().push(event.clone());
+                    pick(*id, position);
                 }
             }
+        }
+    }
+    let every = changes.len();
+    for picked in out.values_mut() {
+        let whole = match picked {
+            Picked::One(_) => every == 1,
+            Picked::Many(positions) => positions.len() == every,
+            Picked::All => true,
+        };
+        if whole {
+            *picked = Picked::All;
         }
     }
     out
@@ -701,8 +794,7 @@ fn event_of(record: Record, main: i64) -> Event {
 pub struct WatchStream {
     hub: Arc<Hub>,
     stream: u64,
-    sender: Sender<Delivery>,
-    receiver: Receiver<Delivery>,
+    queue: Arc<DeliveryQueue<Delivery>>,
     pending: Mutex<BTreeMap<u64, Arc<AtomicUsize>>>,
     engine: crate::sync::Weak<dyn WatchSource>,
 }
@@ -720,12 +812,10 @@ impl WatchStream {
     /// Opens a stream on `hub`.
     pub fn new(hub: Arc<Hub>, engine: crate::sync::Weak<dyn WatchSource>) -> WatchStream {
         let stream = hub.open_stream();
-        let (sender, receiver) = crossbeam_channel::unbounded();
         WatchStream {
             hub,
             stream,
-            sender,
-            receiver,
+            queue: Arc::new(DeliveryQueue::default()),
             pending: Mutex::new(BTreeMap::new()),
             engine,
         }
@@ -738,7 +828,7 @@ impl WatchStream {
         let compact = engine.compact_revision();
         Ok(self
             .hub
-            .create(self.stream, &self.sender, &self.pending, req, compact))
+            .create(self.stream, &self.queue, &self.pending, req, compact))
     }
 
     /// Cancels a watch; a canceled response follows if it existed.
@@ -748,35 +838,63 @@ impl WatchStream {
 
     /// Asks for a progress response (sent only if every watch of the stream is synced).
     pub fn request_progress(&self) {
-        self.hub.progress(self.stream, &self.sender);
+        self.hub.progress(self.stream, &self.queue);
     }
 
     /// Returns the next response, waiting at most `timeout`; `Ok(None)` on timeout.
+    /// `Err(Closed)` once the engine is closed and nothing is left to receive.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Option<WatchResponse>, Error> {
-        match self.receiver.recv_timeout(timeout) {
-            Ok(delivery) => Ok(Some(self.finish(delivery))),
-            Err(RecvTimeoutError::Timeout) => Ok(None),
-            Err(RecvTimeoutError::Disconnected) => Err(Error::Closed),
+        match self.queue.pop_timeout(timeout) {
+            Some(delivery) => Ok(Some(self.finish(delivery))),
+            None => self.open().map(|()| None),
         }
     }
 
     /// Returns the number of responses waiting on this stream (bounded by WATCH-3 per
     /// watch, plus control responses).
     pub fn queued(&self) -> usize {
-        self.receiver.len()
+        self.queue.len()
     }
 
     /// Returns the next response if one is ready.
     pub fn try_recv(&self) -> Result<Option<WatchResponse>, Error> {
-        match self.receiver.try_recv() {
-            Ok(delivery) => Ok(Some(self.finish(delivery))),
-            Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => Err(Error::Closed),
+        match self.queue.pop() {
+            Some(delivery) => Ok(Some(self.finish(delivery))),
+            None => self.open().map(|()| None),
+        }
+    }
+
+    /// Returns the next response, or registers `cx` to be woken when one arrives
+    /// (WATCHQ-2): the asynchronous receive, which holds no thread while it waits. One
+    /// consumer at a time. `Err(Closed)` once the engine is closed and nothing is left.
+    pub fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Result<WatchResponse, Error>> {
+        match self.queue.poll_pop(cx) {
+            Poll::Ready(delivery) => Poll::Ready(Ok(self.finish(delivery))),
+            Poll::Pending => match self.open() {
+                Ok(()) => Poll::Pending,
+                Err(err) => Poll::Ready(Err(err)),
+            },
+        }
+    }
+
+    /// Returns a future of the next response ([`WatchStream::poll_recv`]).
+    pub fn recv(&self) -> WatchRecv<'_> {
+        WatchRecv { stream: self }
+    }
+
+    /// `Err(Closed)` if the engine behind this stream is gone.
+    fn open(&self) -> Result<(), Error> {
+        match self.engine.upgrade() {
+            Some(_) => Ok(()),
+            None => Err(Error::Closed),
         }
     }
 
     fn finish(&self, delivery: Delivery) -> WatchResponse {
         let mut response = delivery.response;
+        if let Some((events, picked)) = &delivery.shared {
+            response.events = picked.copy(events);
+        }
         if let Some(watcher) = delivery.counted {
             let mut pending = sync::lock(&self.pending);
             if response.canceled {
@@ -800,6 +918,20 @@ impl WatchStream {
             }
         }
         response
+    }
+}
+
+/// The future of a stream's next response, from [`WatchStream::recv`].
+#[derive(Debug)]
+pub struct WatchRecv<'a> {
+    stream: &'a WatchStream,
+}
+
+impl Future for WatchRecv<'_> {
+    type Output = Result<WatchResponse, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.stream.poll_recv(cx)
     }
 }
 

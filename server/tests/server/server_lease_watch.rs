@@ -517,3 +517,59 @@ async fn a_watch_client_that_stops_reading_still_gets_every_event_in_order() {
     assert_eq!(revisions, expected);
     session.quiet().await;
 }
+
+/// Returns the number of threads of process `pid` (Linux: `/proc/PID/status`).
+fn threads_of(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("a Threads line")
+}
+
+/// WATCH-SRV-1, WATCH-SRV-3: a watch stream holds no server thread, so two thousand streams
+/// (each with a watch on one key) leave the server's thread count where it was, and every
+/// one of them gets the put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_watch_streams_hold_no_thread_each() {
+    const STREAMS: usize = 2_000;
+    const CONNECTIONS: usize = 4;
+    let server = common::start_kvd(&[]);
+    let mut channels = Vec::new();
+    for _ in 0..CONNECTIONS {
+        channels.push(connect(&server.endpoint).await);
+    }
+    let before = threads_of(server.pid());
+    let mut sessions = Vec::with_capacity(STREAMS);
+    for i in 0..STREAMS {
+        let mut session = WatchSession::open(channels[i % CONNECTIONS].clone()).await;
+        session.create(watch_key("crowd")).await;
+        assert!(session.next().await.created);
+        sessions.push(session);
+    }
+    let during = threads_of(server.pid());
+    // The blocking pool may start a few threads for the creates; a thread per stream would
+    // add two thousand.
+    assert!(
+        during < before + 64,
+        "{STREAMS} watch streams took the server from {before} to {during} threads"
+    );
+    let mut kv = KvClient::new(channels[0].clone());
+    let revision = kv
+        .put(put("crowd", "v", 0))
+        .await
+        .unwrap()
+        .into_inner()
+        .header
+        .unwrap()
+        .revision;
+    for session in &mut sessions {
+        let response = session.next().await;
+        assert_eq!(response.events.len(), 1, "{response:?}");
+        assert_eq!(
+            response.events[0].kv.as_ref().unwrap().mod_revision,
+            revision
+        );
+    }
+}
