@@ -200,8 +200,12 @@ fn finish(shared: &Committer, batch: AppliedBatch, failed: Option<&StorageError>
         .reads
         .applied_index
         .store(batch.applied_index, Ordering::Release);
-    shared.reads.publish(batch.revision, batch.events);
+    let wakes = shared.reads.publish(batch.revision, batch.events);
     for answer in batch.answers {
         answer.deliver();
+    }
+    // The writers first: a write's answer is not scheduled behind the fan-out it caused.
+    for waker in wakes {
+        waker.wake();
     }
 }

@@ -387,10 +387,12 @@ pub struct ApplyStats {
 
 impl ReadState {
     /// Makes `revision` visible to readers and hands the batch's changes to watchers, in
-    /// one step of the hub (the watch switch protocol).
-    fn publish(&self, revision: i64, events: Vec<(i64, Vec<Change>)>) {
+    /// one step of the hub (the watch switch protocol). Returns the watch streams' wakers,
+    /// which the caller must wake ([`crate::watch::Hub::publish`]).
+    #[must_use]
+    fn publish(&self, revision: i64, events: Vec<(i64, Vec<Change>)>) -> Vec<std::task::Waker> {
         self.hub
-            .publish(revision, &events, |r| self.published.publish(r));
+            .publish(revision, &events, |r| self.published.publish(r))
     }
 
     /// Reads a key or a range: the read path of the module doc.

@@ -42,7 +42,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::ops::Bound;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -122,19 +122,29 @@ impl Watcher {
     }
 
     /// Queues `response`, with the shared events it carries if any, if the watcher has
-    /// room (WATCH-3); returns false if it has not.
-    fn offer(&mut self, response: WatchResponse, shared: Option<(Arc<[Event]>, Picked)>) -> bool {
+    /// room (WATCH-3); returns false if it has not. The consumer's waker goes to `wakes` if
+    /// given (the caller wakes it later), else it is woken now.
+    fn offer(
+        &mut self,
+        response: WatchResponse,
+        shared: Option<(Arc<[Event]>, Picked)>,
+        wakes: Option<&mut Vec<Waker>>,
+    ) -> bool {
         if self.pending.load(Ordering::Acquire) >= WATCH_PENDING_RESPONSES_MAX {
             return false;
         }
         self.pending.fetch_add(1, Ordering::AcqRel);
         self.sent_since_tick = true;
-        self.queue.push(Delivery {
+        let delivery = Delivery {
             response,
             shared,
             wants_prev_kv: self.prev_kv,
             counted: Some(self.id),
-        });
+        };
+        match wakes {
+            Some(wakes) => wakes.extend(self.queue.push_waking_later(delivery)),
+            None => self.queue.push(delivery),
+        }
         true
     }
 
@@ -315,13 +325,18 @@ impl Hub {
 
     /// Publishes `revision` and gives the batch's changes to the synced watchers, in one
     /// critical section (the switch protocol in the module doc). `publish_revision` makes
-    /// the revision visible to readers.
+    /// the revision visible to readers. Returns the wakers of the streams' asynchronous
+    /// consumers that now have something to take: the caller must wake them (WATCHQ-2), and
+    /// the commit thread does so after answering the batch's writers, so that a writer's
+    /// answer is not scheduled behind the fan-out its write caused.
+    #[must_use]
     pub fn publish(
         &self,
         revision: i64,
         events: &[(i64, Vec<Change>)],
         publish_revision: impl FnOnce(i64),
-    ) {
+    ) -> Vec<Waker> {
+        let mut wakes = Vec::new();
         let mut state = sync::lock(&self.state);
         publish_revision(revision);
         state.published = revision;
@@ -355,7 +370,7 @@ impl Hub {
                     watch_id: w.watch_id,
                     ..WatchResponse::default()
                 };
-                if w.offer(response, Some((shared.clone(), picked))) {
+                if w.offer(response, Some((shared.clone(), picked)), Some(&mut wakes)) {
                     w.next_rev = rev + 1;
                 } else {
                     // WATCH-3: no room; catch up from history starting at this revision.
@@ -371,6 +386,7 @@ impl Hub {
         if !state.unsynced.is_empty() {
             let _ = self.wake.try_send(());
         }
+        wakes
     }
 
     /// Opens a stream.
@@ -675,7 +691,7 @@ impl Hub {
                 events,
                 ..WatchResponse::default()
             };
-            if !w.offer(response, None) {
+            if !w.offer(response, None, None) {
                 return Ok(false); // No room after all: retry the same chunk later.
             }
         }

@@ -56,6 +56,17 @@ impl<T> Default for DeliveryQueue<T> {
 impl<T> DeliveryQueue<T> {
     /// Appends `item` and wakes the consumer if it waits (WATCHQ-2, WATCHQ-3).
     pub fn push(&self, item: T) {
+        if let Some(waker) = self.push_waking_later(item) {
+            waker.wake();
+        }
+    }
+
+    /// Appends `item`, wakes a blocked consumer thread, and returns the asynchronous
+    /// consumer's waker, if it waits, for the caller to wake once it has done what must come
+    /// first (the commit thread answers the batch's writers before it wakes watch streams).
+    /// The caller must wake it (WATCHQ-2).
+    #[must_use]
+    pub fn push_waking_later(&self, item: T) -> Option<Waker> {
         let (waker, blocked) = {
             let mut state = sync::lock(&self.state);
             state.items.push_back(item);
@@ -64,9 +75,7 @@ impl<T> DeliveryQueue<T> {
         if blocked {
             self.ready.notify_one();
         }
-        if let Some(waker) = waker {
-            waker.wake();
-        }
+        waker
     }
 
     /// Takes the oldest item, if any.
