@@ -4,8 +4,10 @@
 //! Steps (the engine drives them, `engine::defrag`):
 //! 1. **begin**: with physical compaction paused, take a snapshot; create
 //!    `kvd.redb.defrag` and copy every table from the snapshot in key order (history
-//!    appends, so pages fill densely), committing durably every `DEFRAG_COPY_ROWS_PER_COMMIT`
-//!    rows, so the copy reaches the disk in steps rather than in one burst.
+//!    appends, so pages fill densely), committing durably every
+//!    `DEFRAG_COPY_BYTES_PER_COMMIT` bytes of records (or `DEFRAG_COPY_ROWS_PER_COMMIT` rows),
+//!    so the copy reaches the disk in small steps rather than in bursts that the writers'
+//!    log syncs would queue behind.
 //! 2. **catch up**: from fresh snapshots, copy history records above the last one copied,
 //!    while writes continue, until the remainder is small.
 //! 3. **swap** (in the apply thread, so no write is in flight): copy the remaining history,
@@ -38,8 +40,12 @@ use crate::sync::{Arc, AtomicU64, Ordering};
 
 /// The name of the file a defrag writes before it replaces `kvd.redb`.
 pub const DEFRAG_FILE_NAME: &str = "kvd.redb.defrag";
-/// Rows copied per commit of the new file.
+/// Rows copied per commit of the new file, at most.
 pub const DEFRAG_COPY_ROWS_PER_COMMIT: usize = 10_000;
+/// Record bytes copied per commit of the new file, at most (a commit ends at the row that
+/// reaches it): each durable commit then writes about this much, so a writer's log sync
+/// never queues behind a long burst of the copy's writes on the same disk.
+pub const DEFRAG_COPY_BYTES_PER_COMMIT: usize = 1 << 20;
 
 /// Bytes copied so far and to copy in all, for progress reports.
 #[derive(Debug, Default)]
@@ -178,12 +184,14 @@ impl Target {
         let mut next = from;
         loop {
             rows.clear();
+            let mut bytes = 0;
             snapshot.scan_history(
                 (next, Bound::Unbounded),
                 DEFRAG_COPY_ROWS_PER_COMMIT,
                 |key, value| {
                     rows.push((*key, value.to_vec()));
-                    Ok(true)
+                    bytes += key.len() + value.len();
+                    Ok(bytes < DEFRAG_COPY_BYTES_PER_COMMIT)
                 },
             )?;
             let Some((last, _)) = rows.last() else {
