@@ -292,8 +292,8 @@ mod cli {
         #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_go_duration)]
         grpc_keepalive_timeout: Duration,
 
-        /// Most Watch streams open at once; a further Watch call gets Unavailable. Each
-        /// stream holds a thread (256 KiB of stack reserved) and up to 128 responses for a
+        /// Most Watch streams open at once; a further Watch call gets Unavailable. A stream
+        /// holds no thread: a small task, and up to 128 undelivered responses per watch for a
         /// slow client.
         #[arg(long, value_name = "N", default_value_t = kvd_server::WATCH_STREAMS_MAX_DEFAULT)]
         max_watch_streams: usize,

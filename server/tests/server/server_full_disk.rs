@@ -16,12 +16,18 @@ use tonic::transport::Channel;
 
 use crate::common;
 
-/// The size of the test's filesystem.
+/// The size of the reserve test's filesystem.
 const FS_MIB: u64 = 64;
-/// Free space the filler leaves before the writes that end in ENOSPC.
-const LEFT_FREE_KIB: u64 = 10 * 1024;
+/// The size of the full-disk test's filesystem: small enough that its reserve (5 %, about
+/// 0.8 MiB) is below what one checkpoint writes (the 2 MiB log's records and redb's pages
+/// for them), so a real ENOSPC can come before the reserve check.
+const FULL_FS_MIB: u64 = 16;
+/// Free space the filler leaves before the writes that end in ENOSPC: above the reserve
+/// plus one write, below one checkpoint, so a checkpoint runs into the full disk before the
+/// reserve check sees the space go.
+const LEFT_FREE_KIB: u64 = 1536;
 /// Bytes of each value written: the store's pages reach the disk only at a checkpoint,
-/// long after the reserve check, so a checkpoint runs into the full disk.
+/// after the reserve check has admitted the batches before it.
 const VALUE_BYTES: usize = 200_000;
 /// Most puts the test tries before the disk must have filled.
 const PUTS_MAX: usize = 400;
@@ -108,7 +114,7 @@ fn health(endpoint: &str) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_recovers_without_a_restart_and_loses_no_acknowledged_write() {
-    let fs = Tmpfs::mount(FS_MIB);
+    let fs = Tmpfs::mount(FULL_FS_MIB);
     let data_dir = fs.path().join("data");
     let server = common::start_kvd_in(&data_dir, &[]).unwrap();
     let channel = Channel::from_shared(server.endpoint.clone())
@@ -117,12 +123,12 @@ async fn a_full_disk_recovers_without_a_restart_and_loses_no_acknowledged_write(
         .await
         .unwrap();
     let mut kv = KvClient::new(channel.clone());
-    // A 64 MiB filesystem is usable: the reserve is 5% of it, not the 64 MiB minimum.
+    // A 16 MiB filesystem is usable: the reserve is 5% of it, not the 64 MiB minimum.
     kv.put(put("first".into(), Bytes::from_static(b"v")))
         .await
         .expect("the first put on a small filesystem");
     assert!(
-        server.log().contains("fs_reserve_bytes=3355440"),
+        server.log().contains("fs_reserve_bytes=838860"),
         "{}",
         server.log()
     );
