@@ -132,19 +132,20 @@ impl Figures {
         self.values.entry(name).or_default().push(value);
     }
 
-    /// Median over the last `SAMPLES` values of `name` (the measured samples).
-    fn median(&self, name: &str) -> Option<f64> {
+    /// The last `SAMPLES` values of `name` (the measured samples), in recording order.
+    fn measured(&self, name: &str) -> Option<&[f64]> {
         let values = self.values.get(name)?;
-        median(values[values.len().saturating_sub(SAMPLES)..].to_vec())
+        Some(&values[values.len().saturating_sub(SAMPLES)..])
     }
 
-    /// Largest of the last `SAMPLES` values of `name`.
+    /// Median over the measured samples of `name`.
+    fn median(&self, name: &str) -> Option<f64> {
+        median(self.measured(name)?.to_vec())
+    }
+
+    /// Largest of the measured samples of `name`.
     fn max(&self, name: &str) -> Option<f64> {
-        let values = self.values.get(name)?;
-        values[values.len().saturating_sub(SAMPLES)..]
-            .iter()
-            .copied()
-            .reduce(f64::max)
+        self.measured(name)?.iter().copied().reduce(f64::max)
     }
 
     /// Sum of every value of `name`, warm-up included.
@@ -795,12 +796,8 @@ fn defrag_stall(c: &mut Criterion) {
             get(f, "p99_ms"),
             get(f, "before_max_ms"),
         ));
-        let last = |n: &str| {
-            let all = f.values.get(n).cloned().unwrap_or_default();
-            all[all.len().saturating_sub(SAMPLES)..].to_vec()
-        };
+        let last = |n: &str| f.measured(n).unwrap_or_default().iter().copied();
         let mut stalls: Vec<(f64, f64, f64)> = last("stall_ms")
-            .into_iter()
             .zip(last("stall_at_ms"))
             .zip(last("stall_duration_ms"))
             .map(|((stall, at), length)| (stall, at, length))

@@ -77,4 +77,4 @@ pub fn dump_magic() -> &'static [u8] {
 }
 pub use storage::faults::Faults;
 pub use storage::timings::{DiskTimingsSnapshot, HistogramSnapshot, disk_bucket_bounds_seconds};
-pub use watch::{WatchRecv, WatchStream};
+pub use watch::WatchStream;

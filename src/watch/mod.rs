@@ -33,15 +33,13 @@
 //!   writer's cost per watcher is a reference count and a queue push.
 //!
 //! Contact points: the engine calls [`Hub::publish`] after each commit; [`WatchStream`] is
-//! the public handle, received from blocking or as a future ([`queue`], WATCHQ-1..3); the
+//! the public handle, received from blocking or asynchronously ([`queue`], WATCHQ-1..3); the
 //! sync thread runs [`Hub::sync_pass`].
 
 mod queue;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::ops::Bound;
-use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -356,10 +354,12 @@ impl Hub {
                     continue;
                 }
                 debug_assert!(w.next_rev <= *rev, "WATCH-2: revision {rev} given twice");
-                let picked = if w.no_put || w.no_delete || picked != Picked::All {
+                // `matching_watchers` already made a pick of every change `All`; only the
+                // put/delete filters can narrow it.
+                let picked = if w.no_put || w.no_delete {
                     picked.retain(&shared, |e| w.wants(e))
                 } else {
-                    Some(Picked::All)
+                    Some(picked)
                 };
                 let Some(picked) = picked else {
                     w.next_rev = rev + 1;
@@ -730,7 +730,6 @@ fn cancel_compacted(state: &mut HubState, id: u64, compact_revision: i64) {
     }
 }
 
-/// Returns, for each synced watcher interested in some of `changes`, its events in order.
 /// Returns the synced watchers of `changes` (WATCH-5), each with the positions of the
 /// changes it watches; a watcher of every change gets [`Picked::All`].
 fn matching_watchers(state: &HubState, changes: &[Change]) -> BTreeMap<u64, Picked> {
@@ -893,11 +892,6 @@ impl WatchStream {
         }
     }
 
-    /// Returns a future of the next response ([`WatchStream::poll_recv`]).
-    pub fn recv(&self) -> WatchRecv<'_> {
-        WatchRecv { stream: self }
-    }
-
     /// `Err(Closed)` if the engine behind this stream is gone.
     fn open(&self) -> Result<(), Error> {
         match self.engine.upgrade() {
@@ -934,20 +928,6 @@ impl WatchStream {
             }
         }
         response
-    }
-}
-
-/// The future of a stream's next response, from [`WatchStream::recv`].
-#[derive(Debug)]
-pub struct WatchRecv<'a> {
-    stream: &'a WatchStream,
-}
-
-impl Future for WatchRecv<'_> {
-    type Output = Result<WatchResponse, Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.stream.poll_recv(cx)
     }
 }
 
