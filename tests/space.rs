@@ -616,3 +616,66 @@ fn size_in_use_tracks_continuous_writes_within_the_refresh_spacing() {
     let written = writer.join().unwrap();
     assert!(written > 1_000 && refreshed.db_size_in_use <= refreshed.db_size);
 }
+
+#[test]
+fn a_large_database_is_walked_only_after_a_quiet_pause() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // 10,000 values of 4 KiB (about 45 MiB of file), then all deleted and compacted:
+        // the file stays large, the pages in use are few.
+        let engine = Engine::open(dir.path(), config(-1)).unwrap();
+        for t in 0..100 {
+            let puts = (0..100)
+                .map(|i| RequestOp::Put(PutRequest::new(format!("big/{t:03}/{i:03}"), value())))
+                .collect();
+            engine
+                .txn(TxnRequest {
+                    success: puts,
+                    ..TxnRequest::default()
+                })
+                .unwrap();
+        }
+        let deleted = engine.delete_range(DeleteRangeRequest::prefix("big/")).unwrap();
+        engine
+            .compact(CompactionRequest {
+                revision: deleted.header.revision,
+                physical: true,
+            })
+            .unwrap();
+        engine.close().unwrap();
+    }
+    let clock = Arc::new(kvd::ManualClock::new());
+    let engine = Engine::open(
+        dir.path(),
+        Config {
+            clock: clock.clone(),
+            ..config(-1)
+        },
+    )
+    .unwrap();
+    // Open starts from the file length; a walk would replace it with the few pages in use.
+    let opened = engine.status().unwrap().db_size_in_use;
+    assert!(opened > 32 << 20, "file of {opened} bytes too small for the test");
+    // SPACE-4: the gaps between these writes, and the idle time after them, are pauses of
+    // no engine time; a walk of a large file there would stall the next write.
+    for i in 0..20 {
+        engine.put(PutRequest::new(format!("small/{i}"), "v")).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(engine.status().unwrap().db_size_in_use, opened);
+    // A quiet pause of engine time: the walk comes at the next idle wake-up.
+    clock.advance(std::time::Duration::from_secs(2));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let in_use = engine.status().unwrap().db_size_in_use;
+        if in_use < opened / 4 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "in-use figure stayed at {in_use} after a quiet pause"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}

@@ -152,8 +152,7 @@ impl Metrics {
 
     /// Records the start of a request to the gRPC method at `path`.
     pub fn start(&self, path: &str) {
-        let mut methods = lock(&self.methods);
-        stats_of(&mut methods, path).started += 1;
+        update_stats(&mut lock(&self.methods), path, |stats| stats.started += 1);
     }
 
     /// Records one request to the gRPC method at `path` that ended with `code` after
@@ -164,12 +163,12 @@ impl Metrics {
             .iter()
             .position(|bound| micros <= *bound)
             .unwrap_or(LATENCY_BUCKETS_MICROS.len());
-        let mut methods = lock(&self.methods);
-        let stats = stats_of(&mut methods, path);
-        *stats.codes.entry(code as i32).or_default() += 1;
-        stats.buckets[bucket] += 1;
-        stats.sum_micros = stats.sum_micros.saturating_add(micros);
-        stats.count += 1;
+        update_stats(&mut lock(&self.methods), path, |stats| {
+            *stats.codes.entry(code as i32).or_default() += 1;
+            stats.buckets[bucket] += 1;
+            stats.sum_micros = stats.sum_micros.saturating_add(micros);
+            stats.count += 1;
+        });
     }
 
     /// Returns the Prometheus text exposition: kvd's series (the engine's, or
@@ -228,14 +227,23 @@ fn encode(families: &[MetricFamily]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Returns the stats of `path`, or of [`OTHER_METHOD`] once the bound is reached (MET-1).
-fn stats_of<'a>(methods: &'a mut BTreeMap<String, MethodStats>, path: &str) -> &'a mut MethodStats {
+/// Updates the stats of `path`, or of [`OTHER_METHOD`] once the bound is reached (MET-1).
+fn update_stats(
+    methods: &mut BTreeMap<String, MethodStats>,
+    path: &str,
+    update: impl FnOnce(&mut MethodStats),
+) {
     let key = if methods.contains_key(path) || methods.len() < METHOD_SERIES_MAX {
         path
     } else {
         OTHER_METHOD
     };
-    methods.entry(key.to_owned()).or_default()
+    // A path seen before (every request after a method's first) is found without
+    // allocating its key.
+    match methods.get_mut(key) {
+        Some(stats) => update(stats),
+        None => update(methods.entry(key.to_owned()).or_default()),
+    }
 }
 
 /// What the engine reports at scrape time (MET-3).

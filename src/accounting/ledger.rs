@@ -162,6 +162,12 @@ impl Accounts {
         Ok(())
     }
 
+    /// Returns true if some role has a quota, so [`Accounts::check_puts`] can refuse a
+    /// write; with none, a write's Puts need not be planned for it.
+    pub fn checks_puts(&self) -> bool {
+        !self.registry.is_empty()
+    }
+
     /// Checks the built-in resources of a write: `puts` are (key, cost, new key) (ACCT-4).
     pub fn check_puts(&self, puts: &[(Vec<u8>, u32, bool)]) -> Result<(), Error> {
         if self.registry.is_empty() {

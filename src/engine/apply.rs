@@ -79,6 +79,16 @@ const STATS_REFRESH_SPACING_FACTOR: u32 = 20;
 const STATS_BUSY_WALK_MAX: Duration = Duration::from_millis(20);
 const STATS_BUSY_LONG_WALK_INTERVAL: Duration = Duration::from_secs(300);
 
+/// Before the first walk after open, a database whose file is larger than this is expected
+/// to walk longer than `STATS_BUSY_WALK_MAX` (about 0.4 s per GiB).
+const STATS_SHORT_WALK_FILE_MAX: u64 = 32 << 20;
+
+/// A long walk runs between writes only once the engine has been quiet (nothing queued,
+/// nothing in flight, no batch applied) for this long, and for this many times the last
+/// walk's duration: a momentary gap between two writes is not a pause to fill with it.
+const STATS_QUIET_MIN: Duration = Duration::from_secs(1);
+const STATS_QUIET_WALKS: u32 = 5;
+
 /// Debug builds check ACCT-1 after each batch of a store with at most this many keys.
 const ACCT_CHECK_KEYS_MAX: usize = 4_096;
 
@@ -116,6 +126,8 @@ pub struct Applier {
     measured_once: bool,
     /// How long the last walk took (wall clock; spacing only, not an input to apply).
     last_walk: Duration,
+    /// When (engine clock) the last batch of writes was applied, or the engine opened.
+    last_batch_at: Duration,
     /// The estimated page growth of the records written so far in the current batch.
     batch_cost: u64,
     /// An exact in-use measurement taken during the current batch.
@@ -229,6 +241,7 @@ impl Applier {
             stats_spacing: STATS_REFRESH_INTERVAL,
             measured_once: false,
             last_walk: Duration::ZERO,
+            last_batch_at: opened_at,
             batch_cost: 0,
             batch_measured: None,
             batch_fs_free: None,
@@ -384,21 +397,42 @@ impl Applier {
     /// Refreshes the size-in-use figure readers see. The figure costs a walk of every page
     /// (about 0.4 s per GiB here), which stalls writes while it runs, so refreshes are
     /// spaced at least `STATS_REFRESH_INTERVAL` and `STATS_REFRESH_SPACING_FACTOR` times
-    /// their own duration apart, on the engine clock; under load a walk longer than
-    /// `STATS_BUSY_WALK_MAX` waits at least `STATS_BUSY_LONG_WALK_INTERVAL` (SPACE-4). Between refreshes admission uses the estimate, and
-    /// apply measures exactly when the estimate says a write might not fit (SPACE-2).
+    /// their own duration apart, on the engine clock. A walk expected to take longer than
+    /// `STATS_BUSY_WALK_MAX` (a large database) runs only when the engine has been quiet for
+    /// `STATS_QUIET_MIN` and `STATS_QUIET_WALKS` walks, or under continuous writes every
+    /// `STATS_BUSY_LONG_WALK_INTERVAL`, and never while a defrag copies (SPACE-4). Between
+    /// refreshes admission uses the estimate, and apply measures exactly when the estimate
+    /// says a write might not fit (SPACE-2).
     fn refresh_stats(&mut self, idle: bool) {
         let now = self.shared.config.clock.now();
-        // A walk stalls writes for its own duration: under load, a long one waits longer.
-        let spacing = if idle || self.last_walk <= STATS_BUSY_WALK_MAX {
+        let long = if self.measured_once {
+            self.last_walk > STATS_BUSY_WALK_MAX
+        } else {
+            // Before the first walk the figure is the file length open started from.
+            self.shared.space.last_measured() > STATS_SHORT_WALK_FILE_MAX
+        };
+        if long && self.shared.defrag.running.load(Ordering::Acquire) {
+            // The swap replaces the file being walked; the copy's rows are what the writer
+            // must not wait behind.
+            return;
+        }
+        // A short walk fits any gap between batches; a long one waits for a real pause.
+        let calm = if long {
+            let quiet_for = STATS_QUIET_MIN.max(self.last_walk * STATS_QUIET_WALKS);
+            idle && self.commits.consumer_idle()
+                && now.saturating_sub(self.last_batch_at) >= quiet_for
+        } else {
+            idle
+        };
+        let spacing = if calm || !long {
             self.stats_spacing
         } else {
             self.stats_spacing.max(STATS_BUSY_LONG_WALK_INTERVAL)
         };
         let spaced = now.saturating_sub(self.last_stats_at) >= spacing;
-        // The first measurement after open comes at the first idle moment, or one spacing
+        // The first measurement after open comes at the first calm moment, or one spacing
         // after open under continuous writes.
-        let due = spaced || (idle && !self.measured_once);
+        let due = spaced || (calm && !self.measured_once);
         if self.commits_since_stats == 0 || !due {
             return;
         }
@@ -421,6 +455,7 @@ impl Applier {
             return;
         }
         let shared = self.shared.clone();
+        self.last_batch_at = shared.config.clock.now();
         let (before_current, before_applied) = (self.current, self.applied_index);
         self.batch_cost = 0;
         self.batch_measured = None;
@@ -795,7 +830,9 @@ impl Applier {
             if let Err(e) = writer.check_put(req) {
                 return Ok(Err(e));
             }
-            if let Err(e) = accounts.check_puts(&[writer.planned_put(req)?]) {
+            if accounts.checks_puts()
+                && let Err(e) = accounts.check_puts(&[writer.planned_put(req)?])
+            {
                 return Ok(Err(e));
             }
             Ok(Ok(writer.put(req)?))
@@ -1111,6 +1148,7 @@ fn apply_txn(
         return Ok(Err(e));
     }
     if !req.is_read_only()
+        && accounts.checks_puts()
         && let Err(e) = accounts.check_puts(&writer.planned_txn_puts(req, &path)?)
     {
         return Ok(Err(e));

@@ -21,10 +21,12 @@
 //! - SPACE-4: the measured figure Status and `/metrics` report (`dbSizeInUse`) is refreshed
 //!   by the apply thread busy or idle, at most every 10 s of engine time and at least 20
 //!   times the walk's own duration apart. A walk stalls writes while it runs (about 0.4 s
-//!   per GiB in use here), so under continuous writes a walk longer than 20 ms (a database
-//!   past some 50 MiB) runs at most every 5 minutes: the figure lags the truth by at most
-//!   max(10 s, 20 walks) for a small database and 5 minutes for a large one, and by at most
-//!   the spacing when writes pause.
+//!   per GiB in use here), so a walk expected to take over 20 ms (the last one did, or,
+//!   before the first, the file is past 32 MiB) runs only once the engine has been quiet
+//!   (nothing queued or in flight, no batch for max(1 s, 5 walks) of engine time), or under
+//!   continuous writes at most every 5 minutes, and never while a defrag copies: the figure
+//!   lags the truth by at most max(10 s, 20 walks) for a small database and 5 minutes (plus
+//!   a defrag's length) for a large one.
 //!
 //! Contact points: `Engine` (admission) and `engine::apply` (the exact check); `alarm` is
 //! raised on the first refusal.
