@@ -53,9 +53,9 @@ pub use clock::{Clock, MANUAL_CLOCK_EPOCH, ManualClock, SystemClock};
 pub use engine::{
     AGENT_REREGISTER_TIMEOUT_DEFAULT, AllocationPrepareQueueReplaced, ApplyStats, AutoCompaction,
     CheckReport, CommitFailpoint, CommitStep, Completion, Config, DefragFailpoint, Engine,
-    EtcdMember, EtcdRestoreSummary, EtcdSnapshotStream, OfflineDefrag, RoleQueue, SnapshotStream,
-    WriteOptions, WriteRequest, check_data_dir, defrag_data_dir, etcd_snapshot_status,
-    restore_etcd_snapshot, restore_snapshot, snapshot_summary, write_cost,
+    EtcdMember, EtcdRestoreSummary, EtcdSnapshotStream, OfflineDefrag, PreparedRange, RoleQueue,
+    SnapshotStream, WriteOptions, WriteRequest, check_data_dir, defrag_data_dir,
+    etcd_snapshot_status, restore_etcd_snapshot, restore_snapshot, snapshot_summary, write_cost,
 };
 pub use error::{AuthError, Error, Result, StorageError};
 pub use mvcc::{KeyIndex, Revision};

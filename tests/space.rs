@@ -635,7 +635,9 @@ fn a_large_database_is_walked_only_after_a_quiet_pause() {
                 })
                 .unwrap();
         }
-        let deleted = engine.delete_range(DeleteRangeRequest::prefix("big/")).unwrap();
+        let deleted = engine
+            .delete_range(DeleteRangeRequest::prefix("big/"))
+            .unwrap();
         engine
             .compact(CompactionRequest {
                 revision: deleted.header.revision,
@@ -655,11 +657,16 @@ fn a_large_database_is_walked_only_after_a_quiet_pause() {
     .unwrap();
     // Open starts from the file length; a walk would replace it with the few pages in use.
     let opened = engine.status().unwrap().db_size_in_use;
-    assert!(opened > 32 << 20, "file of {opened} bytes too small for the test");
+    assert!(
+        opened > 32 << 20,
+        "file of {opened} bytes too small for the test"
+    );
     // SPACE-4: the gaps between these writes, and the idle time after them, are pauses of
     // no engine time; a walk of a large file there would stall the next write.
     for i in 0..20 {
-        engine.put(PutRequest::new(format!("small/{i}"), "v")).unwrap();
+        engine
+            .put(PutRequest::new(format!("small/{i}"), "v"))
+            .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     std::thread::sleep(std::time::Duration::from_millis(300));

@@ -59,7 +59,7 @@ impl Kv for KvService {
             self.node
                 .quick(|e| e.auth_check_range(user.as_deref(), &req))?;
         }
-        let resp = self.node.call(move |engine| engine.range(&req)).await?;
+        let resp = self.node.range(req).await?;
         Ok(Response::new(self.node.ids.range(resp)))
     }
 

@@ -4,8 +4,10 @@
 //! Owns: the bridge from async handlers to the synchronous engine.
 //!
 //! Invariants:
-//! - NODE-1: an engine call that may block (reads: locks and disk; defrag, snapshot, hash)
-//!   runs on tokio's blocking pool ([`Node::call`]), never on a reactor thread. A write is
+//! - NODE-1: an engine call that may block for long (large reads, defrag, snapshot, hash)
+//!   runs on tokio's blocking pool ([`Node::call`]), never on a reactor thread; a Range of
+//!   at most [`RANGE_INLINE_RECORDS_MAX`] records is read on the reactor thread
+//!   ([`Node::range`]). A write is
 //!   submitted from the reactor thread ([`Node::submit`]: admission takes only short
 //!   locks and never waits) and its answer awaited there, so no thread is parked per
 //!   write in flight.
@@ -33,6 +35,11 @@ use kvd as api;
 use kvd::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 use kvd::{Completion, Engine};
 use kvd::{Error, Result};
+
+/// A Range reading at most this many records reads them on the reactor thread that took
+/// the request (NODE-1): a hop to the blocking pool and back costs two thread wake-ups,
+/// more than reading a few records from redb's cache.
+pub const RANGE_INLINE_RECORDS_MAX: usize = 1_000;
 
 /// The version kvd reports as its etcd server version (Status `version`, `/version`).
 ///
@@ -192,6 +199,22 @@ impl Node {
         let mut shutdown = self.shutdown.clone();
         // An error means the sender is gone, which also means the server is stopping.
         let _ = shutdown.wait_for(|stop| *stop).await;
+    }
+
+    /// Runs a Range (NODE-1): its keys are chosen here (short locks), and their records are
+    /// read here too when there are at most [`RANGE_INLINE_RECORDS_MAX`], else on the
+    /// blocking pool.
+    pub async fn range(
+        &self,
+        req: api::RangeRequest,
+    ) -> std::result::Result<api::RangeResponse, Status> {
+        let prepared = self.quick(|e| e.prepare_range(&req))?;
+        if prepared.records() <= RANGE_INLINE_RECORDS_MAX {
+            return prepared
+                .finish()
+                .map_err(|err| self.engine_error(&err, false));
+        }
+        self.call(move |_| prepared.finish()).await
     }
 
     /// Runs `f` against the engine on the blocking pool (NODE-1) and maps its error to

@@ -395,18 +395,64 @@ impl ReadState {
             .publish(revision, &events, |r| self.published.publish(r))
     }
 
-    /// Reads a key or a range: the read path of the module doc.
-    fn range(&self, req: &RangeRequest) -> Result<RangeResponse> {
-        let (current, plan, snapshot) = {
-            let index = crate::sync::read(&self.index);
-            // ENG-5: load the revision under the lock, after any compaction it must cover.
-            let current = self.published.load();
-            let at = read::read_revision(req.revision, current, index.compact_revision)?;
-            let plan = read::plan_range(&index, req, at);
-            // ENG-3: open the snapshot before the lock is released.
-            (current, plan, self.store.snapshot()?)
-        };
-        Ok(read::finish_range(plan, &snapshot, req, current)?)
+    /// Chooses the keys of a Range: the first half of the read path of the module doc.
+    fn prepare_range(&self, req: &RangeRequest) -> Result<PreparedRange> {
+        let index = crate::sync::read(&self.index);
+        // ENG-5: load the revision under the lock, after any compaction it must cover.
+        let current = self.published.load();
+        let at = read::read_revision(req.revision, current, index.compact_revision)?;
+        let plan = read::plan_range(&index, req, at);
+        // ENG-3: open the snapshot before the lock is released.
+        let snapshot = self.store.snapshot()?;
+        Ok(PreparedRange {
+            req: req.clone(),
+            current,
+            plan,
+            snapshot,
+        })
+    }
+}
+
+/// A Range whose keys are chosen (at its revision, under the index lock) and whose records
+/// are still to be read from the snapshot opened then ([`Engine::prepare_range`]): a caller
+/// can read a small one where it stands and hand a large one to a thread that may block.
+pub struct PreparedRange {
+    req: RangeRequest,
+    current: i64,
+    plan: read::RangePlan,
+    snapshot: crate::storage::Snapshot,
+}
+
+impl std::fmt::Debug for PreparedRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedRange")
+            .field("records", &self.records())
+            .field("revision", &self.current)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PreparedRange {
+    /// The number of records [`PreparedRange::finish`] will read (a `count_only` Range reads
+    /// none; a limited one at most its limit plus one).
+    pub fn records(&self) -> usize {
+        self.plan.records()
+    }
+
+    /// Reads the chosen records and returns the Range's answer. The caller's thread does
+    /// not wait for a file a defrag replaced to close, should this be its last reader.
+    pub fn finish(self) -> Result<RangeResponse> {
+        let PreparedRange {
+            req,
+            current,
+            plan,
+            snapshot,
+        } = self;
+        let answer = read::finish_range(plan, &snapshot, &req, current);
+        if snapshot.holds_replaced_database() {
+            snapshot.drop_in_background();
+        }
+        Ok(answer?)
     }
 }
 
@@ -448,7 +494,11 @@ impl WatchSource for ReadState {
             revision,
             ..RangeRequest::key(key.clone())
         };
-        self.range(&req).ok().and_then(|r| r.kvs.into_iter().next())
+        let prepared = self.prepare_range(&req).ok()?;
+        prepared
+            .finish()
+            .ok()
+            .and_then(|r| r.kvs.into_iter().next())
     }
 }
 
@@ -650,8 +700,25 @@ impl Engine {
     /// assert_eq!(old.kvs.len(), 1);
     /// ```
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse> {
+        self.prepare_range(req)?.finish()
+    }
+
+    /// Chooses the keys of a Range now (its revision, its snapshot) and leaves reading
+    /// their records to [`PreparedRange::finish`], wherever the caller likes: the server
+    /// reads a small Range on its own thread and a large one on a thread that may block.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// engine.put(kvd::PutRequest::new("a/1", "x")).unwrap();
+    /// let prepared = engine.prepare_range(&kvd::RangeRequest::prefix("a/")).unwrap();
+    /// engine.put(kvd::PutRequest::new("a/2", "y")).unwrap();
+    /// assert_eq!(prepared.records(), 1);
+    /// assert_eq!(prepared.finish().unwrap().count, 1);
+    /// ```
+    pub fn prepare_range(&self, req: &RangeRequest) -> Result<PreparedRange> {
         validate::check_range(req)?;
-        self.shared()?.reads.range(req)
+        self.shared()?.reads.prepare_range(req)
     }
 
     /// Writes a key (etcd's Put).

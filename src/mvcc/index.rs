@@ -145,10 +145,7 @@ impl Index {
     pub fn put(&mut self, key: &[u8], rev: Revision, cost: u32) {
         // One search, new key or not: the owned key is built before it, which costs less
         // than a second search of a large index for a new key.
-        self.keys
-            .entry(key.into())
-            .or_default()
-            .put(rev, cost);
+        self.keys.entry(key.into()).or_default().put(rev, cost);
     }
 
     /// Records a delete of `key` at `rev`. Returns false if the key was not alive.

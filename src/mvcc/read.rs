@@ -159,6 +159,13 @@ pub fn plan_range(index: &Index, req: &RangeRequest, at: i64) -> RangePlan {
     RangePlan { hits, count }
 }
 
+impl RangePlan {
+    /// The number of records the plan reads.
+    pub fn records(&self) -> usize {
+        self.hits.len()
+    }
+}
+
 fn fetches_all(req: &RangeRequest) -> bool {
     req.sort_order != SortOrder::None
         || req.min_mod_revision != 0

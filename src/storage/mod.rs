@@ -708,6 +708,13 @@ impl Snapshot {
             .spawn(move || drop(self));
     }
 
+    /// Returns true if this snapshot holds the last reference to its database, which must
+    /// then have been replaced by a defrag (the store holds the one in service): dropping
+    /// the snapshot closes that file.
+    pub fn holds_replaced_database(&self) -> bool {
+        Arc::strong_count(&self._db) == 1
+    }
+
     /// Reads the history record at `key`.
     pub fn get_history(&self, key: &RevisionKey) -> Result<Option<Vec<u8>>, StorageError> {
         self.decode_history(key, |bytes| Ok(bytes.to_vec()))
