@@ -80,7 +80,11 @@ pub fn run(shared: &Shared, step: impl Fn(DefragStep) -> Result<()>) -> Result<D
     if shared.defrag.running.swap(true, Ordering::AcqRel) {
         return Err(Error::InvalidArgument("a defrag is already running".into()));
     }
+    shared.reads.store.set_defragging(true);
     let result = copy_and_swap(shared, &step);
+    // The first batch after the swap is a checkpoint if the log ran past its usual length;
+    // the swap's durable commit left little for it to write.
+    shared.reads.store.set_defragging(false);
     shared.defrag.running.store(false, Ordering::Release);
     result
 }

@@ -197,6 +197,8 @@ struct WriteState {
     poisoned: Option<String>,
     /// Where the next batch's record goes (`wal`).
     position: LogPosition,
+    /// True while a defrag copies: the log may then use its whole file before a checkpoint.
+    defragging: bool,
     /// The epoch of this open (WAL-2).
     epoch: u64,
 }
@@ -225,9 +227,16 @@ impl Store {
             }
         }
         .map_err(|e| open_error(&path, e.into()))?;
-        let file_bytes = options.wal_file_bytes.max(wal::WAL_FILE_BYTES_MIN);
+        let checkpoint_bytes = options.wal_file_bytes.max(wal::WAL_FILE_BYTES_MIN);
+        let file_bytes = checkpoint_bytes.saturating_mul(wal::WAL_DEFRAG_ROOM_FACTOR);
         let sync = options.sync == CommitSync::Durable;
-        let (log, contents) = wal::open(dir, file_bytes, sync, options.faults.clone())?;
+        let (log, contents) = wal::open(
+            dir,
+            checkpoint_bytes,
+            file_bytes,
+            sync,
+            options.faults.clone(),
+        )?;
         let store = Store {
             db: RwLock::new(Arc::new(db)),
             row_tables: options.row_tables.clone(),
@@ -238,8 +247,10 @@ impl Store {
                 position: LogPosition {
                     next_seq: 1,
                     next_offset: 0,
+                    checkpoint_bytes,
                     file_bytes,
                 },
+                defragging: false,
                 epoch: 0,
             }),
             log,
@@ -247,13 +258,13 @@ impl Store {
             _lock: lock_file,
         };
         store.initialize(&options.row_tables)?;
-        store.replay(&contents, file_bytes)?;
+        store.replay(&contents)?;
         Ok(store)
     }
 
     /// Applies the log records redb's durable state does not hold, then starts a new epoch
     /// with the log at offset 0, in one durable commit (WAL-2, WAL-3).
-    fn replay(&self, log: &[u8], file_bytes: u64) -> Result<(), StorageError> {
+    fn replay(&self, log: &[u8]) -> Result<(), StorageError> {
         let txn = self.database().begin_write().map_err(storage_error)?;
         let (epoch, last_seq) = {
             let mut meta = txn.open_table(META).map_err(storage_error)?;
@@ -292,7 +303,7 @@ impl Store {
         state.position = LogPosition {
             next_seq: last_seq.wrapping_add(1),
             next_offset: 0,
-            file_bytes,
+            ..state.position
         };
         Ok(())
     }
@@ -368,7 +379,7 @@ impl Store {
             let ops = ops.unwrap_or_default();
             let seq = state.position.next_seq;
             let len = ops.framed_len() as u64;
-            let checkpoint = state.position.needs_checkpoint(len);
+            let checkpoint = state.position.needs_checkpoint(len, state.defragging);
             let next_offset = if checkpoint {
                 0
             } else {
@@ -393,10 +404,16 @@ impl Store {
             state.position = LogPosition {
                 next_seq: seq + 1,
                 next_offset,
-                file_bytes: state.position.file_bytes,
+                ..state.position
             };
             Ok((result, record))
         })
+    }
+
+    /// Lets the log use its whole file before the next checkpoint while a defrag copies
+    /// (`on`), or only its first `wal_file_bytes` again (`wal::WAL_DEFRAG_ROOM_FACTOR`).
+    pub fn set_defragging(&self, on: bool) {
+        lock(&self.state).defragging = on;
     }
 
     /// Returns true if log syncs are held by injected faults (tests): the engine then always
