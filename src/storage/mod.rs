@@ -228,15 +228,10 @@ impl Store {
         }
         .map_err(|e| open_error(&path, e.into()))?;
         let checkpoint_bytes = options.wal_file_bytes.max(wal::WAL_FILE_BYTES_MIN);
-        let file_bytes = checkpoint_bytes.saturating_mul(wal::WAL_DEFRAG_ROOM_FACTOR);
+        let room = checkpoint_bytes.saturating_mul(wal::WAL_DEFRAG_ROOM_FACTOR);
         let sync = options.sync == CommitSync::Durable;
-        let (log, contents) = wal::open(
-            dir,
-            checkpoint_bytes,
-            file_bytes,
-            sync,
-            options.faults.clone(),
-        )?;
+        let (log, contents, file_bytes) =
+            wal::open(dir, checkpoint_bytes, room, sync, options.faults.clone())?;
         let store = Store {
             db: RwLock::new(Arc::new(db)),
             row_tables: options.row_tables.clone(),

@@ -291,14 +291,15 @@ impl LogWriter {
 
 /// Opens `dir`'s log file, creating it filled with zeros up to `checkpoint_bytes` and
 /// allocated up to `file_bytes` (and made durable) if it is missing or shorter. Returns the
-/// writer and the file's contents for replay.
+/// writer, the file's contents for replay, and the file's length: when the filesystem cannot
+/// allocate the defrag room (full, or no `fallocate`), the log goes without it.
 pub fn open(
     dir: &Path,
     checkpoint_bytes: u64,
     file_bytes: u64,
     sync: bool,
     faults: Option<Arc<Faults>>,
-) -> Result<(LogWriter, Vec<u8>), StorageError> {
+) -> Result<(LogWriter, Vec<u8>, u64), StorageError> {
     let path = dir.join(WAL_FILE_NAME);
     let existing = match fs::read(&path) {
         Ok(bytes) => bytes,
@@ -311,13 +312,15 @@ pub fn open(
         fill_with_zeros(&file, length, checkpoint_bytes)
             .map_err(|e| io_error("fill", &path, &e))?;
     }
+    let mut usable = length.max(checkpoint_bytes);
     if length < file_bytes {
         // The defrag room: allocated, not written (no zeros to write at open), so a record
         // there can never meet a full filesystem; its first overwrite of a block changes the
         // extent's metadata, which only a defrag's batches pay.
-        fs4::FileExt::allocate(&file, file_bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| io_error("allocate", &path, &e))?;
+        if fs4::FileExt::allocate(&file, file_bytes).is_ok() {
+            usable = file_bytes;
+        }
+        file.sync_all().map_err(|e| io_error("sync", &path, &e))?;
     }
     if length < file_bytes.max(checkpoint_bytes) {
         super::defrag::sync_dir(dir)?;
@@ -328,7 +331,7 @@ pub fn open(
         faults,
         timings: super::timings::DiskTimings::default(),
     };
-    Ok((writer, existing))
+    Ok((writer, existing, usable))
 }
 
 /// Returns the records of `log` from `offset`, written in `epoch`, whose sequence numbers
