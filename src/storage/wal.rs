@@ -313,7 +313,7 @@ pub fn open(
             .map_err(|e| io_error("fill", &path, &e))?;
     }
     let mut usable = length.max(checkpoint_bytes);
-    if length < file_bytes {
+    if usable < file_bytes {
         // The defrag room: allocated, not written (no zeros to write at open), so a record
         // there can never meet a full filesystem; its first overwrite of a block changes the
         // extent's metadata, which only a defrag's batches pay.
@@ -322,7 +322,7 @@ pub fn open(
         }
         file.sync_all().map_err(|e| io_error("sync", &path, &e))?;
     }
-    if length < file_bytes.max(checkpoint_bytes) {
+    if length < usable {
         super::defrag::sync_dir(dir)?;
     }
     let writer = LogWriter {
