@@ -167,8 +167,9 @@ pub struct Config {
     pub member_id: u64,
     /// Where the filesystem guard reads the free space (statvfs unless a test drives it).
     pub free_space: Arc<dyn FreeSpace>,
-    /// Length of the write-ahead log file (at least 64 KiB); a full log makes the next batch a
-    /// checkpoint.
+    /// Length of the write-ahead log between checkpoints (at least 64 KiB): a record that
+    /// would pass it makes its batch a checkpoint, except while a defrag copies. The file is
+    /// `WAL_DEFRAG_ROOM_FACTOR` (8) times as long, the rest used only during a defrag.
     pub wal_file_bytes: u64,
     /// Makes a defrag stop at a step as if the process died there (tests only).
     pub defrag_failpoint: Option<DefragFailpoint>,
@@ -494,9 +495,8 @@ impl WatchSource for ReadState {
             revision,
             ..RangeRequest::key(key.clone())
         };
-        let prepared = self.prepare_range(&req).ok()?;
-        prepared
-            .finish()
+        self.prepare_range(&req)
+            .and_then(PreparedRange::finish)
             .ok()
             .and_then(|r| r.kvs.into_iter().next())
     }

@@ -143,9 +143,14 @@ impl Index {
 
     /// Records a Put of `key` at `rev`.
     pub fn put(&mut self, key: &[u8], rev: Revision, cost: u32) {
-        // One search, new key or not: the owned key is built before it, which costs less
-        // than a second search of a large index for a new key.
-        self.keys.entry(key.into()).or_default().put(rev, cost);
+        match self.keys.get_mut(key) {
+            Some(ki) => ki.put(rev, cost),
+            None => {
+                let mut ki = KeyIndex::new();
+                ki.put(rev, cost);
+                self.keys.insert(key.into(), ki);
+            }
+        }
     }
 
     /// Records a delete of `key` at `rev`. Returns false if the key was not alive.

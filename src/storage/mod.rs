@@ -173,7 +173,8 @@ pub struct StoreOptions {
     pub row_tables: Vec<RowTable>,
     /// Injected write failures (tests only).
     pub faults: Option<Arc<Faults>>,
-    /// Length of the write-ahead log file (`wal`).
+    /// Length of the write-ahead log between checkpoints (`wal`; the file is
+    /// `wal::WAL_DEFRAG_ROOM_FACTOR` times as long).
     pub wal_file_bytes: u64,
 }
 

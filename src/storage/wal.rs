@@ -61,15 +61,16 @@ use crate::sync::Arc;
 
 /// The name of the log file inside the data directory.
 pub const WAL_FILE_NAME: &str = "kvd.wal";
-/// Default length of the log file. A full log makes the next batch a checkpoint, so this
-/// also bounds the replay at open and redb's buffer of non-durable pages, and with it how
+/// Default length of the log between checkpoints (`wal_file_bytes`): a record that would
+/// pass it makes its batch a checkpoint (outside a defrag), so this also bounds the replay at open and redb's buffer of non-durable pages, and with it how
 /// long a checkpoint holds the apply thread: under a flood of small puts a 16 MiB log made
 /// checkpoints of 64-128 ms every 3 s, a 2 MiB one makes them 8-16 ms, several a second.
 pub const WAL_FILE_BYTES_DEFAULT: u64 = 2 << 20;
 /// The log file is this many times `wal_file_bytes` long. Past `wal_file_bytes` it is
-/// allocated but not zero-filled, and records go there only while a defrag copies: a checkpoint then would queue its
-/// `fsync` behind the copy's (measured: with checkpoints every 2 MiB of records, the median
-/// longest put during a 500 MiB defrag was 88 ms; with none during the copy, 29 ms).
+/// allocated but not zero-filled, and records go there only while a defrag copies: a
+/// checkpoint then would queue its `fsync` behind the copy's (measured: with checkpoints
+/// every 2 MiB of records, the median longest put during a 500 MiB defrag was 59-88 ms; with
+/// none during the copy, 27.6-34.5 ms).
 pub const WAL_DEFRAG_ROOM_FACTOR: u64 = 8;
 /// The smallest log file accepted.
 pub const WAL_FILE_BYTES_MIN: u64 = 64 << 10;
@@ -222,8 +223,8 @@ pub struct LogPosition {
     pub next_offset: u64,
     /// The log's length between checkpoints (`wal_file_bytes`, the zero-filled part).
     pub checkpoint_bytes: u64,
-    /// The file's length: the room past `checkpoint_bytes` is used only while a defrag
-    /// copies ([`WAL_DEFRAG_ROOM_FACTOR`]).
+    /// The file's usable length, never below `checkpoint_bytes`: the room past it is used
+    /// only while a defrag copies ([`WAL_DEFRAG_ROOM_FACTOR`]).
     pub file_bytes: u64,
 }
 
@@ -236,7 +237,7 @@ impl LogPosition {
         let end = if defragging {
             self.file_bytes
         } else {
-            self.checkpoint_bytes.min(self.file_bytes)
+            self.checkpoint_bytes
         };
         self.next_offset.saturating_add(len) > end
     }
