@@ -32,6 +32,11 @@
 //!   per turn (`server::fair_streams`), not as tasks of their own: the runtime serves
 //!   connections in turn, so a client with many calls in flight delays another client's
 //!   call by at most one turn per connection, not by all its calls.
+//! - CONN-8: each connection's task takes its turns within its role's fair share
+//!   (`server::role_turns` TURN-1..3): a connection writing for a role that has had more
+//!   of the RPC layer's time than another role with a connection waiting steps aside until
+//!   that role has had its turn, so the turns of a greedy role's many connections do not
+//!   stand between a polite role's call and the CPU.
 //!
 //! Contact points: `server::serve` runs one [`serve_listener`] per listener with a shared
 //! [`Connections`] (and the listener's [`Tls`] for `https://`); `server::authority` reports
@@ -56,6 +61,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::authority::AuthorityFix;
 use crate::fair_streams::{self, StreamExecutor};
+use crate::role_turns::{self, RoleTurns};
 use crate::tls::{ClientCertificate, Tls};
 use kvd::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 
@@ -126,6 +132,8 @@ pub struct Connections {
     started: Instant,
     /// Milliseconds since `started` of the last refusal log line, or [`NONE`].
     refusal_logged_ms: AtomicU64,
+    /// The connections' turns, fair between the roles they write for (CONN-8).
+    turns: Arc<RoleTurns>,
 }
 
 impl Connections {
@@ -137,6 +145,7 @@ impl Connections {
             refused: AtomicU64::new(0),
             started: Instant::now(),
             refusal_logged_ms: AtomicU64::new(NONE),
+            turns: RoleTurns::new(),
         }
     }
 
@@ -347,7 +356,7 @@ pub async fn serve_listener(
             slot,
             stopped.clone(),
         );
-        tasks.spawn(task);
+        tasks.spawn(role_turns::gated(&connections.turns, task));
     }
     while tasks.join_next().await.is_some() {}
 }

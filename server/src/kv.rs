@@ -30,6 +30,7 @@ use crate::pb::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
     PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
+use crate::role_turns;
 use crate::status;
 use kvd::sync::Arc;
 
@@ -78,7 +79,10 @@ impl Kv for KvService {
         };
         let resp = self
             .node
-            .submit(move |engine, done| engine.submit_put_with(req, &with, done))
+            .submit(move |engine, done| {
+                role_turns::note_owner(|| engine.owning_role(&req.key));
+                engine.submit_put_with(req, &with, done);
+            })
             .await?;
         let resp = self.node.ids.put(resp);
         self.node.drop_after_commit.check(&options, &resp)?;
@@ -103,7 +107,10 @@ impl Kv for KvService {
         };
         let resp = self
             .node
-            .submit(move |engine, done| engine.submit_delete_range_with(req, &with, done))
+            .submit(move |engine, done| {
+                role_turns::note_owner(|| engine.owning_role(&req.key));
+                engine.submit_delete_range_with(req, &with, done);
+            })
             .await?;
         let resp = self.node.ids.delete_range(resp);
         self.node.drop_after_commit.check(&options, &resp)?;
@@ -130,7 +137,10 @@ impl Kv for KvService {
         };
         let resp = self
             .node
-            .submit(move |engine, done| engine.submit_txn_with(req, &with, done))
+            .submit(move |engine, done| {
+                role_turns::note_owner(|| engine.txn_owning_role(&req));
+                engine.submit_txn_with(req, &with, done);
+            })
             .await?;
         let resp = self.node.ids.txn(resp);
         self.node.drop_after_commit.check(&options, &resp)?;

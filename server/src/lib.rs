@@ -50,6 +50,7 @@ mod operation;
 mod operator;
 pub mod pb;
 mod recovery;
+mod role_turns;
 mod single_message;
 pub mod snapshot;
 pub mod snapshot_tool;

@@ -507,6 +507,7 @@ impl Applier {
                 };
                 let inline = self.commits.consumer_idle()
                     && self.proposals.is_empty()
+                    && self.lanes.is_empty()
                     && !shared.reads.store.log_syncs_held();
                 if inline {
                     // Nothing in flight and nothing queued to overlap with: finish here, and

@@ -1026,6 +1026,29 @@ impl Engine {
         Ok(self.shared()?.prepare.roles())
     }
 
+    /// Returns the role a write whose first written key is `key` belongs to in the prepare
+    /// queue (PREP-2): the deepest role with a registry entry whose namespace prefixes the
+    /// key, else `*` (also once the engine is closed).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = kvd::Engine::open(dir.path(), kvd::Config::default()).unwrap();
+    /// assert_eq!(engine.owning_role(b"/team/k"), "*", "no registry entry yet");
+    /// ```
+    pub fn owning_role<'k>(&self, key: &'k [u8]) -> &'k str {
+        let Ok(shared) = self.shared() else {
+            return STAR_ROLE;
+        };
+        let owners = crate::sync::read(&shared.owners);
+        quota::charged_role(key, &**owners)
+    }
+
+    /// Returns the role `txn` belongs to in the prepare queue: that of its first written key
+    /// (success branch first, then failure), or `*` if it writes nothing.
+    pub fn txn_owning_role<'t>(&self, txn: &'t TxnRequest) -> &'t str {
+        proposal::first_written_in(txn).map_or(STAR_ROLE, |key| self.owning_role(key))
+    }
+
     /// Grants a lease (etcd's LeaseGrant). A TTL below the minimum is raised to it.
     ///
     /// ```

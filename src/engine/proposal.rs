@@ -416,7 +416,7 @@ impl std::fmt::Debug for Answer {
     }
 }
 
-fn first_written_in(txn: &TxnRequest) -> Option<&[u8]> {
+pub(crate) fn first_written_in(txn: &TxnRequest) -> Option<&[u8]> {
     txn.success
         .iter()
         .chain(&txn.failure)
