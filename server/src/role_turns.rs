@@ -272,6 +272,26 @@ thread_local! {
     static CURRENT: RefCell<Option<Arc<Connection>>> = const { RefCell::new(None) };
 }
 
+/// Marks `connection`'s turn as the one running on this thread until dropped (also when the
+/// poll panics).
+struct CurrentTurn {
+    previous: Option<Arc<Connection>>,
+}
+
+impl CurrentTurn {
+    fn enter(connection: &Arc<Connection>) -> CurrentTurn {
+        let previous = CURRENT.with(|c| c.replace(Some(connection.clone())));
+        CurrentTurn { previous }
+    }
+}
+
+impl Drop for CurrentTurn {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        CURRENT.with(|c| *c.borrow_mut() = previous);
+    }
+}
+
 /// Notes, for the connection whose turn is running, that it writes for the role `owner`
 /// returns (TURN-1 holds a connection by the role of its latest write). Outside a turn (a
 /// call running in a task of its own) it does nothing and does not call `owner`.
@@ -330,10 +350,11 @@ impl Future for Gated {
             role
         };
         let started = Instant::now();
-        let previous = CURRENT.with(|c| c.replace(Some(this.connection.clone())));
-        let mut inner_cx = Context::from_waker(&this.waker);
-        let polled = this.inner.as_mut().poll(&mut inner_cx);
-        CURRENT.with(|c| *c.borrow_mut() = previous);
+        let polled = {
+            let _current = CurrentTurn::enter(&this.connection);
+            let mut inner_cx = Context::from_waker(&this.waker);
+            this.inner.as_mut().poll(&mut inner_cx)
+        };
         if let Some(role) = role {
             this.connection.turns.charge(&role, started.elapsed());
         }
