@@ -13,8 +13,10 @@ if [ -x .ci/install-deps.sh ] || [ -f .ci/install-deps.sh ]; then
   bash .ci/install-deps.sh
 fi
 
-step "cargo fmt --check"
+step "cargo fmt --check (the workspace, and the loom and fuzz crates outside it)"
 cargo fmt --all -- --check
+(cd loom-tests && cargo fmt -- --check)
+(cd fuzz && cargo fmt -- --check)
 
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings

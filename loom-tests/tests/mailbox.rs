@@ -30,7 +30,12 @@ fn consumer_gets_every_item_once_in_order_without_a_lost_wake_up() {
         for p in producers {
             p.join().unwrap();
         }
-        let mine = |low: i32| got.iter().copied().filter(|i| (low..low + 9).contains(i)).collect::<Vec<_>>();
+        let mine = |low: i32| {
+            got.iter()
+                .copied()
+                .filter(|i| (low..low + 9).contains(i))
+                .collect::<Vec<_>>()
+        };
         assert_eq!(mine(1), vec![1, 2], "{got:?}");
         assert_eq!(mine(10), vec![10, 11], "{got:?}");
     });

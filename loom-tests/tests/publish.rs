@@ -26,7 +26,10 @@ fn reader_never_sees_a_revision_before_its_commit() {
         for _ in 0..2 {
             let revision = published.load();
             assert!(revision >= seen, "published revision went backwards");
-            assert!(committed.load(Ordering::Relaxed) >= revision, "revision visible before its commit");
+            assert!(
+                committed.load(Ordering::Relaxed) >= revision,
+                "revision visible before its commit"
+            );
             seen = revision;
         }
         apply.join().unwrap();
@@ -47,7 +50,8 @@ fn snapshot_opened_under_index_lock_survives_compaction() {
         let storage_version = Arc::new(AtomicI64::new(0));
         let deleted_at = Arc::new(AtomicI64::new(i64::MAX));
         let compactor = {
-            let (index, storage_version, deleted_at) = (index.clone(), storage_version.clone(), deleted_at.clone());
+            let (index, storage_version, deleted_at) =
+                (index.clone(), storage_version.clone(), deleted_at.clone());
             loom::thread::spawn(move || {
                 *index.write().unwrap() = false;
                 let next = storage_version.fetch_add(1, Ordering::AcqRel) + 1;
@@ -59,7 +63,10 @@ fn snapshot_opened_under_index_lock_survives_compaction() {
             (*guard, storage_version.load(Ordering::Acquire))
         };
         if listed {
-            assert!(snapshot < deleted_at.load(Ordering::Acquire), "record deleted under a reader's snapshot");
+            assert!(
+                snapshot < deleted_at.load(Ordering::Acquire),
+                "record deleted under a reader's snapshot"
+            );
         }
         compactor.join().unwrap();
     });

@@ -48,8 +48,14 @@ fn no_costly_write_is_applied_after_the_alarm() {
         apply(&mut applied);
         client.join().unwrap();
         apply(&mut applied);
-        let activation = applied.iter().position(|p| *p == Proposal::Activate).unwrap();
-        assert!(applied[activation..].iter().all(|p| *p != Proposal::Put), "{applied:?}");
+        let activation = applied
+            .iter()
+            .position(|p| *p == Proposal::Activate)
+            .unwrap();
+        assert!(
+            applied[activation..].iter().all(|p| *p != Proposal::Put),
+            "{applied:?}"
+        );
     });
 }
 
@@ -64,13 +70,19 @@ struct Generation {
 #[test]
 fn readers_finish_on_the_file_they_started_on() {
     loom::model(|| {
-        let current = Arc::new(RwLock::new(Arc::new(Generation { id: 1, closed: AtomicBool::new(false) })));
+        let current = Arc::new(RwLock::new(Arc::new(Generation {
+            id: 1,
+            closed: AtomicBool::new(false),
+        })));
         let swapper = {
             let current = current.clone();
             loom::thread::spawn(move || {
                 let old = std::mem::replace(
                     &mut *current.write().unwrap(),
-                    Arc::new(Generation { id: 2, closed: AtomicBool::new(false) }),
+                    Arc::new(Generation {
+                        id: 2,
+                        closed: AtomicBool::new(false),
+                    }),
                 );
                 // The old file is closed when its last holder lets go: here, if no reader
                 // holds it any more.
@@ -81,7 +93,10 @@ fn readers_finish_on_the_file_they_started_on() {
         };
         let file = current.read().unwrap().clone();
         let first = file.id;
-        assert!(!file.closed.load(Ordering::Acquire), "read from a closed file");
+        assert!(
+            !file.closed.load(Ordering::Acquire),
+            "read from a closed file"
+        );
         let second = file.id;
         assert_eq!(first, second, "one reader saw two files");
         drop(file);

@@ -32,7 +32,10 @@ fn catch_up(hub: &Mutex<HubModel>, committed: &AtomicI64) -> bool {
         (h.next_rev, h.published)
     };
     // Reading history: every revision up to the published one is committed.
-    assert!(committed.load(Ordering::Acquire) >= to, "history read beyond the commit");
+    assert!(
+        committed.load(Ordering::Acquire) >= to,
+        "history read beyond the commit"
+    );
     let mut h = hub.lock().unwrap();
     h.delivered.extend(from..=to);
     h.next_rev = to + 1;
@@ -43,7 +46,11 @@ fn catch_up(hub: &Mutex<HubModel>, committed: &AtomicI64) -> bool {
 fn every_revision_reaches_a_catching_up_watcher_exactly_once() {
     loom::model(|| {
         // Revision 1 is history; the watcher starts there, unsynced.
-        let hub = Arc::new(Mutex::new(HubModel { published: 1, next_rev: 1, ..HubModel::default() }));
+        let hub = Arc::new(Mutex::new(HubModel {
+            published: 1,
+            next_rev: 1,
+            ..HubModel::default()
+        }));
         let committed = Arc::new(AtomicI64::new(1));
         let apply = {
             let (hub, committed) = (hub.clone(), committed.clone());
@@ -68,6 +75,11 @@ fn every_revision_reaches_a_catching_up_watcher_exactly_once() {
         apply.join().unwrap();
         while !catch_up(&hub, &committed) {}
         let h = hub.lock().unwrap();
-        assert_eq!(h.delivered, vec![1, 2, 3], "lost or duplicated across the switch: {:?}", h.delivered);
+        assert_eq!(
+            h.delivered,
+            vec![1, 2, 3],
+            "lost or duplicated across the switch: {:?}",
+            h.delivered
+        );
     });
 }
