@@ -340,7 +340,8 @@ impl Future for Gated {
                     // Polled without a wake of ours (the first poll): it waits all the same.
                     this.connection.turns.want(role);
                 }
-                // Held or not, the wait ends here or in `enter`'s count.
+                // The wait is counted once (just above, or by the wake); `enter` ends it if
+                // the turn may run, else the connection stays waiting, held.
                 state.waiting = false;
                 if !this.connection.turns.enter(role, cx.waker()) {
                     state.waiting = true;
