@@ -211,9 +211,8 @@ struct ConnectionState {
 }
 
 impl Connection {
-    /// Counts the connection as waiting, once (its role known).
-    fn want(&self) {
-        let mut state = lock(&self.state);
+    /// Counts the connection as waiting, once (its role known), in its locked `state`.
+    fn want(&self, state: &mut ConnectionState) {
         if !state.waiting
             && !state.closed
             && let Some(role) = &state.role
@@ -246,8 +245,11 @@ impl Wake for Connection {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.want();
-        let task = lock(&self.state).task.clone();
+        let task = {
+            let mut state = lock(&self.state);
+            self.want(&mut state);
+            state.task.clone()
+        };
         if let Some(task) = task {
             task.wake();
         }
@@ -334,12 +336,10 @@ impl Future for Gated {
             if !state.task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
                 state.task = Some(cx.waker().clone());
             }
+            // Polled without a wake of ours (the first poll), it waits all the same.
+            this.connection.want(&mut state);
             let role = state.role.clone();
             if let Some(role) = &role {
-                if !state.waiting {
-                    // Polled without a wake of ours (the first poll): it waits all the same.
-                    this.connection.turns.want(role);
-                }
                 // The wait is counted once (just above, or by the wake); `enter` ends it if
                 // the turn may run, else the connection stays waiting, held.
                 state.waiting = false;
@@ -375,14 +375,19 @@ mod tests {
         Waker::noop().clone()
     }
 
+    /// One connection of `role` wakes, must be let through, and spends `spent`.
+    fn run_turn(turns: &RoleTurns, role: &Name, spent: Duration) {
+        turns.want(role);
+        assert!(turns.enter(role, &noop()), "TURN-1: {role} may run");
+        turns.charge(role, spent);
+    }
+
     #[test]
     fn a_lone_role_is_never_held() {
         let turns = RoleTurns::new();
         let greedy = name("greedy");
         for _ in 0..100 {
-            turns.want(&greedy);
-            assert!(turns.enter(&greedy, &noop()), "TURN-1: a lone role runs");
-            turns.charge(&greedy, Duration::from_millis(5));
+            run_turn(&turns, &greedy, Duration::from_millis(5));
         }
     }
 
@@ -391,9 +396,7 @@ mod tests {
         let turns = RoleTurns::new();
         let (greedy, polite) = (name("greedy"), name("polite"));
         for _ in 0..50 {
-            turns.want(&greedy);
-            assert!(turns.enter(&greedy, &noop()));
-            turns.charge(&greedy, Duration::from_micros(500));
+            run_turn(&turns, &greedy, Duration::from_micros(500));
         }
         // Two greedy connections queued, then a polite one wakes.
         turns.want(&greedy);
@@ -436,14 +439,10 @@ mod tests {
     fn a_pause_buys_at_most_the_credit() {
         let turns = RoleTurns::new();
         let (a, b) = (name("a"), name("b"));
-        turns.want(&b);
-        assert!(turns.enter(&b, &noop()));
-        turns.charge(&b, Duration::from_millis(1));
+        run_turn(&turns, &b, Duration::from_millis(1));
         // `b` stops; `a` runs alone for a long time.
         for _ in 0..100 {
-            turns.want(&a);
-            assert!(turns.enter(&a, &noop()));
-            turns.charge(&a, Duration::from_millis(10));
+            run_turn(&turns, &a, Duration::from_millis(10));
         }
         // `b` comes back: it runs first, but only for about the credit (TURN-2).
         turns.want(&a);
@@ -474,9 +473,7 @@ mod tests {
         let held = Waker::from(flag.clone());
         let turns = RoleTurns::new();
         let (greedy, polite) = (name("greedy"), name("polite"));
-        turns.want(&greedy);
-        assert!(turns.enter(&greedy, &noop()));
-        turns.charge(&greedy, Duration::from_millis(10));
+        run_turn(&turns, &greedy, Duration::from_millis(10));
         turns.want(&greedy);
         turns.want(&polite);
         assert!(!turns.enter(&greedy, &held));
