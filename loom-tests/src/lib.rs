@@ -13,6 +13,9 @@ pub mod publish;
 #[path = "../../src/engine/mailbox.rs"]
 pub mod mailbox;
 
+#[path = "../../src/engine/reply.rs"]
+pub mod reply;
+
 #[path = "../../src/clock.rs"]
 pub mod clock;
 

@@ -44,6 +44,7 @@ mod prepare;
 mod proposal;
 mod publish;
 mod recover;
+mod reply;
 mod snapshot;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -1774,12 +1775,9 @@ fn apply_thread_died(shared: &Shared, proposals: &Mailbox<Queued>, commits: &Mai
 /// Runs `submit` with a completion that hands the answer to this thread, and waits for it:
 /// the blocking API over the asynchronous one.
 fn wait<T: Send + 'static>(submit: impl FnOnce(Completion<T>)) -> Result<T> {
-    let (reply, answer) = crossbeam_channel::bounded(1);
-    submit(Box::new(move |result| {
-        // A caller that stopped waiting is not an error of ours.
-        let _ = reply.send(result);
-    }));
-    answer.recv().map_err(|_| Error::Closed)?
+    let (answerer, awaited) = reply::slot();
+    submit(Box::new(move |result| answerer.answer(result)));
+    awaited.wait().ok_or(Error::Closed)?
 }
 
 impl Running {
