@@ -33,7 +33,8 @@ const CHILD_DEADLINE: Duration = Duration::from_secs(60);
 
 fn main() -> ExitCode {
     match std::env::var("KVD_CRASH_CHILD").ok().as_deref() {
-        Some("writer") => child_writer(&std::env::var("KVD_CRASH_DIR").unwrap()),
+        Some("writer") => child_writer(&std::env::var("KVD_CRASH_DIR").unwrap(), CHILD_WRITERS),
+        Some("lone-writer") => child_writer(&std::env::var("KVD_CRASH_DIR").unwrap(), 1),
         Some("compactor") => child_compactor(&std::env::var("KVD_CRASH_DIR").unwrap()),
         Some(other) => panic!("unknown child mode {other}"),
         None => {
@@ -45,9 +46,17 @@ fn main() -> ExitCode {
             println!(
                 "test acknowledged_writes_survive_sigkill ... ok ({rounds} kills, {acked} acknowledged writes checked)"
             );
-            let (crashes, acked) = acknowledged_writes_survive_a_crash_at_every_commit_step(rounds);
+            let (crashes, acked) =
+                acknowledged_writes_survive_a_crash_at_every_commit_step("writer", rounds);
             println!(
                 "test acknowledged_writes_survive_a_crash_at_every_commit_step ... ok ({crashes} crashes, {acked} acknowledged writes checked)"
+            );
+            // One writer: its writes are applied and made durable in its own thread
+            // (APPLY-5), so the failpoints fire there.
+            let (crashes, acked) =
+                acknowledged_writes_survive_a_crash_at_every_commit_step("lone-writer", rounds);
+            println!(
+                "test a_lone_writers_acknowledged_writes_survive_a_crash_at_every_commit_step ... ok ({crashes} crashes, {acked} acknowledged writes checked)"
             );
             interrupted_compaction_resumes_and_equals_uninterrupted(rounds.min(4));
             println!("test interrupted_compaction_resumes_and_equals_uninterrupted ... ok");
@@ -102,9 +111,9 @@ impl Rng {
     }
 }
 
-/// The child: `CHILD_WRITERS` threads write puts and two-key txns and print an `ack` line
-/// for each acknowledged one: `put <key> <revision>` or `txn <id> <revision>`.
-fn child_writer(dir: &str) -> ExitCode {
+/// The child: `writers` threads write puts and two-key txns and print an `ack` line for
+/// each acknowledged one: `put <key> <revision>` or `txn <id> <revision>`.
+fn child_writer(dir: &str, writers: usize) -> ExitCode {
     let config = Config {
         commit_failpoint: failpoint_from_env(),
         ..config()
@@ -112,7 +121,7 @@ fn child_writer(dir: &str) -> ExitCode {
     let engine = Arc::new(Engine::open(dir, config).unwrap());
     let stdout = Arc::new(Mutex::new(std::io::stdout()));
     let epoch = std::process::id();
-    let threads: Vec<_> = (0..CHILD_WRITERS)
+    let threads: Vec<_> = (0..writers)
         .map(|t| {
             let (engine, stdout) = (engine.clone(), stdout.clone());
             std::thread::spawn(move || {
@@ -226,9 +235,13 @@ fn acknowledged_writes_survive_sigkill(rounds: usize) -> usize {
 }
 
 /// A crash (the child aborts itself) at each step of the commit protocol, at a passage
-/// drawn from a fixed seed, on one data directory: after each, every acknowledged write is
-/// there (APPLY-1, WAL-3). Returns the crashes and the acknowledged writes checked.
-fn acknowledged_writes_survive_a_crash_at_every_commit_step(rounds: usize) -> (usize, usize) {
+/// drawn from a fixed seed, on one data directory, with the child in `mode`: after each,
+/// every acknowledged write is there (APPLY-1, WAL-3). Returns the crashes and the
+/// acknowledged writes checked.
+fn acknowledged_writes_survive_a_crash_at_every_commit_step(
+    mode: &str,
+    rounds: usize,
+) -> (usize, usize) {
     const STEPS: [&str; 4] = [
         "after-apply",
         "after-log-write",
@@ -248,7 +261,7 @@ fn acknowledged_writes_survive_a_crash_at_every_commit_step(rounds: usize) -> (u
                 20 + rng.below(500)
             };
             let failpoint = format!("{step}:{nth}");
-            let lines = run_child("writer", dir.path(), Some(&failpoint), Duration::ZERO);
+            let lines = run_child(mode, dir.path(), Some(&failpoint), Duration::ZERO);
             acked.check_after_crash(dir.path(), &lines, &format!("round {round} at {failpoint}"));
             crashes += 1;
         }

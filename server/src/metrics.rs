@@ -561,6 +561,12 @@ fn kvd_apply(families: &mut Vec<MetricFamily>, apply: &kvd::ApplyStats) {
         MetricType::COUNTER,
         batches,
     ));
+    families.push(family(
+        "kvd_inline_batches_total",
+        "Write batches a lone write's caller applied and finished in its own thread.",
+        MetricType::COUNTER,
+        vec![counter(&[], value(apply.inline_batches))],
+    ));
 }
 
 fn kvd_streams(families: &mut Vec<MetricFamily>, streams: &StreamGauges) {
@@ -1029,6 +1035,7 @@ mod tests {
                 queue_depth: 7,
                 queue_capacity: 5000,
                 batch_sizes: vec![(1, 3), (2, 1)],
+                inline_batches: 2,
                 roles: vec![kvd::RoleQueue {
                     role: "greedy".into(),
                     queued: 5,
@@ -1074,6 +1081,7 @@ mod tests {
             "kvd_allocation_prepare_queue_capacity 8",
             "kvd_group_commit_batches_total{requests_at_most=\"1\"} 3",
             "kvd_group_commit_batches_total{requests_at_most=\"+Inf\"} 1",
+            "kvd_inline_batches_total 2",
             "kvd_agents{state=\"REGISTERED\"} 1",
             "kvd_agents{state=\"RECOVERED\"} 0",
             "kvd_agents{state=\"GONE\"} 1",

@@ -32,8 +32,20 @@
 //!   compaction step, a defrag step, and the size-in-use walk; it sleeps only when there is
 //!   no proposal and no compaction work.
 //!
-//! Contact points: `Engine` pushes [`Proposal`]s into a [`Mailbox`]; `mvcc::write` applies
-//! each request; `engine::commit` finishes each batch.
+//! - APPLY-5: a lone write may be applied in its caller's thread ([`apply_inline`]): only
+//!   when the apply thread sleeps with nothing queued (so the write overtakes nobody), the
+//!   last batch held one request (the load is a lone writer's, not a burst's first
+//!   arrival), nothing taken is unapplied, every batch handed over is published, no
+//!   compaction is pending, no defrag runs, and the request is neither a compaction nor a
+//!   defrag step. It then runs the same code as a batch of the apply thread, under the same
+//!   lock (`Mutex<Applier>`, which the thread releases while it sleeps), so APPLY-1..3
+//!   hold unchanged; the caller's thread makes the batch durable and answers it (the
+//!   commit thread is idle). Work between batches stays on the apply thread, which wakes
+//!   for it at least every `IDLE_WAKE_INTERVAL`.
+//!
+//! Contact points: `Engine` pushes [`Proposal`]s into a [`Mailbox`], or applies a lone
+//! write through [`apply_inline`]; `mvcc::write` applies each request; `engine::commit`
+//! finishes each batch.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -45,7 +57,7 @@ use super::auto_compact::AutoCompactor;
 use super::commit::{self, AppliedBatch, CommitStep, Committer, FailpointCounter, Handover};
 use super::defrag::{self, DefragStep};
 use super::lanes::{Lanes, Queued};
-use super::mailbox::Mailbox;
+use super::mailbox::{Mailbox, Taken};
 use super::proposal::{
     Answer, Completion, Identified, Proposal, ReconcileAnswer, ReconcileRequest,
 };
@@ -65,7 +77,7 @@ use crate::operations::reconcile::ReconcileView;
 use crate::operations::{AccountingOutcome, Digest, Lookup, Operations, Recordable};
 use crate::space;
 use crate::storage::{MetaKey, WriteBatch};
-use crate::sync::{self, Arc, Ordering};
+use crate::sync::{self, Arc, Mutex, Ordering};
 
 /// The shortest time between two refreshes of the size-in-use figure.
 const STATS_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
@@ -108,6 +120,13 @@ pub struct Applier {
     lanes: Lanes,
     /// For finishing a batch inline (`commit::finish_inline`).
     committer: Committer,
+    /// Set when the apply thread stopped (or apply panicked in a caller's thread): no
+    /// write is applied inline any more.
+    stopped: bool,
+    /// How many requests the last batch of writes held: a write is applied inline only
+    /// after a batch of one, so callers take turns with the apply thread only while the
+    /// load is a lone writer's (APPLY-5).
+    last_batch_len: usize,
     proposals: Arc<Mailbox<Queued>>,
     commits: Arc<Mailbox<Handover>>,
     /// The revision of the last applied write, committed or not.
@@ -198,6 +217,66 @@ fn unanswered<T>() -> Completion<T> {
     Box::new(|_| {})
 }
 
+/// The apply thread: runs turns until the proposal mailbox is closed and drained, then
+/// closes the commit mailbox. An unfinished compaction resumes at the next open
+/// (COMPACT-2). It sleeps in `take` without holding `applier`, so a lone write's caller
+/// can apply it meanwhile ([`apply_inline`]).
+pub fn run(applier: &Mutex<Applier>, proposals: &Mailbox<Queued>) {
+    loop {
+        let wait = sync::lock(applier).take_wait();
+        let taken = proposals.take(usize::MAX, wait);
+        if sync::lock(applier).turn(taken) {
+            break;
+        }
+    }
+    sync::lock(applier).stop();
+}
+
+/// Applies `queued` in its caller's thread, as a batch of its own finished there (APPLY-5),
+/// if the apply thread sleeps with nothing queued and nothing in flight: a lone writer then
+/// pays no thread hand-off, neither to the apply thread nor back with its answer. Returns
+/// the proposal otherwise, to be queued (`None`: applied). A panic in the apply is what a panic of the apply
+/// thread is (ENG-6): the store is poisoned and the mailbox closed.
+pub fn apply_inline(
+    applier: &Mutex<Applier>,
+    proposals: &Mailbox<Queued>,
+    queued: Queued,
+) -> Option<Queued> {
+    if !queued.proposal.may_apply_inline() || !proposals.consumer_idle() {
+        return Some(queued);
+    }
+    let Ok(mut applier) = applier.try_lock() else {
+        return Some(queued);
+    };
+    // Checked again under the lock: the apply thread may have taken a push meanwhile.
+    if !applier.ready_inline() || !proposals.consumer_idle() {
+        return Some(queued);
+    }
+    let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        applier.apply_taken(vec![queued.proposal]);
+    }));
+    applier
+        .shared
+        .stats
+        .inline_batches
+        .fetch_add(1, Ordering::Relaxed);
+    if applied.is_err() {
+        applier.stopped = true;
+        super::apply_thread_died(&applier.shared, proposals, &applier.commits);
+    }
+    None
+}
+
+impl std::fmt::Debug for Applier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Applier")
+            .field("current", &self.current)
+            .field("applied_index", &self.applied_index)
+            .field("stopped", &self.stopped)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Applier {
     /// Returns the apply state after recovery.
     pub fn new(
@@ -229,6 +308,8 @@ impl Applier {
             shared,
             lanes: Lanes::default(),
             committer,
+            stopped: false,
+            last_batch_len: 0,
             proposals,
             commits,
             current: recovered_current,
@@ -254,40 +335,61 @@ impl Applier {
         }
     }
 
-    /// Runs until the proposal mailbox is closed and drained, then closes the commit
-    /// mailbox. An unfinished compaction resumes at the next open (COMPACT-2).
-    pub fn run(mut self) {
-        loop {
-            let wait = if self.compactions.is_empty() && self.lanes.is_empty() {
-                Some(IDLE_WAKE_INTERVAL)
-            } else {
-                Some(Duration::ZERO)
-            };
-            // Everything queued goes into the lanes (at most the prepare queue's length, by
-            // PREP-1), so a batch can take from every role that has work (PREP-4).
-            let taken = self.proposals.take(usize::MAX, wait);
-            self.lanes.stage(taken.items);
-            let batch = self.lanes.next_batch(self.shared.config.batch_requests_max);
-            let idle = batch.is_empty();
-            self.apply_taken(batch);
-            if taken.closed && self.lanes.is_empty() {
-                break;
-            }
-            self.refresh_stats(idle);
-            // EDEFRAG-1: no compaction step while a defrag copies.
-            if !self.compactions.is_empty() && !self.shared.defrag.running.load(Ordering::Acquire) {
-                self.compaction_step();
-            }
-            self.expire_leases();
-            self.auto_compact();
-            self.reregister_timeout();
+    /// What the next take waits for: a proposal, or the idle timeout (lease deadlines)
+    /// when there is no work; nothing when there is.
+    fn take_wait(&self) -> Option<Duration> {
+        if self.compactions.is_empty() && self.lanes.is_empty() {
+            Some(IDLE_WAKE_INTERVAL)
+        } else {
+            Some(Duration::ZERO)
         }
+    }
+
+    /// One turn of the apply thread with what a take returned: a batch, then the work
+    /// between batches. Returns true once the mailbox is closed and drained.
+    fn turn(&mut self, taken: Taken<Queued>) -> bool {
+        // Everything queued goes into the lanes (at most the prepare queue's length, by
+        // PREP-1), so a batch can take from every role that has work (PREP-4).
+        self.lanes.stage(taken.items);
+        let batch = self.lanes.next_batch(self.shared.config.batch_requests_max);
+        let idle = batch.is_empty();
+        self.apply_taken(batch);
+        if taken.closed && self.lanes.is_empty() {
+            return true;
+        }
+        self.refresh_stats(idle);
+        // EDEFRAG-1: no compaction step while a defrag copies.
+        if !self.compactions.is_empty() && !self.shared.defrag.running.load(Ordering::Acquire) {
+            self.compaction_step();
+        }
+        self.expire_leases();
+        self.auto_compact();
+        self.reregister_timeout();
+        false
+    }
+
+    /// After the last turn: waits for the commit thread, makes one durable commit and
+    /// closes the commit mailbox; no write is applied inline after this (APPLY-5).
+    fn stop(&mut self) {
+        self.stopped = true;
         self.drain();
         // A durable commit at the end makes `kvd.redb` hold every batch on its own, so a
         // cleanly closed data directory needs no log replay (and a copy of the file is whole).
         // A poisoned store refuses it; the next open replays the log then.
         let _ = self.shared.reads.store.write(|_| Ok(()));
         self.commits.close();
+    }
+
+    /// True if a write may be applied in its caller's thread now (APPLY-5): the last batch
+    /// held one request, nothing is taken and unapplied, no compaction is pending, every
+    /// batch handed over is published, no defrag runs and the thread has not stopped.
+    fn ready_inline(&self) -> bool {
+        !self.stopped
+            && self.last_batch_len <= 1
+            && !self.undrained
+            && self.lanes.is_empty()
+            && self.compactions.is_empty()
+            && !self.shared.defrag.running.load(Ordering::Acquire)
     }
 
     /// Applies what one take returned: runs of writes as batches; a compaction starts a
@@ -456,6 +558,7 @@ impl Applier {
         }
         let shared = self.shared.clone();
         self.last_batch_at = shared.config.clock.now();
+        self.last_batch_len = proposals.len();
         let (before_current, before_applied) = (self.current, self.applied_index);
         self.batch_cost = 0;
         self.batch_measured = None;

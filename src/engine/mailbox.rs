@@ -96,11 +96,13 @@ impl<T> Mailbox<T> {
         lock(&self.state).items.is_empty()
     }
 
-    /// Returns true if the consumer sleeps with nothing queued: it has finished everything
-    /// pushed so far. Only the sole producer may act on it (nothing else can push meanwhile).
+    /// Returns true if the consumer sleeps with nothing queued and the mailbox is open: it
+    /// has finished everything pushed so far. A push may follow at once, so only a
+    /// producer that excludes the others (the sole producer, or one holding the
+    /// consumer's state) may act on it.
     pub fn consumer_idle(&self) -> bool {
         let state = lock(&self.state);
-        state.waiting && state.items.is_empty()
+        state.waiting && state.items.is_empty() && !state.closed
     }
 
     /// Takes up to `max` queued items, oldest first; if there are none, sleeps until one is

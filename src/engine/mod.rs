@@ -360,6 +360,8 @@ struct Stats {
     /// Commits of write batches, by batch size: bucket `i` counts batches of at most
     /// `2^i` requests (the last bucket takes the rest).
     batch_sizes: [AtomicU64; BATCH_SIZE_BUCKETS],
+    /// Of those, the batches applied and finished in their caller's thread (APPLY-5).
+    inline_batches: AtomicU64,
 }
 
 /// Buckets of the batch-size histogram: 1, 2, 4, ... 1024 and more.
@@ -383,6 +385,9 @@ pub struct ApplyStats {
     /// Commits by batch size: `(at most this many requests, commits)`, the last bucket
     /// open-ended.
     pub batch_sizes: Vec<(u64, u64)>,
+    /// Of those commits, the batches a lone write's caller applied and finished in its own
+    /// thread, with no hand-off to the apply thread (APPLY-5).
+    pub inline_batches: u64,
     /// The roles with writes in the queue or refused since open ([`Engine::prepare_queue`]).
     pub roles: Vec<RoleQueue>,
 }
@@ -528,6 +533,8 @@ struct Running {
     shared: Arc<Shared>,
     allocation_prepare_queue_replaced: Option<AllocationPrepareQueueReplaced>,
     proposals: Arc<Mailbox<Queued>>,
+    /// The apply state: the apply thread's, and a lone write's caller's (APPLY-5).
+    applier: Arc<Mutex<Applier>>,
     /// The role of writes without a key and of defrag steps.
     star: Name,
     apply_thread: JoinHandle<()>,
@@ -618,6 +625,7 @@ impl Engine {
             lessor: Mutex::new(recovered.lessor),
             stats: Stats {
                 batch_sizes: Default::default(),
+                inline_batches: AtomicU64::new(0),
             },
             space: SpaceTracker::new(in_use),
             alarms: Mutex::new(recovered.alarms),
@@ -649,14 +657,16 @@ impl Engine {
                 operations,
             },
         );
+        let applier = Arc::new(Mutex::new(applier));
         let apply_thread = std::thread::Builder::new()
             .name("kvd-apply".into())
             .spawn({
                 let (shared, proposals, commits) =
                     (shared.clone(), proposals.clone(), commits.clone());
+                let applier = applier.clone();
                 move || {
                     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        applier.run();
+                        apply::run(&applier, &proposals);
                     }));
                     if run.is_err() {
                         apply_thread_died(&shared, &proposals, &commits);
@@ -677,6 +687,7 @@ impl Engine {
                 shared,
                 allocation_prepare_queue_replaced,
                 proposals,
+                applier,
                 star: Name::from(STAR_ROLE),
                 apply_thread,
                 commit_thread,
@@ -1010,6 +1021,7 @@ impl Engine {
             queue_depth: running.shared.prepare.depth(),
             queue_capacity: running.shared.prepare.capacity(),
             batch_sizes,
+            inline_batches: running.shared.stats.inline_batches.load(Ordering::Relaxed),
             roles: running.shared.prepare.roles(),
         })
     }
@@ -1731,7 +1743,12 @@ impl Engine {
         if proposal.encoded_len() > shared.config.max_request_bytes {
             return proposal.refuse(Error::RequestTooLarge);
         }
-        if let Err(queued) = running.proposals.push(Queued { role, proposal }) {
+        let queued = Queued { role, proposal };
+        // APPLY-5: a lone write is applied and answered here, without a thread hand-off.
+        let Some(queued) = apply::apply_inline(&running.applier, &running.proposals, queued) else {
+            return;
+        };
+        if let Err(queued) = running.proposals.push(queued) {
             queued.proposal.refuse(Error::Closed);
         }
     }

@@ -368,6 +368,12 @@ impl Proposal {
             _ => false,
         }
     }
+
+    /// True if the proposal may be applied in its caller's thread (APPLY-5): anything but
+    /// a compaction and a defrag step, which need a barrier first (APPLY-2).
+    pub fn may_apply_inline(&self) -> bool {
+        !self.is_compaction() && !matches!(self, Proposal::Defrag(_))
+    }
 }
 
 /// A result waiting for the commit that holds it, with the completion it goes to.
