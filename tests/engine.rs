@@ -820,7 +820,37 @@ fn a_lone_writer_is_applied_and_answered_in_its_own_thread() {
         (1..=20).contains(&stats.inline_batches),
         "the apply thread slept between the writes, so callers applied them: {stats:?}"
     );
+    // After a burst of concurrent writers, whose batches went to the commit thread, a lone
+    // writer is applied in its own thread again.
+    let engine = std::sync::Arc::new(engine);
+    let writers: Vec<_> = (0..8)
+        .map(|t| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                for i in 0..50 {
+                    put(&engine, &format!("burst/{t}/{i}"), "v");
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    let before = engine.apply_stats().unwrap().inline_batches;
+    for i in 0..20 {
+        put(&engine, &format!("after/{i}"), "v");
+    }
+    let after = engine.apply_stats().unwrap().inline_batches;
+    assert!(
+        after > before,
+        "inline again after the burst: {before} -> {after}"
+    );
+    let engine = std::sync::Arc::into_inner(engine).unwrap();
     engine.close().unwrap();
     let engine = open(&dir);
     assert_eq!(engine.range(&RangeRequest::prefix("k")).unwrap().count, 20);
+    assert_eq!(
+        engine.range(&RangeRequest::prefix("burst/")).unwrap().count,
+        400
+    );
 }

@@ -381,12 +381,13 @@ impl Applier {
     }
 
     /// True if a write may be applied in its caller's thread now (APPLY-5): the last batch
-    /// held one request, nothing is taken and unapplied, no compaction is pending, every
-    /// batch handed over is published, no defrag runs and the thread has not stopped.
+    /// held one request, the commit thread sleeps with nothing handed over (so every batch
+    /// handed over is published), nothing is taken and unapplied, no compaction is pending,
+    /// no defrag runs and the thread has not stopped.
     fn ready_inline(&self) -> bool {
         !self.stopped
             && self.last_batch_len <= 1
-            && !self.undrained
+            && self.commits.consumer_idle()
             && self.lanes.is_empty()
             && self.compactions.is_empty()
             && !self.shared.defrag.running.load(Ordering::Acquire)
