@@ -35,13 +35,14 @@
 //! - APPLY-5: a lone write may be applied in its caller's thread ([`apply_inline`]): only
 //!   when the apply thread sleeps with nothing queued (so the write overtakes nobody), the
 //!   last batch held one request (the load is a lone writer's, not a burst's first
-//!   arrival), nothing taken is unapplied, every batch handed over is published, no
-//!   compaction is pending, no defrag runs, and the request is neither a compaction nor a
-//!   defrag step. It then runs the same code as a batch of the apply thread, under the same
-//!   lock (`Mutex<Applier>`, which the thread releases while it sleeps), so APPLY-1..3
-//!   hold unchanged; the caller's thread makes the batch durable and answers it (the
-//!   commit thread is idle). Work between batches stays on the apply thread, which wakes
-//!   for it at least every `IDLE_WAKE_INTERVAL`.
+//!   arrival), nothing taken is unapplied, the commit thread sleeps with nothing handed
+//!   over (every batch before is published), no compaction is pending, no defrag runs,
+//!   and the request is neither a compaction nor a defrag step. It then runs the same
+//!   code as a batch of the apply thread, under the same lock (`Mutex<Applier>`, which
+//!   the thread releases while it sleeps), so APPLY-1..3 hold unchanged; the caller's
+//!   thread makes the batch durable and answers it (the commit thread is idle). Work
+//!   between batches stays on the apply thread, which wakes for it at least every
+//!   `IDLE_WAKE_INTERVAL`.
 //!
 //! Contact points: `Engine` pushes [`Proposal`]s into a [`Mailbox`], or applies a lone
 //! write through [`apply_inline`]; `mvcc::write` applies each request; `engine::commit`
