@@ -752,9 +752,12 @@ impl Engine {
         wait(|done| self.submit_put_with(req, options, done))
     }
 
-    /// Submits a Put and returns at once; `done` receives the answer once the commit that
-    /// holds it is durable, or the refusal (from this thread, before this returns, for a
-    /// refusal at admission). `done` must not block: it runs on the engine's commit thread.
+    /// Submits a Put without waiting for the engine's threads; `done` receives the answer
+    /// once the commit that holds it is durable, or the refusal (from this thread, before
+    /// this returns, for a refusal at admission). A lone write, with nothing else queued or
+    /// in flight, is applied, made durable and answered in this thread before this returns
+    /// (APPLY-5); otherwise this returns at once. `done` must not block: it runs on one of
+    /// the engine's threads or in this one.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();

@@ -32,8 +32,9 @@ use crate::operations::digest::digest;
 use crate::operations::reconcile::{OperationQuery, OperationStatus};
 use crate::space;
 
-/// Receives the result of one write. Called exactly once (PROP-1), on the engine's commit
-/// thread or in the caller's thread for a refusal at admission: it must not block.
+/// Receives the result of one write. Called exactly once (PROP-1): on the engine's commit or
+/// apply thread, or in the caller's thread for a refusal at admission and for a lone write
+/// applied there (APPLY-5). It must not block, and must not wait for another write.
 pub type Completion<T> = Box<dyn FnOnce(Result<T>) + Send + 'static>;
 
 /// Any write the apply thread executes, as plain data: the unit of the request-size limit
