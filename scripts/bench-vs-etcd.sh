@@ -8,6 +8,7 @@
 # Rounds are interleaved: odd rounds run etcd first, even rounds run kvd first.
 # Per run it records throughput, p99 latency, the server's CPU time (utime+stime
 # from /proc/PID/stat, read just before and just after the workload) per operation,
+# the benchmark client's own CPU time per operation (bash's `times` for reaped children),
 # and the load average (`uptime`) just before the run. At the end it prints, per
 # workload, the medians over the rounds for etcd and kvd and the ratios kvd/etcd.
 #
@@ -140,6 +141,7 @@ OUT_DIR=$(cd "$OUT_DIR" && pwd)
 RAW=$OUT_DIR/runs.tsv
 SUMMARY=$OUT_DIR/summary.txt
 HELPER=$OUT_DIR/helper.py
+TIMES_FILE=$OUT_DIR/times.txt
 
 # --- python helper: free ports, parsing, summary --------------------------------------
 cat >"$HELPER" <<'PY'
@@ -200,11 +202,13 @@ def summary(raw, workloads):
     num = lambda v: None if v in ("", "NA", "-") else float(v)
     out = []
     out.append("Medians over rounds (ok runs only). throughput: req/s (watch: events delivered/s);")
-    out.append("p99: ms; cpu/op: server CPU (user+sys) in microseconds per request (watch: per event).")
+    out.append("p99: ms; cpu/op: server CPU (user+sys) in microseconds per request (watch: per event);")
+    out.append("client cpu/op: the benchmark process's CPU (user+sys) per request, against each server.")
     out.append("")
-    hdr = "%-8s %-4s | %12s %12s %8s | %9s %9s %8s | %9s %9s %8s | %s" % (
+    hdr = "%-8s %-4s | %12s %12s %8s | %9s %9s %8s | %9s %9s %8s | %10s %10s | %s" % (
         "workload", "ok", "etcd req/s", "kvd req/s", "kvd/etcd",
-        "etcd p99", "kvd p99", "kvd/etcd", "etcd cpu", "kvd cpu", "kvd/etcd", "load1 min..max")
+        "etcd p99", "kvd p99", "kvd/etcd", "etcd cpu", "kvd cpu", "kvd/etcd",
+        "client(e)", "client(k)", "load1 min..max")
     out.append(hdr)
     out.append("-" * len(hdr))
     loads_all = []
@@ -216,11 +220,12 @@ def summary(raw, workloads):
         n = {s: len([r for r in rs if r["server"] == s]) for s in ("etcd", "kvd")}
         m = {}
         for s in ("etcd", "kvd"):
-            m[s] = {k: med([num(r[k]) for r in ok[s]]) for k in ("throughput", "p99_ms", "cpu_us_per_op")}
+            m[s] = {k: med([num(r[k]) for r in ok[s]])
+                    for k in ("throughput", "p99_ms", "cpu_us_per_op", "client_cpu_us_per_op")}
         loads = [num(r["load1"]) for r in rs if num(r["load1"]) is not None]
         loads_all += loads
         okstr = "%d/%d" % (len(ok["etcd"]) + len(ok["kvd"]), n["etcd"] + n["kvd"])
-        out.append("%-8s %-4s | %12s %12s %8s | %9s %9s %8s | %9s %9s %8s | %s" % (
+        out.append("%-8s %-4s | %12s %12s %8s | %9s %9s %8s | %9s %9s %8s | %10s %10s | %s" % (
             w, okstr,
             fmt(m["etcd"]["throughput"], 1), fmt(m["kvd"]["throughput"], 1),
             ratio(m["kvd"]["throughput"], m["etcd"]["throughput"]),
@@ -228,6 +233,7 @@ def summary(raw, workloads):
             ratio(m["kvd"]["p99_ms"], m["etcd"]["p99_ms"]),
             fmt(m["etcd"]["cpu_us_per_op"], 1), fmt(m["kvd"]["cpu_us_per_op"], 1),
             ratio(m["kvd"]["cpu_us_per_op"], m["etcd"]["cpu_us_per_op"]),
+            fmt(m["etcd"]["client_cpu_us_per_op"], 1), fmt(m["kvd"]["client_cpu_us_per_op"], 1),
             ("%.2f..%.2f" % (min(loads), max(loads))) if loads else "-"))
     out.append("")
     if loads_all:
@@ -270,6 +276,23 @@ cpu_ticks() {
   st=${st##*) }                 # drop "pid (comm) "; field 3 (state) comes first
   read -r -a f <<<"$st"
   echo $((f[11] + f[12]))
+}
+
+# children_cpu_us: user+sys CPU of this shell's reaped children so far, in microseconds,
+# from bash's `times`, which must run in this shell (in a command substitution it would
+# report the subshell's children): it writes to $TIMES_FILE, read here. Read just before
+# the benchmark starts and just after it is waited for, with no other child reaped in
+# between, the difference is the client's CPU.
+children_cpu_us() {
+  local user sys
+  times >"$TIMES_FILE"
+  read -r user sys < <(tail -n 1 "$TIMES_FILE")
+  python3 -c '
+import re, sys
+def us(t):
+    m = re.fullmatch(r"(\d+)m([\d.]+)s", t)
+    return int(m.group(1)) * 60_000_000 + round(float(m.group(2)) * 1e6)
+print(us(sys.argv[1]) + us(sys.argv[2]))' "$user" "$sys"
 }
 
 stop_server() {
@@ -430,7 +453,7 @@ if ! "$ETCD_BIN" --version 2>&1 | grep -q '3\.4\.23'; then
 fi
 log "results in $OUT_DIR"
 
-printf 'time\tserver\tworkload\tround\torder\tops\tthroughput\tp99_ms\tcpu_ticks\tcpu_us_per_op\tload1\tload5\tload15\tstatus\n' >"$RAW"
+printf 'time\tserver\tworkload\tround\torder\tops\tthroughput\tp99_ms\tcpu_ticks\tcpu_us_per_op\tclient_cpu_us_per_op\tload1\tload5\tload15\tstatus\n' >"$RAW"
 
 # --- main loop --------------------------------------------------------------------------
 FAILED=()
@@ -459,7 +482,7 @@ settle_load() {
 run_one() {
   local server=$1 w=$2 round=$3 order=$4
   local tag="$w-r$round-$server" slog blog up load1 load5 load15 c0 c1 res rc died timed_out t0
-  local status=ok tput=NA p99=NA ticks=NA cpu=NA
+  local status=ok tput=NA p99=NA ticks=NA cpu=NA client_cpu=NA k0 k1
   slog=$OUT_DIR/logs/$tag.server.log
   blog=$OUT_DIR/logs/$tag.bench.log
   settle_load
@@ -481,6 +504,8 @@ run_one() {
       printf '%q ' "$ETCD_BENCHMARK" "${BENCH[@]}" >>"$blog"; echo >>"$blog"
       log "  $(basename "$ETCD_BENCHMARK") ${BENCH[*]}"
       c0=$(cpu_ticks "$SERVER_PID") || c0=0
+      children_cpu_us >"$TIMES_FILE.k0"
+      read -r k0 <"$TIMES_FILE.k0"
       rc=0
       # In the background, watched: a signal to this script is acted on at once, and a
       # server that dies mid-run ends the run (the benchmark's clients would retry forever).
@@ -501,6 +526,9 @@ run_one() {
         rc=1
       else
         wait "$BENCH_PID" || rc=$?
+        children_cpu_us >"$TIMES_FILE.k1"
+        read -r k1 <"$TIMES_FILE.k1"
+        client_cpu=$(python3 -c "print('%.2f' % (($k1 - $k0) / $OPS))")
       fi
       BENCH_PID=
       c1=
@@ -523,14 +551,14 @@ run_one() {
         read -r tput p99 <<<"$res"
         ticks=$((c1 - c0))
         cpu=$(python3 -c "print('%.2f' % ($ticks * 1e6 / $CLK_TCK / $OPS))")
-        log "  -> $tput/s, p99 ${p99} ms, server CPU $ticks ticks = $cpu us/op over $OPS ops"
+        log "  -> $tput/s, p99 ${p99} ms, server CPU $ticks ticks = $cpu us/op, client CPU $client_cpu us/op over $OPS ops"
       fi
     fi
     stop_server
   fi
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
     "$(date -u +%H:%M:%S)" "$server" "$w" "$round" "$order" "$OPS" "$tput" "$p99" "$ticks" "$cpu" \
-    "$load1" "$load5" "$load15" "$status" >>"$RAW"
+    "$client_cpu" "$load1" "$load5" "$load15" "$status" >>"$RAW"
   if [[ $status != ok ]]; then
     FAILED+=("$w/$server/round$round: $status")
     if [[ $FAIL_FAST == 1 ]]; then
