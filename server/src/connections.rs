@@ -55,12 +55,12 @@ use hyper::body::Incoming;
 use hyper::service::Service;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::authority::AuthorityFix;
 use crate::fair_streams::{self, StreamExecutor};
+use crate::http::{Answer, ClientPort};
 use crate::role_turns::{self, RoleTurns};
 use crate::tls::{ClientCertificate, Tls};
 use kvd::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
@@ -323,7 +323,7 @@ fn millis(duration: Duration) -> u64 {
 pub async fn serve_listener(
     listener: TcpListener,
     tls: Option<Arc<Tls>>,
-    router: axum::Router,
+    port: ClientPort,
     connections: Arc<Connections>,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -351,7 +351,7 @@ pub async fn serve_listener(
         let task = serve_accepted(
             stream,
             tls.clone(),
-            router.clone(),
+            port.clone(),
             connections.clone(),
             slot,
             stopped.clone(),
@@ -396,7 +396,7 @@ fn refuse(stream: &TcpStream, max_connections: usize) {
 async fn serve_accepted(
     stream: TcpStream,
     tls: Option<Arc<Tls>>,
-    router: axum::Router,
+    port: ClientPort,
     connections: Arc<Connections>,
     slot: Slot,
     mut stopped: tokio::sync::watch::Receiver<bool>,
@@ -407,7 +407,7 @@ async fn serve_accepted(
         tracing::debug!(error = %e, "could not set TCP_NODELAY");
     }
     let Some(tls) = tls else {
-        serve_connection(stream, None, router, connections, slot, stopped).await;
+        serve_connection(stream, None, port, connections, slot, stopped).await;
         return;
     };
     let peer = stream.peer_addr().ok();
@@ -426,7 +426,7 @@ async fn serve_accepted(
                     "TLS client certificate verified"
                 );
             }
-            serve_connection(stream, certificate, router, connections, slot, stopped).await;
+            serve_connection(stream, certificate, port, connections, slot, stopped).await;
         }
         // A client refused at the handshake (no or a foreign certificate, plain text on
         // a TLS port) is routine; the log's debug level shows each one.
@@ -444,7 +444,7 @@ async fn serve_accepted(
 async fn serve_connection<S>(
     stream: S,
     certificate: Option<ClientCertificate>,
-    router: axum::Router,
+    port: ClientPort,
     connections: Arc<Connections>,
     slot: Slot,
     mut stopped: tokio::sync::watch::Receiver<bool>,
@@ -454,7 +454,7 @@ async fn serve_connection<S>(
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(AuthorityFix::watched(stream, activity.clone()));
     let service = Tracked {
-        inner: TowerToHyperService::new(router),
+        port,
         activity: activity.clone(),
         certificate,
     };
@@ -501,22 +501,20 @@ async fn serve_connection<S>(
     drop(slot);
 }
 
-/// The router, counting each request as open until its response body is done (CONN-3),
-/// and giving each request the connection's client certificate (CONN-6).
+/// The client port, counting each request as open until its response body is done
+/// (CONN-3), and giving each request the connection's client certificate (CONN-6). A
+/// request with a gRPC content type goes straight to the gRPC services (HTTP-6).
 #[derive(Debug, Clone)]
 struct Tracked {
-    inner: TowerToHyperService<axum::Router>,
+    port: ClientPort,
     activity: Arc<Activity>,
     certificate: Option<ClientCertificate>,
 }
 
-type ResponseFuture =
-    Pin<Box<dyn std::future::Future<Output = Result<Response<Body>, Infallible>> + Send>>;
-
 impl Service<Request<Incoming>> for Tracked {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = ResponseFuture;
+    type Future = Answer;
 
     fn call(&self, mut request: Request<Incoming>) -> Self::Future {
         if let Some(certificate) = &self.certificate {
@@ -524,7 +522,7 @@ impl Service<Request<Incoming>> for Tracked {
         }
         let open = OpenRequest::new(self.activity.clone());
         let streamed = STREAMED_PATHS.contains(&request.uri().path());
-        let answer = self.inner.call(request);
+        let answer = self.port.answer(request);
         if streamed {
             return Box::pin(streamed_call(answer, open));
         }

@@ -19,18 +19,30 @@
 //!   plain 404.
 //! - HTTP-5: the body of a gRPC request to a method that takes one message passes through
 //!   `server::single_message` (ONE-1), so a second message is an `INTERNAL` error.
+//! - HTTP-6: a request with a gRPC content type goes straight to the gRPC services
+//!   ([`ClientPort::answer`]): counted, timed and wrapped by [`track`] and nothing else. Every
+//!   other request goes to the router of the HTTP routes, behind the CORS layer; its routes
+//!   include the gRPC services too, so a gRPC path asked without the gRPC content type is
+//!   refused by tonic as before. (axum's middleware on every gRPC call cost about 7 % of the
+//!   server's CPU per put under etcd's 64-client benchmark: docs/benchmarks-server.md.)
 //!
 //! Contact points: `server::run` serves this router; the gRPC services live in `kv.rs`,
 //! `lease.rs`, `watch.rs`, `maintenance.rs`, `cluster.rs` and `auth.rs`.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{RawQuery, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use hyper::body::Incoming;
+use hyper::service::Service as _;
+use hyper_util::service::TowerToHyperService;
 use tonic::service::Routes;
 use tonic::{Code, Status};
 
@@ -67,8 +79,35 @@ struct Shared {
     connections: Arc<Connections>,
 }
 
-/// Returns the router of the client port. `max_receive_bytes` is the gRPC receive limit
-/// (etcd: `--max-request-bytes` + 512 KiB); `cors` the origins `--cors` allows.
+/// The client port's two ways in (HTTP-6): the gRPC services alone, for requests with a
+/// gRPC content type, and the router of everything, behind the CORS layer, for the rest.
+#[derive(Debug, Clone)]
+pub struct ClientPort {
+    grpc: TowerToHyperService<axum::Router>,
+    http: TowerToHyperService<axum::Router>,
+    shared: Arc<Shared>,
+}
+
+/// A request's answer on the client port.
+pub type Answer = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+impl ClientPort {
+    /// Answers `request`: one with a gRPC content type is counted, timed and logged, its
+    /// body held to one message where the method takes one, and tonic's oversize status
+    /// rewritten as etcd's (HTTP-1, HTTP-2, HTTP-5); any other goes to the HTTP routes.
+    pub fn answer(&self, request: Request<Incoming>) -> Answer {
+        if !has_grpc_content_type(request.headers()) {
+            return Box::pin(self.http.call(request));
+        }
+        let shared = self.shared.clone();
+        let grpc = self.grpc.clone();
+        let request = request.map(Body::new);
+        Box::pin(async move { Ok(track(&shared, request, |request| grpc.call(request)).await) })
+    }
+}
+
+/// Returns the client port. `max_receive_bytes` is the gRPC receive limit (etcd:
+/// `--max-request-bytes` + 512 KiB); `cors` the origins `--cors` allows.
 pub fn router(
     node: Arc<Node>,
     metrics: Arc<Metrics>,
@@ -76,7 +115,7 @@ pub fn router(
     snapshots: Arc<Snapshots>,
     max_receive_bytes: usize,
     cors: Cors,
-) -> axum::Router {
+) -> ClientPort {
     let shared = Shared {
         node: node.clone(),
         metrics: metrics.clone(),
@@ -105,7 +144,8 @@ pub fn router(
     .add_service(
         LeaseServer::new(LeaseService::new(node)).max_decoding_message_size(max_receive_bytes),
     );
-    routes
+    let grpc = routes.clone().into_axum_router().fallback(fallback);
+    let http = routes
         .into_axum_router()
         .route("/health", get(health).with_state(shared.clone()))
         .route("/version", get(version))
@@ -120,25 +160,33 @@ pub fn router(
         )
         .merge(gateway)
         .fallback(fallback)
-        .layer(middleware::from_fn_with_state(shared, track))
-        .layer(middleware::from_fn_with_state(Arc::new(cors), cors::cors))
+        .layer(middleware::from_fn_with_state(Arc::new(cors), cors::cors));
+    ClientPort {
+        grpc: TowerToHyperService::new(grpc),
+        http: TowerToHyperService::new(http),
+        shared: Arc::new(shared),
+    }
 }
 
 /// Returns true for a gRPC request (content type `application/grpc` or a subtype).
 pub(crate) fn is_grpc(request: &Request) -> bool {
-    request
-        .headers()
+    has_grpc_content_type(request.headers())
+}
+
+/// Returns true if `headers` name a gRPC content type (`application/grpc` or a subtype).
+pub(crate) fn has_grpc_content_type(headers: &header::HeaderMap) -> bool {
+    headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/grpc"))
 }
 
-/// Counts, times and logs every gRPC request (HTTP-1), and gives an oversized message
-/// etcd's answer (HTTP-2).
-async fn track(State(shared): State<Shared>, request: Request, next: Next) -> Response {
-    if !is_grpc(&request) {
-        return next.run(request).await;
-    }
+/// Runs a gRPC request through `call` (the gRPC services), counting, timing and logging it
+/// (HTTP-1), and gives an oversized message etcd's answer (HTTP-2).
+async fn track<F>(shared: &Shared, request: Request, call: impl FnOnce(Request) -> F) -> Response
+where
+    F: Future<Output = Result<Response, Infallible>>,
+{
     let path = request.uri().path().to_owned();
     // ONE-1: a method that takes one request message refuses a second.
     let request = if single_message::is_client_streaming(&path) {
@@ -148,7 +196,10 @@ async fn track(State(shared): State<Shared>, request: Request, next: Next) -> Re
     };
     shared.metrics.start(&path);
     let started = Instant::now();
-    let response = next.run(request).await;
+    let response = match call(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    };
     let response = match Status::from_header_map(response.headers()) {
         Some(status) => match etcd_oversize_status(&status) {
             Some(rewritten) => rewritten.into_http::<Body>(),

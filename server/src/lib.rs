@@ -437,7 +437,7 @@ async fn serve(
         tokio::spawn(drift::check_periodically(node.clone(), interval));
     }
     let connections = Arc::new(Connections::new(config.connections));
-    let router = http::router(
+    let port = http::router(
         node,
         Arc::new(Metrics::new()),
         connections.clone(),
@@ -454,7 +454,7 @@ async fn serve(
         let task = serve_listener(
             listener,
             tls,
-            router.clone(),
+            port.clone(),
             connections.clone(),
             stopped.clone(),
         );

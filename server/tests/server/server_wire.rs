@@ -361,6 +361,57 @@ async fn unserved_rpcs_say_what_is_missing() {
     assert_serving(&mut KvClient::new(channel)).await;
 }
 
+/// HTTP-6: a request with a gRPC content type goes straight to the gRPC services, without
+/// the HTTP routes' CORS layer; a gRPC path asked with another content type goes through
+/// the HTTP routes (CORS headers) and is still answered by tonic, not by the 404 fallback.
+#[tokio::test]
+async fn grpc_calls_skip_the_http_layers_and_other_content_types_reach_tonic_through_them() {
+    let server = common::start_kvd(&[]);
+    let mut kv = KvClient::new(connect(&server.endpoint).await);
+    let mut request = tonic::Request::new(range("k"));
+    request
+        .metadata_mut()
+        .insert("origin", "http://example.test".parse().unwrap());
+    let answer = kv.range(request).await.unwrap();
+    assert!(
+        answer
+            .metadata()
+            .get("access-control-allow-origin")
+            .is_none(),
+        "a gRPC answer got CORS headers: {:?}",
+        answer.metadata()
+    );
+
+    let host = server.endpoint.trim_start_matches("http://").to_owned();
+    let head = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&host).unwrap();
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            stream,
+            "POST /etcdserverpb.KV/Range HTTP/1.1\r\nHost: {host}\r\nOrigin: http://example.test\r\n\
+             Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response.to_ascii_lowercase()
+    })
+    .await
+    .unwrap();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(
+        head.contains("grpc-status:"),
+        "tonic did not answer: {head}"
+    );
+    assert!(
+        head.contains("access-control-allow-origin:"),
+        "the HTTP routes' CORS layer did not run: {head}"
+    );
+}
+
 #[tokio::test]
 async fn unknown_methods_are_unimplemented() {
     let server = common::start_kvd(&[]);
