@@ -8,7 +8,7 @@
 # Rounds are interleaved: odd rounds run etcd first, even rounds run kvd first.
 # Per run it records throughput, p99 latency, the server's CPU time (utime+stime
 # from /proc/PID/stat, read just before and just after the workload) per operation,
-# the benchmark client's own CPU time per operation (bash's `times` for reaped children),
+# the benchmark client's own CPU time per operation (bash's `times` for the reaped child),
 # and the load average (`uptime`) just before the run. At the end it prints, per
 # workload, the medians over the rounds for etcd and kvd and the ratios kvd/etcd.
 #
@@ -278,22 +278,39 @@ cpu_ticks() {
   echo $((f[11] + f[12]))
 }
 
-# children_cpu_us: user+sys CPU of this shell's reaped children so far, in microseconds,
-# from bash's `times`, which must run in this shell (in a command substitution it would
-# report the subshell's children): it writes to $TIMES_FILE, read here. Read just before
-# the benchmark starts and just after it is waited for, with no other child reaped in
-# between, the difference is the client's CPU.
+# children_cpu_us: sets CHILDREN_CPU_US to the user+sys CPU of this shell's reaped children
+# so far, in microseconds, from bash's `times`, which must run in this shell (in a command
+# substitution it would report the subshell's children). It starts no process itself, so
+# read just before the benchmark starts and just after it is waited for, the difference is
+# the benchmark's own CPU: nothing else is reaped in between (the watch loop waits with
+# `nap`, not `sleep`).
 children_cpu_us() {
-  local user sys
+  local _line user sys
   times >"$TIMES_FILE"
-  read -r user sys < <(tail -n 1 "$TIMES_FILE")
-  python3 -c '
-import re, sys
-def us(t):
-    m = re.fullmatch(r"(\d+)m([\d.]+)s", t)
-    return int(m.group(1)) * 60_000_000 + round(float(m.group(2)) * 1e6)
-print(us(sys.argv[1]) + us(sys.argv[2]))' "$user" "$sys"
+  { read -r _line; read -r user sys; } <"$TIMES_FILE"
+  times_us user "$user"
+  times_us sys "$sys"
+  CHILDREN_CPU_US=$((user + sys))
 }
+
+# times_us VAR T: sets VAR to bash's `times` figure T (`1m2.345s`) in microseconds.
+times_us() {
+  local -n into=$1
+  local t=$2 minutes seconds whole fraction
+  minutes=${t%%m*}
+  seconds=${t#*m}
+  seconds=${seconds%s}
+  whole=${seconds%%.*}
+  fraction=
+  [[ $seconds != *.* ]] || fraction=${seconds#*.}
+  fraction=${fraction}000000
+  into=$(((10#$minutes * 60 + 10#$whole) * 1000000 + 10#${fraction:0:6}))
+}
+
+# nap SECONDS: waits without starting a process (a read with a timeout on a pipe nothing
+# writes to), so the wait is not counted among the children's CPU.
+exec {NAP_FD}<> <(:)
+nap() { read -r -t "$1" -u "$NAP_FD" _ || true; }
 
 stop_server() {
   [[ -n $SERVER_PID ]] || return 0
@@ -504,8 +521,8 @@ run_one() {
       printf '%q ' "$ETCD_BENCHMARK" "${BENCH[@]}" >>"$blog"; echo >>"$blog"
       log "  $(basename "$ETCD_BENCHMARK") ${BENCH[*]}"
       c0=$(cpu_ticks "$SERVER_PID") || c0=0
-      children_cpu_us >"$TIMES_FILE.k0"
-      read -r k0 <"$TIMES_FILE.k0"
+      children_cpu_us
+      k0=$CHILDREN_CPU_US
       rc=0
       # In the background, watched: a signal to this script is acted on at once, and a
       # server that dies mid-run ends the run (the benchmark's clients would retry forever).
@@ -519,15 +536,15 @@ run_one() {
         if ((SECONDS - t0 >= RUN_TIMEOUT)); then
           timed_out=1; break
         fi
-        sleep 0.2
+        nap 0.2
       done
       if ((died || timed_out)); then
         stop_bench
         rc=1
       else
         wait "$BENCH_PID" || rc=$?
-        children_cpu_us >"$TIMES_FILE.k1"
-        read -r k1 <"$TIMES_FILE.k1"
+        children_cpu_us
+        k1=$CHILDREN_CPU_US
         client_cpu=$(python3 -c "print('%.2f' % (($k1 - $k0) / $OPS))")
       fi
       BENCH_PID=
