@@ -10,7 +10,9 @@
 //!   carries etcd's `Access-Control-Allow-Methods` and `Access-Control-Allow-Headers`.
 //! - CORS-2: an `OPTIONS` request is answered 200 with an empty body, whatever its path, as
 //!   etcd answers it; no route sees it.
-//! - CORS-3: gRPC requests are left alone (etcd's gRPC server sends no CORS headers).
+//! - CORS-3: gRPC requests are left alone (etcd's gRPC server sends no CORS headers): they
+//!   never reach this layer, because `server::http` sends a request with a gRPC content
+//!   type straight to the gRPC services (HTTP-6).
 //!
 //! Contact points: `server::http` layers [`cors`] over the router; `ServerConfig::cors`.
 
@@ -65,9 +67,6 @@ impl Cors {
 
 /// The CORS layer (CORS-1..3).
 pub async fn cors(State(policy): State<Arc<Cors>>, request: Request, next: Next) -> Response {
-    if crate::http::is_grpc(&request) {
-        return next.run(request).await;
-    }
     let origin = request
         .headers()
         .get(header::ORIGIN)

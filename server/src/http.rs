@@ -102,7 +102,7 @@ impl ClientPort {
         let shared = self.shared.clone();
         let grpc = self.grpc.clone();
         let request = request.map(Body::new);
-        Box::pin(async move { Ok(track(&shared, request, |request| grpc.call(request)).await) })
+        Box::pin(async move { Ok(track(&shared, &grpc, request).await) })
     }
 }
 
@@ -168,25 +168,21 @@ pub fn router(
     }
 }
 
-/// Returns true for a gRPC request (content type `application/grpc` or a subtype).
-pub(crate) fn is_grpc(request: &Request) -> bool {
-    has_grpc_content_type(request.headers())
-}
-
 /// Returns true if `headers` name a gRPC content type (`application/grpc` or a subtype).
-pub(crate) fn has_grpc_content_type(headers: &header::HeaderMap) -> bool {
+fn has_grpc_content_type(headers: &header::HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/grpc"))
 }
 
-/// Runs a gRPC request through `call` (the gRPC services), counting, timing and logging it
+/// Runs a gRPC request through `grpc` (the gRPC services), counting, timing and logging it
 /// (HTTP-1), and gives an oversized message etcd's answer (HTTP-2).
-async fn track<F>(shared: &Shared, request: Request, call: impl FnOnce(Request) -> F) -> Response
-where
-    F: Future<Output = Result<Response, Infallible>>,
-{
+async fn track(
+    shared: &Shared,
+    grpc: &TowerToHyperService<axum::Router>,
+    request: Request,
+) -> Response {
     let path = request.uri().path().to_owned();
     // ONE-1: a method that takes one request message refuses a second.
     let request = if single_message::is_client_streaming(&path) {
@@ -196,7 +192,7 @@ where
     };
     shared.metrics.start(&path);
     let started = Instant::now();
-    let response = match call(request).await {
+    let response = match grpc.call(request).await {
         Ok(response) => response,
         Err(never) => match never {},
     };
@@ -350,7 +346,7 @@ fn major_minor(version: &'static str) -> &'static str {
 
 /// Answers paths no route knows (HTTP-4).
 async fn fallback(request: Request) -> Response {
-    if is_grpc(&request) {
+    if has_grpc_content_type(request.headers()) {
         let message = format!("kvd: unknown gRPC method {}", request.uri().path());
         Status::unimplemented(message).into_http::<Body>()
     } else {
