@@ -37,9 +37,12 @@
 //!   of the RPC layer's time than another role with a connection waiting steps aside until
 //!   that role has had its turn, so the turns of a greedy role's many connections do not
 //!   stand between a polite role's call and the CPU.
+//! - CONN-9: each accepted connection is served, from its TLS handshake to its end, on one
+//!   of the server's connection threads (`server::connection_threads` THREAD-1..3), the one
+//!   with the fewest open connections; the accept loops run on the main runtime.
 //!
 //! Contact points: `server::serve` runs one [`serve_listener`] per listener with a shared
-//! [`Connections`] (and the listener's [`Tls`] for `https://`); `server::authority` reports
+//! [`Connections`] and [`ConnectionThreads`] (and the listener's [`Tls`] for `https://`); `server::authority` reports
 //! unfinished input through [`Activity`]; `/metrics` shows [`Connections::open`] and
 //! [`Connections::refused`].
 
@@ -59,6 +62,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::authority::AuthorityFix;
+use crate::connection_threads::ConnectionThreads;
 use crate::fair_streams::{self, StreamExecutor};
 use crate::http::{Answer, ClientPort};
 use crate::role_turns::{self, RoleTurns};
@@ -317,14 +321,15 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(NONE - 1)
 }
 
-/// Accepts and serves connections on `listener` until `stopped` turns true, then waits for
-/// the connections to finish (CONN-5). The caller bounds that wait. With `tls`, every
-/// connection starts with a TLS handshake (CONN-6).
+/// Accepts connections on `listener` and serves each on one of `threads` (CONN-9) until
+/// `stopped` turns true, then waits for the connections to finish (CONN-5). The caller
+/// bounds that wait. With `tls`, every connection starts with a TLS handshake (CONN-6).
 pub async fn serve_listener(
     listener: TcpListener,
     tls: Option<Arc<Tls>>,
     port: ClientPort,
     connections: Arc<Connections>,
+    threads: Arc<ConnectionThreads>,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut tasks = tokio::task::JoinSet::new();
@@ -348,15 +353,28 @@ pub async fn serve_listener(
             }
             continue;
         };
-        let task = serve_accepted(
-            stream,
+        // The socket leaves this runtime's reactor here and joins its thread's in the
+        // task, which runs there from its first poll (THREAD-1).
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not hand a connection to its thread");
+                continue;
+            }
+        };
+        let (tls, port, served, stopped) = (
             tls.clone(),
             port.clone(),
             connections.clone(),
-            slot,
             stopped.clone(),
         );
-        tasks.spawn(role_turns::gated(&connections.turns, task));
+        let task = async move {
+            match TcpStream::from_std(stream) {
+                Ok(stream) => serve_accepted(stream, tls, port, served, slot, stopped).await,
+                Err(e) => tracing::debug!(error = %e, "could not register a connection"),
+            }
+        };
+        threads.spawn(&mut tasks, role_turns::gated(&connections.turns, task));
     }
     while tasks.join_next().await.is_some() {}
 }

@@ -30,6 +30,7 @@
 mod auth;
 mod authority;
 mod cluster;
+mod connection_threads;
 pub mod connections;
 mod convert;
 mod cors;
@@ -68,6 +69,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
+use crate::connection_threads::ConnectionThreads;
 use crate::connections::{Connections, serve_listener};
 use crate::convert::HeaderIds;
 use crate::metrics::Metrics;
@@ -263,6 +265,9 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
         cluster_id: identity.cluster_id,
         member_id: identity.member_id,
     };
+    let threads = ConnectionThreads::start(ConnectionThreads::per_cpu())
+        .map_err(|e| ServerError::Io(format!("start the connection threads: {e}")))?;
+    let threads = Arc::new(threads);
     let served = runtime.block_on(serve(
         &config,
         engines.clone(),
@@ -271,9 +276,13 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
         Listen {
             addresses: listen,
             tls,
+            threads: threads.clone(),
         },
         on_ready,
     ));
+    // Connections still open after serve's grace period end here (THREAD-3), before the
+    // engine is closed.
+    threads.stop();
     runtime.shutdown_timeout(SHUTDOWN_BLOCKING_MAX);
     let closed = match engines.take() {
         Some(engine) => close_engine(engine),
@@ -342,10 +351,12 @@ fn log_prepare_queue(engine: &Engine) {
 }
 
 /// Where to listen: one address per `--listen-client-urls` entry, and the TLS of the
-/// `https://` ones.
+/// `https://` ones; and where to serve what is accepted.
 struct Listen {
     addresses: Vec<ListenAddress>,
     tls: Option<Arc<tls::Tls>>,
+    /// Where the accepted connections are served (CONN-9).
+    threads: Arc<ConnectionThreads>,
 }
 
 /// One client URL to bind.
@@ -456,6 +467,7 @@ async fn serve(
             tls,
             port.clone(),
             connections.clone(),
+            listen.threads.clone(),
             stopped.clone(),
         );
         let url = url.clone();

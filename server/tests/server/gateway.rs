@@ -33,12 +33,14 @@ fn request(endpoint: &str, method: &str, path: &str, body: &str, headers: &str) 
     let host = endpoint.trim_start_matches("http://");
     let mut stream = TcpStream::connect(host).unwrap();
     stream.set_read_timeout(Some(REQUEST_TIMEOUT)).unwrap();
-    write!(
-        stream,
+    // One write: a body sent after the head may reach a server that has already answered
+    // (a 404 or 405 needs no body) and closed, and the unread bytes make it reset the
+    // connection, which can throw away the answer before it is read.
+    let message = format!(
         "{method} {path} HTTP/1.0\r\nHost: {host}\r\nContent-Length: {}\r\n{headers}\r\n{body}",
         body.len()
-    )
-    .unwrap();
+    );
+    stream.write_all(message.as_bytes()).unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
@@ -622,12 +624,14 @@ fn cors_headers(endpoint: &str, method: &str, path: &str, headers: &str) -> (u16
     let mut stream = TcpStream::connect(host).unwrap();
     stream.set_read_timeout(Some(REQUEST_TIMEOUT)).unwrap();
     let body = if method == "POST" { "{}" } else { "" };
-    write!(
-        stream,
+    // One write: a body sent after the head may reach a server that has already answered
+    // (a 404 or 405 needs no body) and closed, and the unread bytes make it reset the
+    // connection, which can throw away the answer before it is read.
+    let message = format!(
         "{method} {path} HTTP/1.0\r\nHost: {host}\r\nContent-Length: {}\r\n{headers}\r\n{body}",
         body.len()
-    )
-    .unwrap();
+    );
+    stream.write_all(message.as_bytes()).unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let head = response
