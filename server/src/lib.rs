@@ -5,7 +5,8 @@
 //! or hyper (style rule 6). It translates and validates; it holds no state of its own.
 //!
 //! Invariants:
-//! - SRV-1: the engine is called only from tokio's blocking pool (NODE-1).
+//! - SRV-1: an engine call that may block for long runs on a blocking pool, never on a thread
+//!   that serves connections (NODE-1).
 //! - SRV-2: the gRPC receive limit is `--max-request-bytes` + 512 KiB, as etcd's; requests
 //!   between the two limits reach the engine, which refuses them with
 //!   `etcdserver: request is too large`.
@@ -21,6 +22,7 @@
 //! Module map: `authority` (repairs the HTTP/2 authority of etcd 3.4 clients), `http`
 //! (router, metrics layer, HTTP routes), `gateway` (etcd's JSON gateway, `/v3/...`), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
 //! `auth` (answers "auth disabled"), `connections` (accept loop, connection limits),
+//! `connection_threads` (the threads connections are served on, one runtime per CPU),
 //! `tls` (`https://` listeners: etcd's TLS flags, handshakes, client certificates),
 //! `single_message` (one request message per unary call), `snapshot` (Snapshot streaming), `operator` (the quota operator API: `POST /api/v1`,
 //! `GET /roles`), `convert` (pb ↔ api), `status` (errors → gRPC),
