@@ -799,6 +799,33 @@ fn a_panic_in_the_apply_thread_refuses_writes_and_close_returns() {
 }
 
 #[test]
+fn writes_submitted_in_a_burst_go_to_the_apply_thread_even_when_alone() {
+    // APPLY-5: a caller that says more writes follow (kvd::in_burst) never has its write
+    // applied in its own thread, so the writes after it can join its batch.
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir);
+    let before = engine.apply_stats().unwrap().inline_batches;
+    for i in 0..20 {
+        let revision = kvd::in_burst(|| put(&engine, &format!("k{i:02}"), "v"));
+        assert_eq!(revision, i + 2);
+    }
+    assert!(!kvd::burst_hinted(), "the hint ends with the closure");
+    let during = engine.apply_stats().unwrap().inline_batches;
+    assert_eq!(during, before, "none inline inside the burst");
+    for i in 0..20 {
+        put(&engine, &format!("after/{i:02}"), "v");
+    }
+    let after = engine.apply_stats().unwrap().inline_batches;
+    assert!(
+        after > during,
+        "lone writes inline again: {during} -> {after}"
+    );
+    engine.close().unwrap();
+    let engine = open(&dir);
+    assert_eq!(engine.range(&RangeRequest::prefix("k")).unwrap().count, 20);
+}
+
+#[test]
 fn a_lone_writer_is_applied_and_answered_in_its_own_thread() {
     // APPLY-5: one write at a time, with nothing else in flight, needs no hand-off to the
     // apply thread; it goes through the same batch and the same durable log.

@@ -19,6 +19,10 @@
 //!   ready calls holds the runtime for a bounded stretch before other connections' turns.
 //! - FAIR-3: a call's future is dropped when it completes or when its connection's task
 //!   ends (the connection closed: its calls can no longer answer).
+//! - FAIR-4: a call polled while more calls of its connection are ready is polled inside
+//!   `kvd::in_burst`, so a write it submits is never applied inline in this thread
+//!   (the engine's APPLY-5): the writes of one turn share a batch and a log sync, where
+//!   inline each would wait for the sync of the one before it.
 //!
 //! Contact points: `server::connections` builds each connection's HTTP server with a
 //! [`StreamExecutor`] and polls the [`Streams`] in the connection's select loop.
@@ -161,20 +165,27 @@ impl Streams {
         }
         let mut polled = 0;
         while polled < POLLS_PER_TURN {
-            let slot = {
+            let (slot, more_ready) = {
                 let mut state = lock(&self.wakes.state);
                 let Some(slot) = state.ready.pop_front() else {
                     break;
                 };
                 state.queued[slot] = false;
-                slot
+                (slot, !state.ready.is_empty())
             };
             let Some(call) = self.calls[slot].as_mut() else {
                 continue;
             };
             polled += 1;
             let mut call_cx = Context::from_waker(&self.wakers[slot]);
-            if call.as_mut().poll(&mut call_cx).is_ready() {
+            // FAIR-4: with more calls ready behind this one, a write it submits waits for
+            // theirs in the apply thread's batch instead of taking its own sync here.
+            let poll = if more_ready {
+                kvd::in_burst(|| call.as_mut().poll(&mut call_cx))
+            } else {
+                call.as_mut().poll(&mut call_cx)
+            };
+            if poll.is_ready() {
                 self.calls[slot] = None;
                 self.free.push(slot);
             }
@@ -236,5 +247,21 @@ mod tests {
             0,
             "completed calls are dropped"
         );
+    }
+    #[tokio::test]
+    async fn a_call_with_more_ready_behind_it_is_polled_as_part_of_a_burst() {
+        let (executor, mut streams) = streams();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        for call in 0..3 {
+            let seen = seen.clone();
+            executor.execute(async move {
+                lock(&seen).push((call, kvd::burst_hinted()));
+            });
+        }
+        streams.turn().await;
+        // FAIR-4: the first two had a ready call behind them, the last had none; and the
+        // hint ends with the poll.
+        assert_eq!(*lock(&seen), [(0, true), (1, true), (2, false)]);
+        assert!(!kvd::burst_hinted());
     }
 }

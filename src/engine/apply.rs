@@ -42,12 +42,14 @@
 //!   the thread releases while it sleeps), so APPLY-1..3 hold unchanged; the caller's
 //!   thread makes the batch durable and answers it (the commit thread is idle). Work
 //!   between batches stays on the apply thread, which wakes for it at least every
-//!   `IDLE_WAKE_INTERVAL`.
+//!   `IDLE_WAKE_INTERVAL`. A write submitted inside [`in_burst`] is never applied inline:
+//!   its caller has more writes to submit at once, which should share its batch and sync.
 //!
 //! Contact points: `Engine` pushes [`Proposal`]s into a [`Mailbox`], or applies a lone
 //! write through [`apply_inline`]; `mvcc::write` applies each request; `engine::commit`
 //! finishes each batch.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -233,6 +235,33 @@ pub fn run(applier: &Mutex<Applier>, proposals: &Mailbox<Queued>) {
     sync::lock(applier).stop();
 }
 
+thread_local! {
+    /// True while this thread runs inside [`in_burst`].
+    static IN_BURST: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` as part of a burst of submissions from this thread: the writes `f` submits go to
+/// the apply thread, never applied inline in this thread (APPLY-5). A caller that holds more
+/// writes to submit right after this one (the server, for a connection with more calls ready)
+/// thus lets them join the same batch and the same log sync, instead of making each wait for
+/// the sync of the one before.
+pub fn in_burst<T>(f: impl FnOnce() -> T) -> T {
+    /// Restores the flag as it was, also if `f` panics.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IN_BURST.with(|flag| flag.set(self.0));
+        }
+    }
+    let _restore = Restore(IN_BURST.with(|flag| flag.replace(true)));
+    f()
+}
+
+/// Returns true while this thread runs inside [`in_burst`].
+pub fn burst_hinted() -> bool {
+    IN_BURST.with(Cell::get)
+}
+
 /// Applies `queued` in its caller's thread, as a batch of its own finished there (APPLY-5),
 /// if the apply thread sleeps with nothing queued and nothing in flight: a lone writer then
 /// pays no thread hand-off, neither to the apply thread nor back with its answer. Returns
@@ -243,7 +272,7 @@ pub fn apply_inline(
     proposals: &Mailbox<Queued>,
     queued: Queued,
 ) -> Option<Queued> {
-    if !queued.proposal.may_apply_inline() || !proposals.consumer_idle() {
+    if !queued.proposal.may_apply_inline() || burst_hinted() || !proposals.consumer_idle() {
         return Some(queued);
     }
     let Ok(mut applier) = applier.try_lock() else {

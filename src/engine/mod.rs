@@ -83,6 +83,7 @@ use crate::storage::{CommitSync, Store, StoreOptions};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Name, Ordering, RwLock, Wake, Weak};
 use crate::watch::{Hub, WATCH_STALLED_RETRY, WATCH_SYNC_INTERVAL, WatchSource, WatchStream};
 use apply::Applier;
+pub use apply::{burst_hinted, in_burst};
 pub use auto_compact::AutoCompaction;
 pub use commit::{CommitFailpoint, CommitStep};
 use commit::{Committer, Handover};
