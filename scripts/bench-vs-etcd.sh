@@ -29,7 +29,8 @@
 #   Also needed: python3, curl, coreutils' timeout; etcdctl for range1k.
 #   KVD_ARGS        extra flags for kvd  (word-split), e.g. KVD_ARGS="--log-level warn"
 #   ETCD_ARGS       extra flags for etcd (word-split)
-#   WORKLOADS       space-separated subset of: put64 put1 range1k watch (default: all)
+#   WORKLOADS       space-separated subset of: put64 put1 range1k watch put16c1
+#                   (default: the first four, issue 9's; put16c1 only when named)
 #   ROUNDS          rounds per workload (default 3)
 #   TOTAL_SCALE     divide every workload's request total by this (default 1;
 #                   e.g. 20 or 50 for a quick smoke run), but not below 100 requests
@@ -50,6 +51,9 @@
 #           --key-space-size=1000000000
 #   put1    --clients=1 --conns=1 put --total=5000/S --val-size=256 --key-size=16
 #           --key-space-size=1000000000
+#   put16c1 --clients=16 --conns=1 put --total=20000/S --val-size=256 --key-size=16
+#           --key-space-size=1000000000   (many clients sharing one connection, as the
+#           goroutines of one clientv3 process do; the benchmark's default --conns is 1)
 #   range1k preload 1,000 keys r1k/000000000000 .. r1k/000000000999 (16 bytes each,
 #           256-byte values) with `etcdctl txn` (8 txns of 125 puts), check the count,
 #           then: --clients=1 range r1k/ r1k0 --total=2000/S   (linearizable, the
@@ -91,7 +95,7 @@ read -r -a ETCD_EXTRA <<<"${ETCD_ARGS:-}"
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer, got '$ROUNDS'"
 [[ $TOTAL_SCALE =~ ^[1-9][0-9]*$ ]] || die "TOTAL_SCALE must be a positive integer, got '$TOTAL_SCALE'"
 for w in $WORKLOADS; do
-  case $w in put64|put1|range1k|watch) ;; *) die "unknown workload '$w' (known: put64 put1 range1k watch)" ;; esac
+  case $w in put64|put1|range1k|watch|put16c1) ;; *) die "unknown workload '$w' (known: put64 put1 range1k watch put16c1)" ;; esac
 done
 [[ -n ${WORKLOADS// /} ]] || die "WORKLOADS is empty"
 
@@ -417,6 +421,9 @@ bench_args() {
     put64)
       t=$(scaled 100000); OPS=$t
       BENCH+=(--clients=64 --conns=8 put --total="$t" --val-size=256 --key-size=16 --key-space-size=1000000000) ;;
+    put16c1)
+      t=$(scaled 20000); OPS=$t
+      BENCH+=(--clients=16 --conns=1 put --total="$t" --val-size=256 --key-size=16 --key-space-size=1000000000) ;;
     put1)
       t=$(scaled 5000); OPS=$t
       BENCH+=(--clients=1 --conns=1 put --total="$t" --val-size=256 --key-size=16 --key-space-size=1000000000) ;;
