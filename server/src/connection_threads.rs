@@ -131,7 +131,8 @@ impl ConnectionThreads {
     }
 
     /// Returns each thread's count of open connections, in thread order.
-    pub fn open_connections(&self) -> Vec<usize> {
+    #[cfg(test)]
+    fn open_connections(&self) -> Vec<usize> {
         self.threads
             .iter()
             .map(|t| t.open.load(Ordering::Relaxed))

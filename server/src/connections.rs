@@ -42,8 +42,8 @@
 //!   with the fewest open connections; the accept loops run on the main runtime.
 //!
 //! Contact points: `server::serve` runs one [`serve_listener`] per listener with a shared
-//! [`Connections`] and [`ConnectionThreads`] (and the listener's [`Tls`] for `https://`); `server::authority` reports
-//! unfinished input through [`Activity`]; `/metrics` shows [`Connections::open`] and
+//! [`Connections`] and [`ConnectionThreads`] (and the listener's [`Tls`] for `https://`);
+//! `server::authority` reports unfinished input through [`Activity`]; `/metrics` shows [`Connections::open`] and
 //! [`Connections::refused`].
 
 use std::convert::Infallible;

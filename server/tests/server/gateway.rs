@@ -27,9 +27,9 @@ struct Answer {
     body: Value,
 }
 
-/// Sends `method path` with `body` (no `Content-Type` unless given in `headers`) and returns
-/// the status and the body, parsed as JSON when it is JSON.
-fn request(endpoint: &str, method: &str, path: &str, body: &str, headers: &str) -> Answer {
+/// Sends `method path` over HTTP/1.0 with `body` and the extra `headers` (each ending in
+/// CRLF) and returns the whole answer, head and body, as the server wrote it before closing.
+fn exchange(endpoint: &str, method: &str, path: &str, body: &str, headers: &str) -> String {
     let host = endpoint.trim_start_matches("http://");
     let mut stream = TcpStream::connect(host).unwrap();
     stream.set_read_timeout(Some(REQUEST_TIMEOUT)).unwrap();
@@ -43,6 +43,13 @@ fn request(endpoint: &str, method: &str, path: &str, body: &str, headers: &str) 
     stream.write_all(message.as_bytes()).unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+/// Sends `method path` with `body` (no `Content-Type` unless given in `headers`) and returns
+/// the status and the body, parsed as JSON when it is JSON.
+fn request(endpoint: &str, method: &str, path: &str, body: &str, headers: &str) -> Answer {
+    let response = exchange(endpoint, method, path, body, headers);
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
     let status = head.split(' ').nth(1).unwrap().parse().unwrap();
     let body = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.trim().into()));
@@ -415,18 +422,7 @@ fn kvd_answers_what_its_grpc_services_answer_where_etcd_differs() {
 
 /// Sends a POST and returns the whole body as text (the body ends when the server closes).
 fn raw_post(endpoint: &str, path: &str, body: &str) -> String {
-    let host = endpoint.trim_start_matches("http://");
-    let mut stream = TcpStream::connect(host).unwrap();
-    stream.set_read_timeout(Some(REQUEST_TIMEOUT)).unwrap();
-    write!(
-        stream,
-        "POST {path} HTTP/1.0\r\nHost: {host}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
+    exchange(endpoint, "POST", path, body, "")
         .split_once("\r\n\r\n")
         .map(|(_, body)| body.to_owned())
         .unwrap_or_default()
@@ -620,20 +616,8 @@ fn stream_errors_answer_as_etcds_gateway() {
 /// Sends `method path` with extra `headers` and returns the status and the CORS headers of
 /// the answer, names lowercased and sorted.
 fn cors_headers(endpoint: &str, method: &str, path: &str, headers: &str) -> (u16, Vec<String>) {
-    let host = endpoint.trim_start_matches("http://");
-    let mut stream = TcpStream::connect(host).unwrap();
-    stream.set_read_timeout(Some(REQUEST_TIMEOUT)).unwrap();
     let body = if method == "POST" { "{}" } else { "" };
-    // One write: a body sent after the head may reach a server that has already answered
-    // (a 404 or 405 needs no body) and closed, and the unread bytes make it reset the
-    // connection, which can throw away the answer before it is read.
-    let message = format!(
-        "{method} {path} HTTP/1.0\r\nHost: {host}\r\nContent-Length: {}\r\n{headers}\r\n{body}",
-        body.len()
-    );
-    stream.write_all(message.as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
+    let response = exchange(endpoint, method, path, body, headers);
     let head = response
         .split_once("\r\n\r\n")
         .map_or(&*response, |(h, _)| h);
