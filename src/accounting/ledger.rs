@@ -92,11 +92,24 @@ impl Accounts {
 
     pub(super) fn charge(&mut self, role: &str, resource: &str, delta: Counters, sign: i64) {
         for r in chain(role) {
-            let key = (r.to_owned(), resource.to_owned());
-            let row = self.usage.entry(key.clone()).or_default();
+            // The probe's strings keep their capacity, so charging a row that exists (every
+            // Put but a role's first) allocates nothing.
+            let probe = &mut self.usage_probe;
+            probe.0.clear();
+            probe.0.push_str(r);
+            probe.1.clear();
+            probe.1.push_str(resource);
+            if let Some(row) = self.usage.get_mut(probe) {
+                row.add(&delta, sign);
+                if row.is_zero() {
+                    self.usage.remove(probe);
+                }
+                continue;
+            }
+            let mut row = Counters::default();
             row.add(&delta, sign);
-            if row.is_zero() {
-                self.usage.remove(&key);
+            if !row.is_zero() {
+                self.usage.insert(probe.clone(), row);
             }
         }
     }
@@ -111,32 +124,32 @@ impl Accounts {
 
     /// Charges a Put of `cost` bytes to the owner of `key`; `new_key` if it was not alive.
     pub fn charge_put(&mut self, key: &[u8], cost: u32, new_key: bool) {
-        let owner = self.owner(key).to_owned();
+        let owner = self.owner(key);
         self.charge(
-            &owner,
+            owner,
             KV_BYTES,
             Counters::of(Column::Allocated, i64::from(cost) * MILLI),
             1,
         );
         if new_key {
-            self.charge(&owner, KV_KEYS, Counters::of(Column::Allocated, MILLI), 1);
+            self.charge(owner, KV_KEYS, Counters::of(Column::Allocated, MILLI), 1);
         }
     }
 
     /// Uncharges a deleted key from its owner (deletes free `kv_keys`, not `kv_bytes`).
     pub fn charge_delete(&mut self, key: &[u8]) {
-        let owner = self.owner(key).to_owned();
-        self.charge(&owner, KV_KEYS, Counters::of(Column::Allocated, MILLI), -1);
+        let owner = self.owner(key);
+        self.charge(owner, KV_KEYS, Counters::of(Column::Allocated, MILLI), -1);
     }
 
     /// Releases `cost` bytes of revisions of `key` that a compaction dropped.
     pub fn release_bytes(&mut self, key: &[u8], cost: u64) {
-        let owner = self.owner(key).to_owned();
+        let owner = self.owner(key);
         let delta = Counters::of(
             Column::Allocated,
             i64::try_from(cost).unwrap_or(i64::MAX) * MILLI,
         );
-        self.charge(&owner, KV_BYTES, delta, -1);
+        self.charge(owner, KV_BYTES, delta, -1);
     }
 
     /// Checks that charging `amounts` (resource → milli-units) to `role` keeps what it and

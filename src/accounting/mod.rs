@@ -237,6 +237,8 @@ pub struct RoleUsage {
 pub struct Accounts {
     registry: Registry,
     usage: BTreeMap<(String, String), Counters>,
+    /// A reused key for looking up `usage` without allocating (every Put charges it).
+    usage_probe: (String, String),
     agents: BTreeMap<String, Agent>,
     reservations: BTreeMap<String, Reservation>,
     allocations: BTreeMap<String, Allocation>,

@@ -62,6 +62,15 @@ impl<'a> KeyRange<'a> {
     }
 }
 
+/// Whether [`Index::probe`] found the key in the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probed {
+    /// The index has an entry for the key (alive or not).
+    Present,
+    /// It has none.
+    Absent,
+}
+
 /// The index of every key.
 #[derive(Debug, Default)]
 pub struct Index {
@@ -139,6 +148,35 @@ impl Index {
             created: found.created,
             version: found.version,
         })
+    }
+
+    /// Returns the key's state at `at`, and whether the index holds the key at all (alive
+    /// or not), which [`Index::put_probed`] takes to spare itself a search.
+    pub fn probe(&self, key: &[u8], at: i64) -> (Option<Hit>, Probed) {
+        match self.keys.get(key) {
+            None => (None, Probed::Absent),
+            Some(ki) => {
+                let hit = ki.get(at).map(|found| Hit {
+                    revision: found.modified,
+                    created: found.created,
+                    version: found.version,
+                });
+                (hit, Probed::Present)
+            }
+        }
+    }
+
+    /// Records a Put of `key` at `rev`, where `probed` is what [`Index::probe`] said of the
+    /// key with nothing changed in the index since: a key it found absent is inserted with
+    /// one search instead of two.
+    pub fn put_probed(&mut self, key: &[u8], rev: Revision, cost: u32, probed: Probed) {
+        if probed == Probed::Present {
+            return self.put(key, rev, cost);
+        }
+        debug_assert!(!self.keys.contains_key(key), "probed absent, but present");
+        let mut ki = KeyIndex::new();
+        ki.put(rev, cost);
+        self.keys.insert(key.into(), ki);
     }
 
     /// Records a Put of `key` at `rev`.

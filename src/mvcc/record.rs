@@ -96,6 +96,13 @@ impl Record {
     /// Returns the record's bytes.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER_BYTES + self.key.len() + self.value.len());
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Appends the encoding to `out` (a caller's reused buffer).
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.reserve(HEADER_BYTES + self.key.len() + self.value.len());
         out.push(if self.tombstone { FLAG_TOMBSTONE } else { 0 });
         out.extend_from_slice(&self.create_revision.to_be_bytes());
         out.extend_from_slice(&self.version.to_be_bytes());
@@ -105,7 +112,6 @@ impl Record {
         out.extend_from_slice(&key_len.to_be_bytes());
         out.extend_from_slice(&self.key);
         out.extend_from_slice(&self.value);
-        out
     }
 
     /// Decodes `bytes` (REC-2).

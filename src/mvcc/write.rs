@@ -187,7 +187,7 @@ impl<'a, 't> TxnWriter<'a, 't> {
 
     /// Applies a Put whose checks passed.
     pub fn put(&mut self, req: &PutRequest) -> Result<PutResponse, StorageError> {
-        let prev = self.index.get(&req.key, NEWEST);
+        let (prev, probed) = self.index.probe(&req.key, NEWEST);
         let needs_prev = req.prev_kv || req.ignore_value || req.ignore_lease;
         let prev_kv = match prev {
             Some(hit) if needs_prev => Some(
@@ -218,11 +218,13 @@ impl<'a, 't> TxnWriter<'a, 't> {
             lease,
             value,
         };
-        self.batch.put_history(&rev.to_key(), &record.encode())?;
-        self.index.put(
+        self.batch
+            .put_history_encoded(&rev.to_key(), |out| record.encode_into(out))?;
+        self.index.put_probed(
             &req.key,
             rev,
             record::put_cost(record.key.len(), record.value.len()),
+            probed,
         );
         self.log.push(Change::Put(record.into_key_value(rev.main)));
         Ok(PutResponse {
@@ -252,7 +254,8 @@ impl<'a, 't> TxnWriter<'a, 't> {
             }
             let rev = self.next_revision();
             let record = Record::tombstone(Bytes::copy_from_slice(key));
-            self.batch.put_history(&rev.to_key(), &record.encode())?;
+            self.batch
+                .put_history_encoded(&rev.to_key(), |out| record.encode_into(out))?;
             let alive = self.index.tombstone(key, rev);
             debug_assert!(alive, "the index listed a dead key as alive");
             self.log.push(Change::Delete(KeyValue {

@@ -508,6 +508,8 @@ pub struct WriteBatch<'t> {
     meta: redb::Table<'t, &'static str, &'static [u8]>,
     /// The batch's changes for its log record, when it is logged (`wal`).
     log: Option<OpLog>,
+    /// A buffer reused by [`WriteBatch::put_history_encoded`].
+    scratch: Vec<u8>,
 }
 
 /// Runs `f` over the tables of `txn`; returns its result and the operations it logged.
@@ -523,6 +525,7 @@ fn run_batch<R>(
         history,
         meta,
         log,
+        scratch: Vec::new(),
     };
     let result = f(&mut batch)?;
     Ok((result, batch.log.take()))
@@ -568,6 +571,21 @@ impl WriteBatch<'_> {
             log.put_history(key, record);
         }
         Ok(())
+    }
+
+    /// Writes the history record `encode` appends to an empty buffer; the buffer is reused
+    /// for the batch's next record, so a batch of puts allocates one.
+    pub fn put_history_encoded(
+        &mut self,
+        key: &RevisionKey,
+        encode: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<(), StorageError> {
+        let mut record = std::mem::take(&mut self.scratch);
+        record.clear();
+        encode(&mut record);
+        let written = self.put_history(key, &record);
+        self.scratch = record;
+        written
     }
 
     /// Decodes the history record at `key`, as this batch sees it, straight from the
