@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::{
     LOADERS, Samples, VALUE_BYTES, copy_store, db_sizes, durable_config, fmt_rate, fresh_engine,
-    load_config, on_loaders, paired_ratio, paired_rounds, quick, report, report_load, run_groups,
-    run_writers, start_group, value,
+    load_config, on_loaders, paired_ratio, paired_rounds, quick, report, report_load,
+    run_async_writers, run_groups, run_writers, start_group, value,
 };
 use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
 use kvd::{CompactionRequest, Config, Engine, PutRequest, RangeRequest};
@@ -280,6 +280,18 @@ fn put_durable_64_writers(c: &mut Criterion) {
         });
     });
 
+    let mut async_samples = Samples::default();
+    group.bench_function("engine_async_writers", |b| {
+        let (_, engine) = engine_state.get_or_insert_with(fresh_engine);
+        b.iter_custom(|iters| {
+            calls += 1;
+            let call = calls;
+            let elapsed = run_async_writers(engine, WRITERS, iters, |t, i| bench_key(t, call, i));
+            async_samples.record(iters, elapsed);
+            elapsed
+        });
+    });
+
     let batch: u64 = std::env::var(RAW_BATCH_ENV)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -330,6 +342,14 @@ fn put_durable_64_writers(c: &mut Criterion) {
         paired,
     }
     .report();
+    if let Some(rate) = async_samples.median_rate(1.0) {
+        report(format!(
+            "put_durable_64_writers: engine with 64 asynchronous writers (submit_put, one \
+             driver thread) {} puts/s ({} puts run in all)",
+            fmt_rate(rate),
+            fmt_rate(async_samples.total_iters() as f64)
+        ));
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -310,6 +310,61 @@ pub fn run_writers(
     .elapsed()
 }
 
+/// Runs `total` durable Puts from `writers` asynchronous writers and returns the elapsed
+/// time: each writer has one Put in flight at a time, submitted with `Engine::submit_put`,
+/// and one driver thread submits a writer's next Put when its completion arrives. This is
+/// how the server drives the engine (many requests in flight, few threads), where
+/// [`run_writers`] blocks one thread per writer. A driver's burst of submissions (every
+/// completion ready at once) runs inside `kvd::in_burst`, as the server's connection
+/// threads do, so the burst shares a batch.
+pub fn run_async_writers(
+    engine: &Engine,
+    writers: usize,
+    total: u64,
+    key_of: impl Fn(usize, u64) -> String,
+) -> Duration {
+    let value = value();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<usize>();
+    let per = total / writers as u64;
+    let extra = total % writers as u64;
+    let quota: Vec<u64> = (0..writers)
+        .map(|t| per + u64::from((t as u64) < extra))
+        .collect();
+    let mut issued = vec![0u64; writers];
+    let submit = |t: usize, issued: &mut [u64]| {
+        let i = issued[t];
+        issued[t] += 1;
+        let done_tx = done_tx.clone();
+        engine.submit_put(
+            PutRequest::new(key_of(t, i), value.clone()),
+            Box::new(move |r| {
+                r.expect("put");
+                let _ = done_tx.send(t);
+            }),
+        );
+    };
+    let started = Instant::now();
+    kvd::in_burst(|| {
+        for t in (0..writers).filter(|t| quota[*t] > 0) {
+            submit(t, &mut issued);
+        }
+    });
+    let mut completed = 0u64;
+    while completed < total {
+        let first = done_rx.recv().expect("a writer's completion");
+        let ready: Vec<usize> = std::iter::once(first).chain(done_rx.try_iter()).collect();
+        completed += ready.len() as u64;
+        kvd::in_burst(|| {
+            for t in ready {
+                if issued[t] < quota[t] {
+                    submit(t, &mut issued);
+                }
+            }
+        });
+    }
+    started.elapsed()
+}
+
 /// Alternates blocks of `first` and `second` doing the same work, `rounds` times (switching
 /// which goes first), and returns the median of `time of second / time of first`, that is of
 /// the throughput of `first` over that of `second`. Pairing neighbouring blocks cancels most
