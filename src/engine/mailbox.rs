@@ -7,7 +7,8 @@
 //! - MAIL-2: no lost wake-up: a push that happens while the consumer waits wakes it, and a
 //!   push that happens before it waits is seen before it sleeps (both under one mutex).
 //! - MAIL-3: nobody spins: an empty consumer sleeps until a push, `close` or its timeout.
-//!   One lock and at most one notification per push; taking a whole burst costs one lock.
+//!   One lock per push, and one notification per sleep of the consumer (the first push
+//!   after it fell asleep); taking a whole burst costs one lock.
 //!
 //! Contact points: `engine::Engine` pushes proposals; `engine::apply` takes them and pushes
 //! committed batches; `engine::commit` takes those. `loom-tests/` models this file.
@@ -64,7 +65,9 @@ impl<T> Mailbox<T> {
             return Err(item);
         }
         state.items.push_back(item);
-        let wake = state.waiting;
+        // The first push to a sleeping consumer wakes it and clears the flag, so the pushes
+        // that follow before it runs add no notification (MAIL-3).
+        let wake = std::mem::replace(&mut state.waiting, false);
         drop(state);
         if wake {
             self.ready.notify_one();
@@ -84,7 +87,7 @@ impl<T> Mailbox<T> {
     pub fn nudge(&self) {
         let mut state = lock(&self.state);
         state.nudged = true;
-        let wake = state.waiting;
+        let wake = std::mem::replace(&mut state.waiting, false);
         drop(state);
         if wake {
             self.ready.notify_one();
