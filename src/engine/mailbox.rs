@@ -29,7 +29,8 @@ pub struct Mailbox<T> {
 struct State<T> {
     items: VecDeque<T>,
     closed: bool,
-    /// True while the consumer sleeps: a push notifies only then (MAIL-3).
+    /// True while the consumer sleeps and no push has woken it yet: a push notifies only
+    /// then, and clears it (MAIL-3).
     waiting: bool,
     /// Set by `nudge`: the next `take` returns even if nothing is queued.
     nudged: bool,
