@@ -266,31 +266,29 @@ fn put_durable_64_writers(c: &mut Criterion) {
     let (load, mut group) = start_group(c, "put_durable_64_writers");
     group.throughput(Throughput::Elements(1));
 
-    let mut engine_samples = Samples::default();
     let mut engine_state: Option<(TempDir, Engine)> = None;
     let mut calls = 0u64;
-    group.bench_function("engine", |b| {
-        let (_, engine) = engine_state.get_or_insert_with(fresh_engine);
-        b.iter_custom(|iters| {
-            calls += 1;
-            let call = calls;
-            let elapsed = run_writers(engine, WRITERS, iters, |t, i| bench_key(t, call, i));
-            engine_samples.record(iters, elapsed);
-            elapsed
+    // The same Puts from 64 blocking threads, then from 64 asynchronous writers.
+    let mut samples = [Samples::default(), Samples::default()];
+    for (which, name) in ["engine", "engine_async_writers"].into_iter().enumerate() {
+        let samples = &mut samples[which];
+        group.bench_function(name, |b| {
+            let (_, engine) = engine_state.get_or_insert_with(fresh_engine);
+            b.iter_custom(|iters| {
+                calls += 1;
+                let call = calls;
+                let key_of = |t, i| bench_key(t, call, i);
+                let elapsed = if which == 0 {
+                    run_writers(engine, WRITERS, iters, key_of)
+                } else {
+                    run_async_writers(engine, WRITERS, iters, key_of)
+                };
+                samples.record(iters, elapsed);
+                elapsed
+            });
         });
-    });
-
-    let mut async_samples = Samples::default();
-    group.bench_function("engine_async_writers", |b| {
-        let (_, engine) = engine_state.get_or_insert_with(fresh_engine);
-        b.iter_custom(|iters| {
-            calls += 1;
-            let call = calls;
-            let elapsed = run_async_writers(engine, WRITERS, iters, |t, i| bench_key(t, call, i));
-            async_samples.record(iters, elapsed);
-            elapsed
-        });
-    });
+    }
+    let [engine_samples, async_samples] = samples;
 
     let batch: u64 = std::env::var(RAW_BATCH_ENV)
         .ok()

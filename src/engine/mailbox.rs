@@ -189,6 +189,28 @@ mod tests {
     }
 
     #[test]
+    fn only_the_first_push_to_a_sleeping_consumer_notifies() {
+        let mailbox = crate::sync::Arc::new(Mailbox::new());
+        let consumer = {
+            let mailbox = mailbox.clone();
+            std::thread::spawn(move || mailbox.take(8, None).items)
+        };
+        // Wait until the consumer sleeps (it sets the flag under the lock, then waits).
+        while !lock(&mailbox.state).waiting {
+            std::thread::yield_now();
+        }
+        mailbox.push(1).unwrap();
+        // Whether or not the consumer has run yet, nobody is left to notify: the first push
+        // claimed the wake-up (MAIL-3), so this one must not notify.
+        assert!(!lock(&mailbox.state).waiting);
+        mailbox.push(2).unwrap();
+        assert!(!lock(&mailbox.state).waiting);
+        let taken = consumer.join().unwrap();
+        // The consumer took the first push, or both if the second came before it ran.
+        assert!(taken == vec![1] || taken == vec![1, 2], "took {taken:?}");
+    }
+
+    #[test]
     fn nudge_ends_one_wait_with_nothing_taken() {
         let mailbox = crate::sync::Arc::new(Mailbox::<u8>::new());
         let consumer = {
