@@ -142,12 +142,7 @@ impl Index {
 
     /// Returns the key's state at `at`.
     pub fn get(&self, key: &[u8], at: i64) -> Option<Hit> {
-        let found = self.keys.get(key)?.get(at)?;
-        Some(Hit {
-            revision: found.modified,
-            created: found.created,
-            version: found.version,
-        })
+        self.probe(key, at).0
     }
 
     /// Returns the key's state at `at`, and whether the index holds the key at all (alive
