@@ -169,21 +169,22 @@ impl Index {
             return self.put(key, rev, cost);
         }
         debug_assert!(!self.keys.contains_key(key), "probed absent, but present");
-        let mut ki = KeyIndex::new();
-        ki.put(rev, cost);
-        self.keys.insert(key.into(), ki);
+        self.insert_put(key, rev, cost);
     }
 
     /// Records a Put of `key` at `rev`.
     pub fn put(&mut self, key: &[u8], rev: Revision, cost: u32) {
         match self.keys.get_mut(key) {
             Some(ki) => ki.put(rev, cost),
-            None => {
-                let mut ki = KeyIndex::new();
-                ki.put(rev, cost);
-                self.keys.insert(key.into(), ki);
-            }
+            None => self.insert_put(key, rev, cost),
         }
+    }
+
+    /// Inserts `key`, absent from the index, with its first Put at `rev`.
+    fn insert_put(&mut self, key: &[u8], rev: Revision, cost: u32) {
+        let mut ki = KeyIndex::new();
+        ki.put(rev, cost);
+        self.keys.insert(key.into(), ki);
     }
 
     /// Records a delete of `key` at `rev`. Returns false if the key was not alive.
