@@ -21,7 +21,7 @@ use std::cmp::Ordering;
 
 use super::Revision;
 use super::index::{Hit, Index, KeyRange};
-use super::record::Record;
+use super::record::{Decoder, Record};
 use crate::api::{
     Compare, CompareResult, CompareTarget, KeyValue, RangeRequest, RangeResponse, RequestOp,
     ResponseHeader, ResponseOp, SortOrder, SortTarget, TxnRequest, TxnResponse,
@@ -60,6 +60,7 @@ impl Records for Snapshot {
 
     /// READ-3: many records close together in revision order are read in one ordered scan
     /// of the history (one B-tree descent, then leaf to leaf) rather than one lookup each.
+    /// Either way they are decoded into one shared buffer (REC-3).
     fn records(&self, revs: &[Revision]) -> Result<Vec<Record>, StorageError> {
         let mut order: Vec<usize> = (0..revs.len()).collect();
         order.sort_unstable_by_key(|&i| revs[i]);
@@ -68,12 +69,18 @@ impl Records for Snapshot {
         };
         let (low, high) = (revs[first], revs[last]);
         let spread = usize::try_from(high.main - low.main + 1).unwrap_or(usize::MAX);
+        let mut decoder = Decoder::with_capacity(revs.len());
         if revs.len() < RANGE_SCAN_RECORDS_MIN
             || spread > revs.len().saturating_mul(RANGE_SCAN_SPREAD_MAX)
         {
-            return revs.iter().map(|rev| self.record(*rev)).collect();
+            for rev in revs {
+                self.decode_history(&rev.to_key(), |bytes| decoder.push(bytes))?
+                    .ok_or_else(|| missing(*rev))?;
+            }
+            return Ok(decoder.finish());
         }
-        let mut found: Vec<Option<Record>> = vec![None; revs.len()];
+        // The position in `revs` of each record pushed, in revision order.
+        let mut pushed = Vec::with_capacity(revs.len());
         let mut next = 0;
         self.scan_history(low.to_key()..=high.to_key(), usize::MAX, |key, value| {
             let rev = Revision::from_key(key);
@@ -82,11 +89,16 @@ impl Records for Snapshot {
                 next += 1;
             }
             if next < order.len() && revs[order[next]] == rev {
-                found[order[next]] = Some(Record::decode(value)?);
+                decoder.push(value)?;
+                pushed.push(order[next]);
                 next += 1;
             }
             Ok(next < order.len())
         })?;
+        let mut found: Vec<Option<Record>> = vec![None; revs.len()];
+        for (record, at) in decoder.finish().into_iter().zip(pushed) {
+            found[at] = Some(record);
+        }
         found
             .into_iter()
             .zip(revs)
