@@ -60,7 +60,7 @@ impl Records for Snapshot {
 
     /// READ-3: many records close together in revision order are read in one ordered scan
     /// of the history (one B-tree descent, then leaf to leaf) rather than one lookup each.
-    /// Either way they are decoded into one shared buffer (REC-3).
+    /// Either way they are decoded into shared buffers (REC-3).
     fn records(&self, revs: &[Revision]) -> Result<Vec<Record>, StorageError> {
         let mut order: Vec<usize> = (0..revs.len()).collect();
         order.sort_unstable_by_key(|&i| revs[i]);

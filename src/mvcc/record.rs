@@ -17,10 +17,10 @@
 //! Invariants:
 //! - REC-1: `decode(encode(r)) == r`.
 //! - REC-2: `decode` is total: any bytes give a record or `Corrupted`, never a panic.
-//! - REC-3: the records of one [`Decoder`] share one buffer: their keys and values are
-//!   slices of it, so decoding n records allocates for their bytes a few times (the buffer
-//!   grows by doubling), not once or twice per record; the buffer lives while any of them
-//!   does.
+//! - REC-3: the records of one [`Decoder`] share its buffers: their keys and values are
+//!   slices of them, so decoding n records allocates for their bytes once per 4 MiB (or per
+//!   larger record), not once or twice per record, and copies each record's bytes once; a
+//!   buffer lives while any record in it does.
 //!
 //! Contact points: written by `mvcc::write`, read by every reader of history.
 
@@ -181,14 +181,17 @@ impl Record {
     }
 }
 
-/// Decodes many records into one shared buffer (REC-3), for a Range that returns many:
-/// a record decoded alone costs an allocation for its bytes and another for the shared
-/// header its key and value slices need, which a Range of 1,000 keys paid 2,000 times.
+/// Decodes many records into shared buffers (REC-3), for a Range that returns many: a
+/// record decoded alone costs an allocation for its bytes and another for the shared header
+/// its key and value slices need, which a Range of 1,000 keys paid 2,000 times.
 #[derive(Debug, Default)]
 pub struct Decoder {
-    /// Every pushed record's key and value, back to back.
-    bytes: Vec<u8>,
-    /// Each pushed record's fields and where its key and value lie in `bytes`.
+    /// The buffers already filled.
+    full: Vec<Bytes>,
+    /// The buffer being filled: sized when it is started and never grown, so no record's
+    /// bytes are copied twice.
+    chunk: Vec<u8>,
+    /// Each pushed record's fields and where its key and value lie.
     heads: Vec<DecodedHead>,
 }
 
@@ -198,7 +201,10 @@ struct DecodedHead {
     create_revision: i64,
     version: i64,
     lease: i64,
-    /// The key's start in the buffer; the value follows it.
+    /// The buffer holding the key and value: an index into `full`, or `full.len()` for the
+    /// buffer being filled.
+    chunk: usize,
+    /// The key's start in that buffer; the value follows it.
     start: usize,
     key_len: usize,
     end: usize,
@@ -208,7 +214,8 @@ impl Decoder {
     /// Returns a decoder expecting about `records` records.
     pub fn with_capacity(records: usize) -> Decoder {
         Decoder {
-            bytes: Vec::new(),
+            full: Vec::new(),
+            chunk: Vec::new(),
             heads: Vec::with_capacity(records),
         }
     }
@@ -216,32 +223,47 @@ impl Decoder {
     /// Decodes `bytes` (REC-2) as the next record; nothing is kept if they are corrupted.
     pub fn push(&mut self, bytes: &[u8]) -> Result<(), StorageError> {
         let head = Record::decode_head(bytes)?;
-        if self.bytes.is_empty() {
-            // The first record's size times the count expected, within reason: most
-            // Ranges return records of one shape, and doubling covers the rest.
-            let expected = (bytes.len() - HEADER_BYTES).saturating_mul(self.heads.capacity());
-            self.bytes.reserve(expected.min(DECODER_RESERVE_MAX));
+        let len = bytes.len() - HEADER_BYTES;
+        if self.chunk.capacity() - self.chunk.len() < len {
+            // A new buffer for this record and, at this record's size, the ones still
+            // expected (most Ranges return records of one shape), within
+            // DECODER_CHUNK_BYTES unless this record alone is larger.
+            let expected = self
+                .heads
+                .capacity()
+                .saturating_sub(self.heads.len())
+                .max(1);
+            let size = len
+                .saturating_mul(expected)
+                .min(DECODER_CHUNK_BYTES.max(len));
+            let filled = std::mem::replace(&mut self.chunk, Vec::with_capacity(size));
+            if !filled.is_empty() {
+                self.full.push(Bytes::from(filled));
+            }
         }
-        let start = self.bytes.len();
-        self.bytes.extend_from_slice(&bytes[HEADER_BYTES..]);
+        let start = self.chunk.len();
+        self.chunk.extend_from_slice(&bytes[HEADER_BYTES..]);
         self.heads.push(DecodedHead {
             tombstone: head.tombstone,
             create_revision: head.create_revision,
             version: head.version,
             lease: head.lease,
+            chunk: self.full.len(),
             start,
             key_len: head.key.len(),
-            end: self.bytes.len(),
+            end: self.chunk.len(),
         });
         Ok(())
     }
 
     /// Returns the records pushed, in the order pushed.
     pub fn finish(self) -> Vec<Record> {
-        let shared = Bytes::from(self.bytes);
+        let mut chunks = self.full;
+        chunks.push(Bytes::from(self.chunk));
         self.heads
             .into_iter()
             .map(|head| {
+                let shared = &chunks[head.chunk];
                 let value_start = head.start + head.key_len;
                 Record {
                     key: shared.slice(head.start..value_start),
@@ -256,15 +278,17 @@ impl Decoder {
     }
 }
 
-/// The most a [`Decoder`] reserves ahead of the records it is given.
-const DECODER_RESERVE_MAX: usize = 4 << 20;
+/// The largest buffer a [`Decoder`] starts for records of ordinary size: a Range of many
+/// large records fills several rather than one that doubles, so no record is copied twice
+/// and no buffer waits for a copy into one twice its size.
+const DECODER_CHUNK_BYTES: usize = 4 << 20;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_decoder_gives_what_decode_gives_each_record() {
+    fn a_decoder_gives_back_the_records_encoded() {
         let records = [
             Record {
                 key: Bytes::from_static(b"first"),
@@ -297,6 +321,30 @@ mod tests {
             records.to_vec(),
             "the refused push left nothing"
         );
+    }
+
+    #[test]
+    fn a_decoder_fills_several_buffers_for_records_past_its_buffer_size() {
+        // Three records of 3 MiB get a buffer each (two would pass 4 MiB), a small one
+        // shares the third's, and one larger than the buffer size gets one of its own size.
+        let record = |i: u8, len: usize| Record {
+            key: Bytes::from(vec![b'k', i]),
+            tombstone: false,
+            create_revision: 2,
+            version: 1,
+            lease: 0,
+            value: Bytes::from(vec![i; len]),
+        };
+        let records: Vec<Record> = (0..3)
+            .map(|i| record(i, 3 << 20))
+            .chain([record(3, 10), record(4, DECODER_CHUNK_BYTES + 1)])
+            .collect();
+        let mut decoder = Decoder::with_capacity(records.len());
+        for r in &records {
+            decoder.push(&r.encode()).unwrap();
+        }
+        assert_eq!(decoder.full.len(), 3, "a buffer per 3 MiB record");
+        assert_eq!(decoder.finish(), records);
     }
 
     #[test]
