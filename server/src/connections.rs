@@ -65,6 +65,7 @@ use crate::authority::AuthorityFix;
 use crate::connection_threads::ConnectionThreads;
 use crate::fair_streams::{self, StreamExecutor};
 use crate::http::{Answer, ClientPort};
+use crate::pong::PongHold;
 use crate::role_turns::{self, RoleTurns};
 use crate::tls::{ClientCertificate, Tls};
 use kvd::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
@@ -470,7 +471,10 @@ async fn serve_connection<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Arc::new(Activity::new());
-    let io = TokioIo::new(AuthorityFix::watched(stream, activity.clone()));
+    let io = TokioIo::new(AuthorityFix::watched(
+        PongHold::new(stream),
+        activity.clone(),
+    ));
     let service = Tracked {
         port,
         activity: activity.clone(),

@@ -19,7 +19,8 @@
 //!
 //! Contact points: `server/src/bin/kvd.rs` parses flags into [`ServerConfig`] and calls [`run`];
 //! tests drive the server through the `kvd` binary and the generated clients in [`pb`].
-//! Module map: `authority` (repairs the HTTP/2 authority of etcd 3.4 clients), `http`
+//! Module map: `authority` (repairs the HTTP/2 authority of etcd 3.4 clients), `pong` (a
+//! PING acknowledgement leaves with the answer it came with), `http`
 //! (router, metrics layer, HTTP routes), `gateway` (etcd's JSON gateway, `/v3/...`), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
 //! `auth` (answers "auth disabled"), `connections` (accept loop, connection limits),
 //! `connection_threads` (the threads connections are served on, one runtime per CPU),
@@ -52,6 +53,7 @@ mod node;
 mod operation;
 mod operator;
 pub mod pb;
+mod pong;
 mod recovery;
 mod role_turns;
 mod single_message;
