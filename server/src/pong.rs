@@ -124,17 +124,31 @@ fn holds_headers(bytes: &[u8]) -> bool {
 }
 
 impl<S: AsyncWrite + Unpin> PongHold<S> {
-    /// Passes the held frame on, alone, until all of it is out.
-    fn poll_release(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    /// Passes the held frame on, followed in the same writes by as much of `bufs` as the
+    /// socket takes once the frame is out (PONG-1). Returns how many bytes of `bufs` went
+    /// out: 0 when `bufs` is empty, or when the frame's last byte ended a write.
+    fn poll_release(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         while self.sent < self.held.len() {
-            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.held[self.sent..]))?;
+            let mut slices = Vec::with_capacity(bufs.len() + 1);
+            slices.push(IoSlice::new(&self.held[self.sent..]));
+            slices.extend(bufs.iter().map(|b| IoSlice::new(b)));
+            let n = ready!(Pin::new(&mut self.inner).poll_write_vectored(cx, &slices))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
-            self.sent += n;
+            let rest = self.held.len() - self.sent;
+            if n < rest {
+                self.sent += n;
+                continue;
+            }
+            self.clear();
+            return Poll::Ready(Ok(n - rest));
         }
-        self.clear();
-        Poll::Ready(Ok(()))
+        Poll::Ready(Ok(0))
     }
 
     fn clear(&mut self) {
@@ -165,23 +179,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for PongHold<S> {
             this.answer_due = false;
         }
         // PONG-1: a held frame goes out first, in the same write when the socket takes it.
-        while this.sent < this.held.len() {
-            let mut slices = Vec::with_capacity(bufs.len() + 1);
-            slices.push(IoSlice::new(&this.held[this.sent..]));
-            slices.extend(bufs.iter().map(|b| IoSlice::new(b)));
-            let n = ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, &slices))?;
-            if n == 0 {
-                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-            }
-            let rest = this.held.len() - this.sent;
-            if n < rest {
-                this.sent += n;
-                continue;
-            }
-            this.clear();
-            if n > rest {
-                return Poll::Ready(Ok(n - rest));
-            }
+        let written = ready!(this.poll_release(cx, bufs))?;
+        if written > 0 {
+            return Poll::Ready(Ok(written));
         }
         if ack && this.answer_due {
             this.held.clear();
@@ -207,14 +207,14 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for PongHold<S> {
             if let Some(deadline) = this.deadline.as_mut() {
                 ready!(deadline.as_mut().poll(cx));
             }
-            ready!(this.poll_release(cx))?;
+            ready!(this.poll_release(cx, &[]))?;
         }
         Pin::new(&mut this.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        ready!(this.poll_release(cx))?;
+        ready!(this.poll_release(cx, &[]))?;
         Pin::new(&mut this.inner).poll_shutdown(cx)
     }
 }
