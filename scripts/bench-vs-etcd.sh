@@ -466,7 +466,7 @@ preload() {
   echo "host: $(uname -srm), $(nproc) cpus, CLK_TCK=$CLK_TCK"
   echo "data dirs under: $DATA_TMPDIR ($(df -PT "$DATA_TMPDIR" 2>/dev/null | awk 'NR==2{print $2}'))"
   echo "etcd: $ETCD_BIN: $("$ETCD_BIN" --version 2>&1 | head -n 1)"
-  echo "kvd: $KVD: $("$KVD" --version 2>&1 | head -n 1) (repo $(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$REPO_ROOT" status --porcelain 2>/dev/null | grep -q . && echo ', dirty'))"
+  echo "kvd: $KVD: $("$KVD" --version 2>&1 | head -n 1) (this checkout: $(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$REPO_ROOT" status --porcelain 2>/dev/null | grep -q . && echo ', dirty'))"
   echo "benchmark: $ETCD_BENCHMARK (sha256 $(sha256sum "$ETCD_BENCHMARK" | cut -d' ' -f1))"
   [[ -z ${ETCDCTL_BIN:-} ]] || echo "etcdctl: $ETCDCTL_BIN: $("$ETCDCTL_BIN" version 2>&1 | head -n 1)"
   echo "WORKLOADS=$WORKLOADS ROUNDS=$ROUNDS TOTAL_SCALE=$TOTAL_SCALE KVD_ARGS=${KVD_ARGS:-} ETCD_ARGS=${ETCD_ARGS:-}"

@@ -11,9 +11,16 @@
 //!   field names are the proto field names, unknown fields are ignored, and the rest of
 //!   proto3's JSON mapping (base64 bytes, 64-bit integers as strings, enum names, zero
 //!   values left out) is pbjson's.
+//! - BUILD-4: `KVD_GIT_COMMIT` is the commit the sources were checked out at (`git
+//!   rev-parse`, 12 hex digits), or `unknown` where there is no git or no repository (a
+//!   source tarball); `kvd --version` prints it, so a figure measured with a binary names
+//!   the code it ran. It is taken again whenever the checked-out commit changes.
 //!
 //! Contact points: `proto/` (the wire contract, `docs/design/wire-protocol.md`) and
 //! `server/src/pb.rs`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use prost::Message;
 
@@ -34,5 +41,46 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .preserve_proto_field_names()
         .ignore_unknown_fields()
         .build(&[".etcdserverpb", ".mvccpb", ".authpb"])?;
+    git_commit();
     Ok(())
+}
+
+/// Runs `git` with `args` in `dir` and returns its trimmed output, if it succeeded.
+fn git(dir: &Path, args: &[&str]) -> Option<String> {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8(out.stdout).ok()?;
+    Some(text.trim().to_owned())
+}
+
+/// Sets `KVD_GIT_COMMIT` (BUILD-4), and asks cargo to run this again when `HEAD` or the
+/// branch it names moves (only files that exist are named: cargo reruns a build script
+/// every time for a missing one).
+fn git_commit() {
+    let dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let commit = git(&dir, &["rev-parse", "--short=12", "HEAD"]);
+    if commit.is_some() {
+        let mut watched = vec!["HEAD".to_owned(), "packed-refs".to_owned()];
+        watched.extend(git(&dir, &["symbolic-ref", "-q", "HEAD"]));
+        for name in watched {
+            // `--git-path` resolves a worktree's own and common directories.
+            let Some(path) = git(&dir, &["rev-parse", "--git-path", &name]) else {
+                continue;
+            };
+            let path = dir.join(path);
+            if path.exists() {
+                println!("cargo:rerun-if-changed={}", path.display());
+            }
+        }
+    }
+    println!(
+        "cargo:rustc-env=KVD_GIT_COMMIT={}",
+        commit.as_deref().unwrap_or("unknown")
+    );
 }

@@ -53,7 +53,7 @@ mod cli {
     #[derive(Debug, Parser)]
     #[command(
         name = "kvd",
-        version,
+        version = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("KVD_GIT_COMMIT"), ")"),
         about,
         long_about = None,
         args_conflicts_with_subcommands = true

@@ -1,6 +1,6 @@
 //! The kvd process: clean shutdown on SIGINT and SIGTERM (open Watch and LeaseKeepAlive
 //! streams end with "server stopped" instead of holding it up), data and identity that survive a
-//! restart, a clear refusal to share a data directory, flag errors, and the HTTP routes
+//! restart, a clear refusal to share a data directory, flag errors, `--version`, and the HTTP routes
 //! (`/health`, `/version`, `/metrics`) on the client port.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -289,4 +289,26 @@ async fn watch_and_keep_alive_streams_end_at_shutdown_without_the_grace_period()
         );
     }
     drop((watch_requests, keep_alive_requests));
+}
+
+#[test]
+fn version_names_the_commit_the_binary_was_built_from() {
+    let output = Command::new(common::kvd_binary())
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    // BUILD-4: the same `git rev-parse` the build script ran, or `unknown` without git.
+    let commit = Command::new("git")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8(out.stdout).unwrap().trim().to_owned())
+        .unwrap_or_else(|| "unknown".to_owned());
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        format!("kvd {} (git {commit})\n", env!("CARGO_PKG_VERSION"))
+    );
 }
