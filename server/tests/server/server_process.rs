@@ -1,7 +1,7 @@
 //! The kvd process: clean shutdown on SIGINT and SIGTERM (open Watch and LeaseKeepAlive
-//! streams end with "server stopped" instead of holding it up), data and identity that survive a
-//! restart, a clear refusal to share a data directory, flag errors, `--version`, and the HTTP routes
-//! (`/health`, `/version`, `/metrics`) on the client port.
+//! streams end with "server stopped" instead of holding it up), data and identity that survive
+//! a restart, a clear refusal to share a data directory, flag errors, `--version`, and the
+//! HTTP routes (`/health`, `/version`, `/metrics`) on the client port.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
