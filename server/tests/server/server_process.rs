@@ -298,7 +298,7 @@ fn version_names_the_commit_the_binary_was_built_from() {
         .output()
         .unwrap();
     assert!(output.status.success(), "{output:?}");
-    // BUILD-4: the same `git rev-parse` the build script ran, or `unknown` without git.
+    // The same `git rev-parse` that `server/build.rs` ran, or `unknown` without git.
     let commit = Command::new("git")
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(["rev-parse", "--short=12", "HEAD"])
