@@ -49,7 +49,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// The HTTP/2 client connection preface.
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Bytes of an HTTP/2 frame header.
-const FRAME_HEADER_BYTES: usize = 9;
+pub(crate) const FRAME_HEADER_BYTES: usize = 9;
 /// Largest frame payload the wrapper writes or examines: HTTP/2's default
 /// SETTINGS_MAX_FRAME_SIZE, which hyper's server keeps (and enforces) unless configured
 /// otherwise.
@@ -64,7 +64,8 @@ const READ_CHUNK_BYTES: usize = 16_384;
 /// Largest HPACK integer continuation shift accepted (values up to 2^35).
 const HPACK_INT_SHIFT_MAX: u32 = 28;
 
-const FRAME_HEADERS: u8 = 0x1;
+/// HTTP/2's frame type HEADERS.
+pub(crate) const FRAME_HEADERS: u8 = 0x1;
 const FRAME_CONTINUATION: u8 = 0x9;
 const FLAG_END_STREAM: u8 = 0x1;
 const FLAG_END_HEADERS: u8 = 0x4;
@@ -311,18 +312,18 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<S> {
     }
 }
 
-/// An HTTP/2 frame header.
+/// An HTTP/2 frame header (also read by `pong`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FrameHeader {
-    len: usize,
-    kind: u8,
+pub(crate) struct FrameHeader {
+    pub(crate) len: usize,
+    pub(crate) kind: u8,
     flags: u8,
     stream: u32,
 }
 
 impl FrameHeader {
     /// Returns the frame header at the start of `bytes`, if all nine bytes are there.
-    fn parse(bytes: &[u8]) -> Option<FrameHeader> {
+    pub(crate) fn parse(bytes: &[u8]) -> Option<FrameHeader> {
         let head: &[u8; FRAME_HEADER_BYTES] = bytes.get(..FRAME_HEADER_BYTES)?.try_into().ok()?;
         let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
         let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;

@@ -32,7 +32,8 @@
 //! most that much more, far below any keep-alive timeout.
 //!
 //! Contact points: `server::connections` wraps every connection's stream (under TLS, the
-//! decrypted one) before [`crate::authority::AuthorityFix`].
+//! decrypted one) before [`crate::authority::AuthorityFix`], whose frame-header parser it
+//! uses to find a request's HEADERS frame.
 
 use std::future::Future;
 use std::io::{self, IoSlice};
@@ -42,6 +43,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
+
+use crate::authority::{FRAME_HEADER_BYTES, FRAME_HEADERS, FrameHeader};
 
 /// The longest a PING acknowledgement waits for something to leave with (PONG-2).
 pub const PONG_HOLD_MAX: Duration = Duration::from_millis(2);
@@ -104,21 +107,16 @@ fn is_ping_ack(bufs: &[IoSlice<'_>]) -> bool {
     header == PING_ACK_HEADER
 }
 
-/// HTTP/2's frame type HEADERS.
-const HEADERS_FRAME: u8 = 1;
-
 /// Returns true if `bytes`, read as whole frames from their start, hold a HEADERS frame.
 /// A read need not start at a frame boundary; a wrong guess only decides whether one
 /// acknowledgement waits (PONG-2 bounds the wait), never what is sent.
 fn holds_headers(bytes: &[u8]) -> bool {
     let mut at = 0;
-    while let Some(header) = bytes.get(at..at + 9) {
-        if header[3] == HEADERS_FRAME {
+    while let Some(header) = bytes.get(at..).and_then(FrameHeader::parse) {
+        if header.kind == FRAME_HEADERS {
             return true;
         }
-        let len =
-            usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
-        at += 9 + len;
+        at += FRAME_HEADER_BYTES + header.len;
     }
     false
 }
