@@ -15,6 +15,8 @@
 //!   rev-parse`, 12 hex digits), or `unknown` where there is no git or no repository (a
 //!   source tarball); `kvd --version` prints it, so a figure measured with a binary names
 //!   the code it ran. It is taken again whenever the checked-out commit changes.
+//! - BUILD-5: the generated services and clients encode and decode with
+//!   `server::grpc_codec::EtcdCodec` (prost's bytes, buffers sized for etcd's calls).
 //!
 //! Contact points: `proto/` (the wire contract, `docs/design/wire-protocol.md`) and
 //! `server/src/pb.rs`.
@@ -34,6 +36,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(true)
         .bytes(".")
+        // BUILD-5.
+        .codec_path("crate::grpc_codec::EtcdCodec")
         .compile_fds(descriptors)?;
     // BUILD-3.
     pbjson_build::Builder::new()

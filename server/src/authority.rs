@@ -41,7 +41,7 @@ use std::task::{Context, Poll};
 
 use crate::connections::Activity;
 use axum::http::uri::Authority;
-use bytes::{BufMut, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 use fluke_hpack::huffman::HuffmanDecoder;
 use kvd::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -92,10 +92,12 @@ enum Mode {
 pub struct AuthorityFix<S> {
     inner: S,
     mode: Mode,
-    /// Bytes read from the socket and not yet examined.
+    /// Bytes read from the socket and not yet handed to hyper: the first `examined` of
+    /// them are examined and ready for hyper, the rest not yet examined. One buffer that is
+    /// only ever advanced, never split, so its storage is reused read after read.
     input: BytesMut,
-    /// Bytes examined and ready for hyper.
-    output: BytesMut,
+    /// How many bytes at the front of `input` are examined.
+    examined: usize,
     /// Payload bytes of the current non-header frame still to forward unchanged.
     forward_remaining: usize,
     /// The socket reported end of stream.
@@ -121,7 +123,7 @@ impl<S> AuthorityFix<S> {
             inner,
             mode: Mode::Preface,
             input: BytesMut::new(),
-            output: BytesMut::new(),
+            examined: 0,
             forward_remaining: 0,
             eof: false,
             huffman: None,
@@ -146,7 +148,7 @@ impl<S> AuthorityFix<S> {
         };
         let holding = match self.mode {
             Mode::Preface => true,
-            Mode::Frames => !self.input.is_empty() || self.forward_remaining > 0,
+            Mode::Frames => !self.unexamined().is_empty() || self.forward_remaining > 0,
             // HTTP/1: hyper's header read timeout watches the request head.
             Mode::Passthrough => false,
         };
@@ -157,29 +159,33 @@ impl<S> AuthorityFix<S> {
         }
     }
 
-    /// Moves examined bytes from `input` to `output`; returns false when more input is
-    /// needed to make progress.
+    /// The bytes read and not yet examined.
+    fn unexamined(&self) -> &[u8] {
+        &self.input[self.examined..]
+    }
+
+    /// Examines bytes of `input` and marks them ready for hyper; returns false when more
+    /// input is needed to make progress.
     fn process(&mut self) -> bool {
         match self.mode {
             Mode::Passthrough => {
-                if self.input.is_empty() {
+                if self.unexamined().is_empty() {
                     return false;
                 }
-                let all = self.input.split();
-                self.output.unsplit(all);
+                self.examined = self.input.len();
                 true
             }
             Mode::Preface => {
-                let seen = self.input.len().min(PREFACE.len());
-                if self.input[..seen] != PREFACE[..seen] {
+                let input = self.unexamined();
+                let seen = input.len().min(PREFACE.len());
+                if input[..seen] != PREFACE[..seen] {
                     self.mode = Mode::Passthrough;
                     return true;
                 }
                 if seen < PREFACE.len() {
                     return false;
                 }
-                let preface = self.input.split_to(PREFACE.len());
-                self.output.unsplit(preface);
+                self.examined += PREFACE.len();
                 self.mode = Mode::Frames;
                 true
             }
@@ -189,21 +195,19 @@ impl<S> AuthorityFix<S> {
 
     fn process_frame(&mut self) -> bool {
         if self.forward_remaining > 0 {
-            if self.input.is_empty() {
+            let n = self.forward_remaining.min(self.unexamined().len());
+            if n == 0 {
                 return false;
             }
-            let n = self.forward_remaining.min(self.input.len());
-            let payload = self.input.split_to(n);
-            self.output.unsplit(payload);
+            self.examined += n;
             self.forward_remaining -= n;
             return true;
         }
-        let Some(header) = FrameHeader::parse(&self.input) else {
+        let Some(header) = FrameHeader::parse(self.unexamined()) else {
             return false;
         };
         if header.kind != FRAME_HEADERS {
-            let head = self.input.split_to(FRAME_HEADER_BYTES);
-            self.output.unsplit(head);
+            self.examined += FRAME_HEADER_BYTES;
             self.forward_remaining = header.len;
             return true;
         }
@@ -213,21 +217,25 @@ impl<S> AuthorityFix<S> {
             self.mode = Mode::Passthrough;
             return true;
         }
-        match header_block_extent(&self.input) {
-            Extent::Incomplete if self.input.len() < HEADER_BLOCK_BYTES_MAX => false,
+        match header_block_extent(self.unexamined()) {
+            Extent::Incomplete if self.unexamined().len() < HEADER_BLOCK_BYTES_MAX => false,
             Extent::Incomplete | Extent::Malformed => {
                 self.mode = Mode::Passthrough;
                 true
             }
             Extent::Complete(end) => {
-                let frames = self.input.split_to(end);
+                let start = self.examined;
                 let huffman = self.huffman.get_or_insert_with(HuffmanDecoder::new);
-                match rewrite_frames(&frames, huffman) {
+                match rewrite_frames(&self.input[start..start + end], huffman) {
                     Some(rewritten) => {
                         tracing::debug!("repaired an HTTP/2 :authority the server would refuse");
-                        self.output.extend_from_slice(&rewritten);
+                        let rest = self.input.split_off(start + end);
+                        self.input.truncate(start);
+                        self.input.extend_from_slice(&rewritten);
+                        self.input.extend_from_slice(&rest);
+                        self.examined = start + rewritten.len();
                     }
-                    None => self.output.unsplit(frames),
+                    None => self.examined = start + end,
                 }
                 true
             }
@@ -246,13 +254,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
             return Poll::Ready(Ok(()));
         }
         loop {
-            if !this.output.is_empty() {
-                let n = buf.remaining().min(this.output.len());
-                buf.put_slice(&this.output.split_to(n));
+            // Each step examines more or gives up (AUTH-3), so this ends.
+            while this.process() {}
+            if this.examined > 0 {
+                let n = buf.remaining().min(this.examined);
+                buf.put_slice(&this.input[..n]);
+                this.input.advance(n);
+                this.examined -= n;
                 return Poll::Ready(Ok(()));
-            }
-            if this.process() {
-                continue;
             }
             if this.eof {
                 if this.input.is_empty() {
@@ -262,21 +271,21 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
                 this.mode = Mode::Passthrough;
                 continue;
             }
-            let mut chunk = [0u8; READ_CHUNK_BYTES];
             // AUTH-6: never read past what the wrapper may hold. `process` only asks for
             // more while the input is under the bound, so there is room for a byte at least.
             let room = HEADER_BLOCK_BYTES_MAX
                 .saturating_sub(this.input.len())
                 .clamp(1, READ_CHUNK_BYTES);
-            let mut chunk_buf = ReadBuf::new(&mut chunk[..room]);
-            match Pin::new(&mut this.inner).poll_read(cx, &mut chunk_buf) {
+            this.input.reserve(room);
+            let mut spare = (&mut this.input).limit(room);
+            match tokio_util::io::poll_read_buf(Pin::new(&mut this.inner), cx, &mut spare) {
                 Poll::Pending => {
                     this.note_wait();
                     return Poll::Pending;
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Ready(Ok(())) if chunk_buf.filled().is_empty() => this.eof = true,
-                Poll::Ready(Ok(())) => this.input.extend_from_slice(chunk_buf.filled()),
+                Poll::Ready(Ok(0)) => this.eof = true,
+                Poll::Ready(Ok(_)) => {}
             }
         }
     }
@@ -736,11 +745,11 @@ mod tests {
         let mut fix = AuthorityFix::new(input.as_slice());
         let mut first = vec![0u8; 64];
         let n = fix.read(&mut first).await.unwrap();
-        assert_eq!(&first[..n], PREFACE);
-        let n = fix.read(&mut first).await.unwrap();
-        assert_eq!(&first[..9], &input[PREFACE.len()..PREFACE.len() + 9]);
-        assert!(n > 0 && fix.mode == Mode::Passthrough);
-        assert!(fix.input.len() + fix.output.len() <= HEADER_BLOCK_BYTES_MAX);
+        // The preface, the frame header and some of the payload, unchanged.
+        assert!(n > PREFACE.len() + FRAME_HEADER_BYTES);
+        assert_eq!(&first[..n], &input[..n]);
+        assert_eq!(fix.mode, Mode::Passthrough);
+        assert!(fix.input.len() <= HEADER_BLOCK_BYTES_MAX);
     }
 
     #[tokio::test]

@@ -19,12 +19,14 @@
 //!   plain 404.
 //! - HTTP-5: the body of a gRPC request to a method that takes one message passes through
 //!   `server::single_message` (ONE-1), so a second message is an `INTERNAL` error.
-//! - HTTP-6: a request with a gRPC content type goes straight to the gRPC services
-//!   ([`ClientPort::answer`]): counted, timed and wrapped by [`track`] and nothing else. Every
-//!   other request goes to the router of the HTTP routes, behind the CORS layer; its routes
-//!   include the gRPC services too, so a gRPC path asked without the gRPC content type is
-//!   refused by tonic as before. (axum's middleware on every gRPC call cost about 7 % of the
-//!   server's CPU per put under etcd's 64-client benchmark: docs/benchmarks-server.md.)
+//! - HTTP-6: a request with a gRPC content type goes straight to the gRPC service its path
+//!   names ([`ClientPort::answer`], [`GrpcServices::call`]): counted, timed and wrapped by
+//!   [`track`] and nothing else, with no router and no body conversion on the way in.
+//!   Every other request goes to the router of the HTTP routes, behind the CORS layer; its
+//!   routes include the gRPC services too, so a gRPC path asked without the gRPC content
+//!   type is refused by tonic as before. (axum's middleware on every gRPC call cost about
+//!   7 % of the server's CPU per put under etcd's 64-client benchmark:
+//!   docs/benchmarks-server.md.)
 //!
 //! Contact points: `server::run` serves this router; the gRPC services live in `kv.rs`,
 //! `lease.rs`, `watch.rs`, `maintenance.rs`, `cluster.rs` and `auth.rs`.
@@ -43,6 +45,7 @@ use axum::routing::get;
 use hyper::body::Incoming;
 use hyper::service::Service as _;
 use hyper_util::service::TowerToHyperService;
+use tonic::codegen::Service as _;
 use tonic::service::Routes;
 use tonic::{Code, Status};
 
@@ -83,13 +86,61 @@ struct Shared {
 /// gRPC content type, and the router of everything, behind the CORS layer, for the rest.
 #[derive(Debug, Clone)]
 pub struct ClientPort {
-    grpc: TowerToHyperService<axum::Router>,
+    grpc: GrpcServices,
     http: TowerToHyperService<axum::Router>,
     shared: Arc<Shared>,
 }
 
 /// A request's answer on the client port.
 pub type Answer = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+/// A gRPC request's body: hyper's, held to one message where the method takes one (HTTP-5).
+type GrpcBody = SingleMessage<Incoming>;
+
+/// A gRPC answer before it becomes the client port's response.
+type GrpcAnswer = Pin<
+    Box<dyn Future<Output = Result<axum::http::Response<tonic::body::Body>, Infallible>> + Send>,
+>;
+
+/// etcd's six gRPC services, called by the service name in the request's path (HTTP-6).
+/// tonic's generated services are always ready (their `poll_ready` returns `Ready`), so
+/// `call` goes to them without asking.
+#[derive(Debug, Clone)]
+struct GrpcServices {
+    kv: KvServer<KvService>,
+    watch: WatchServer<WatchService>,
+    lease: LeaseServer<LeaseService>,
+    maintenance: MaintenanceServer<MaintenanceService>,
+    cluster: ClusterServer<ClusterService>,
+    auth: AuthServer<AuthService>,
+}
+
+impl GrpcServices {
+    /// Calls the service `request`'s path names (`/etcdserverpb.<Service>/<Method>`); a
+    /// path naming no service gets `Unimplemented` (HTTP-4), and a method its service does
+    /// not have gets tonic's `Unimplemented`.
+    fn call(&self, request: Request<GrpcBody>) -> GrpcAnswer {
+        let service = request
+            .uri()
+            .path()
+            .strip_prefix("/etcdserverpb.")
+            .and_then(|rest| rest.split_once('/'))
+            .map(|(service, _)| service);
+        match service {
+            Some("KV") => self.kv.clone().call(request),
+            Some("Watch") => self.watch.clone().call(request),
+            Some("Lease") => self.lease.clone().call(request),
+            Some("Maintenance") => self.maintenance.clone().call(request),
+            Some("Cluster") => self.cluster.clone().call(request),
+            Some("Auth") => self.auth.clone().call(request),
+            _ => {
+                let message = format!("kvd: unknown gRPC method {}", request.uri().path());
+                let answer = Status::unimplemented(message).into_http::<tonic::body::Body>();
+                Box::pin(std::future::ready(Ok(answer)))
+            }
+        }
+    }
+}
 
 impl ClientPort {
     /// Answers `request`: one with a gRPC content type is counted, timed and logged, its
@@ -101,7 +152,6 @@ impl ClientPort {
         }
         let shared = self.shared.clone();
         let grpc = self.grpc.clone();
-        let request = request.map(Body::new);
         Box::pin(async move { Ok(track(&shared, &grpc, request).await) })
     }
 }
@@ -122,29 +172,26 @@ pub fn router(
         connections,
     };
     let gateway = gateway::router(node.clone(), metrics, snapshots.clone(), max_receive_bytes);
-    let routes = Routes::new(
-        KvServer::new(KvService::new(node.clone())).max_decoding_message_size(max_receive_bytes),
-    )
-    .add_service(
-        MaintenanceServer::new(MaintenanceService::new(node.clone(), snapshots))
+    let grpc = GrpcServices {
+        kv: KvServer::new(KvService::new(node.clone()))
             .max_decoding_message_size(max_receive_bytes),
-    )
-    .add_service(
-        ClusterServer::new(ClusterService::new(node.clone()))
+        maintenance: MaintenanceServer::new(MaintenanceService::new(node.clone(), snapshots))
             .max_decoding_message_size(max_receive_bytes),
-    )
-    .add_service(
-        AuthServer::new(AuthService::new(node.clone()))
+        cluster: ClusterServer::new(ClusterService::new(node.clone()))
             .max_decoding_message_size(max_receive_bytes),
-    )
-    .add_service(
-        WatchServer::new(WatchService::new(node.clone()))
+        auth: AuthServer::new(AuthService::new(node.clone()))
             .max_decoding_message_size(max_receive_bytes),
-    )
-    .add_service(
-        LeaseServer::new(LeaseService::new(node)).max_decoding_message_size(max_receive_bytes),
-    );
-    let grpc = routes.clone().into_axum_router().fallback(fallback);
+        watch: WatchServer::new(WatchService::new(node.clone()))
+            .max_decoding_message_size(max_receive_bytes),
+        lease: LeaseServer::new(LeaseService::new(node))
+            .max_decoding_message_size(max_receive_bytes),
+    };
+    let routes = Routes::new(grpc.kv.clone())
+        .add_service(grpc.maintenance.clone())
+        .add_service(grpc.cluster.clone())
+        .add_service(grpc.auth.clone())
+        .add_service(grpc.watch.clone())
+        .add_service(grpc.lease.clone());
     let http = routes
         .into_axum_router()
         .route("/health", get(health).with_state(shared.clone()))
@@ -162,7 +209,7 @@ pub fn router(
         .fallback(fallback)
         .layer(middleware::from_fn_with_state(Arc::new(cors), cors::cors));
     ClientPort {
-        grpc: TowerToHyperService::new(grpc),
+        grpc,
         http: TowerToHyperService::new(http),
         shared: Arc::new(shared),
     }
@@ -178,22 +225,18 @@ fn has_grpc_content_type(headers: &header::HeaderMap) -> bool {
 
 /// Runs a gRPC request through `grpc` (the gRPC services), counting, timing and logging it
 /// (HTTP-1), and gives an oversized message etcd's answer (HTTP-2).
-async fn track(
-    shared: &Shared,
-    grpc: &TowerToHyperService<axum::Router>,
-    request: Request,
-) -> Response {
+async fn track(shared: &Shared, grpc: &GrpcServices, request: Request<Incoming>) -> Response {
     let path = request.uri().path().to_owned();
     // ONE-1: a method that takes one request message refuses a second.
     let request = if single_message::is_client_streaming(&path) {
-        request
+        request.map(SingleMessage::passing)
     } else {
         request.map(SingleMessage::wrap)
     };
     shared.metrics.start(&path);
     let started = Instant::now();
     let response = match grpc.call(request).await {
-        Ok(response) => response,
+        Ok(response) => response.map(Body::new),
         Err(never) => match never {},
     };
     let response = match Status::from_header_map(response.headers()) {

@@ -42,6 +42,7 @@ mod fair_streams;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gateway;
+mod grpc_codec;
 mod hash;
 mod http;
 mod identity;

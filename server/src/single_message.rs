@@ -18,13 +18,13 @@
 //! - ONE-2: the framing parser is total: it only counts bytes (a 1-byte flag and a 4-byte
 //!   big-endian length per message), so no input makes it panic.
 //!
-//! Contact points: `server::http::track` wraps the body of every gRPC request whose method
-//! is not client-streaming ([`is_client_streaming`]).
+//! Contact points: `server::http::track` wraps the body of every gRPC request: one whose
+//! method is client-streaming ([`is_client_streaming`]) with [`SingleMessage::passing`],
+//! which lets every message through, so that every gRPC call's body has one type.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use axum::body::Body;
 use bytes::Buf;
 use http_body::Frame;
 use tonic::Status;
@@ -60,6 +60,8 @@ enum Framing {
     Payload(u64),
     /// The first message is complete; any further byte starts a second one.
     Done,
+    /// The method takes a stream of messages: every byte passes.
+    Any,
 }
 
 impl Framing {
@@ -92,6 +94,7 @@ impl Framing {
                     *self = Framing::Payload(left - take as u64);
                 }
                 Framing::Done => return false,
+                Framing::Any => return true,
             }
         }
         if *self == Framing::Payload(0) {
@@ -102,24 +105,37 @@ impl Framing {
 }
 
 /// A request body that fails at the first byte of a second gRPC message (ONE-1).
-pub struct SingleMessage {
-    inner: Body,
+pub struct SingleMessage<B> {
+    inner: B,
     framing: Framing,
     failed: bool,
 }
 
-impl SingleMessage {
-    /// Wraps the request body `inner`.
-    pub fn wrap(inner: Body) -> Body {
-        Body::new(SingleMessage {
+impl<B> SingleMessage<B> {
+    /// Wraps the request body `inner` of a method that takes one message.
+    pub fn wrap(inner: B) -> SingleMessage<B> {
+        SingleMessage {
             inner,
             framing: Framing::Prefix { seen: 0, len: 0 },
             failed: false,
-        })
+        }
+    }
+
+    /// Wraps the request body `inner` of a method that takes a stream: nothing is refused.
+    pub fn passing(inner: B) -> SingleMessage<B> {
+        SingleMessage {
+            inner,
+            framing: Framing::Any,
+            failed: false,
+        }
     }
 }
 
-impl http_body::Body for SingleMessage {
+impl<B> http_body::Body for SingleMessage<B>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
     type Data = bytes::Bytes;
     type Error = axum::BoxError;
 
@@ -142,7 +158,7 @@ impl http_body::Body for SingleMessage {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
         }
@@ -177,6 +193,16 @@ mod tests {
             assert!(framing.advance(&bytes[split..]));
             assert_eq!(framing, Framing::Done, "split at {split}");
         }
+    }
+
+    #[test]
+    fn a_stream_lets_every_message_through() {
+        let mut two = message(b"first");
+        two.extend(message(b"second"));
+        let mut framing = Framing::Any;
+        assert!(framing.advance(&two));
+        assert!(framing.advance(&two));
+        assert_eq!(framing, Framing::Any);
     }
 
     #[test]
