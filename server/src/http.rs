@@ -134,8 +134,7 @@ impl GrpcServices {
             Some("Cluster") => self.cluster.clone().call(request),
             Some("Auth") => self.auth.clone().call(request),
             _ => {
-                let message = format!("kvd: unknown gRPC method {}", request.uri().path());
-                let answer = Status::unimplemented(message).into_http::<tonic::body::Body>();
+                let answer = unknown_grpc_method(request.uri().path()).into_http();
                 Box::pin(std::future::ready(Ok(answer)))
             }
         }
@@ -390,8 +389,7 @@ fn major_minor(version: &'static str) -> &'static str {
 /// Answers paths no route knows (HTTP-4).
 async fn fallback(request: Request) -> Response {
     if has_grpc_content_type(request.headers()) {
-        let message = format!("kvd: unknown gRPC method {}", request.uri().path());
-        Status::unimplemented(message).into_http::<Body>()
+        unknown_grpc_method(request.uri().path()).into_http::<Body>()
     } else {
         // Read what the client sent before answering: a connection closed after the answer
         // with request bytes still unread is reset by the kernel, and the client may lose
@@ -400,6 +398,11 @@ async fn fallback(request: Request) -> Response {
         let _ = axum::body::to_bytes(request.into_body(), UNKNOWN_PATH_BODY_MAX_BYTES).await;
         (StatusCode::NOT_FOUND, "404 page not found\n").into_response()
     }
+}
+
+/// The status of a gRPC call to a path that names no service of kvd's (HTTP-4).
+fn unknown_grpc_method(path: &str) -> Status {
+    Status::unimplemented(format!("kvd: unknown gRPC method {path}"))
 }
 
 /// The most request body read (and dropped) before answering an unknown path with 404.

@@ -426,4 +426,27 @@ async fn unknown_methods_are_unimplemented() {
         answer.expect_err("no such method").code(),
         Code::Unimplemented
     );
+    // A path naming no service of etcd's gets kvd's own message.
+    for path in [
+        "/etcdserverpb.Nope/Range",
+        "/grpc.health.v1.Health/Check",
+        "/etcdserverpb.KV",
+    ] {
+        grpc.ready().await.unwrap();
+        let codec = tonic_prost::ProstCodec::<RangeRequest, RangeRequest>::default();
+        let answer = grpc
+            .unary(
+                tonic::Request::new(range("k")),
+                tonic::codegen::http::uri::PathAndQuery::from_static(path),
+                codec,
+            )
+            .await;
+        let status = answer.expect_err("no such service");
+        assert_eq!(status.code(), Code::Unimplemented, "{path}");
+        assert_eq!(
+            status.message(),
+            format!("kvd: unknown gRPC method {path}"),
+            "{path}"
+        );
+    }
 }
