@@ -45,6 +45,15 @@
 //!   records after it overwrite only records of batches the checkpoint made durable.
 //! - WAL-5: decoding is total: bad bytes end the log (tail) or give `Corrupted` (inside a
 //!   record whose CRC matched), never a panic.
+//! - WAL-6: the log is written in whole [`LOG_BLOCK_BYTES`] blocks at block offsets: a
+//!   write rewrites the last, partly filled block with the bytes it already held (kept in
+//!   memory, or read from the file when a write does not follow on from the previous one),
+//!   then the new records, then zeros to the block's end. Zeros after the log's end are
+//!   never part of a record (a zero magic ends the log at replay), so what replay finds is
+//!   the same as with writes of the records alone. The blocks let the file be written with
+//!   `O_DIRECT` where the filesystem allows it (not tmpfs): past the page cache, a sync
+//!   measured 12-18 µs shorter and 8-12 µs cheaper in system CPU on this project's virtio
+//!   disk (docs/design/write-path.md).
 //!
 //! Contact points: `Store::write_logged` frames records and decides checkpoints;
 //! `engine::commit` writes them with [`LogWriter::write`]; `Store::open` replays.
@@ -57,7 +66,7 @@ use std::path::Path;
 use super::faults::Faults;
 use super::{MetaKey, REVISION_KEY_BYTES, RevisionKey, io_error, open_read_write};
 use crate::error::StorageError;
-use crate::sync::Arc;
+use crate::sync::{Arc, Mutex, lock};
 
 /// The name of the log file inside the data directory.
 pub const WAL_FILE_NAME: &str = "kvd.wal";
@@ -72,6 +81,12 @@ pub const WAL_FILE_BYTES_DEFAULT: u64 = 2 << 20;
 /// every 2 MiB of records, the median longest put during a 500 MiB defrag was 59-88 ms; with
 /// none during the copy, 27.6-34.5 ms).
 pub const WAL_DEFRAG_ROOM_FACTOR: u64 = 8;
+/// Log writes cover whole blocks of this many bytes at offsets that are multiples of it, from
+/// a buffer aligned to it, as `O_DIRECT` asks (WAL-6); 4 KiB is the largest logical block of
+/// common disks and a page.
+pub const LOG_BLOCK_BYTES: usize = 4096;
+/// An aligned write buffer grown past this by a large record is given back after its write.
+const BLOCKS_KEPT_BYTES: usize = 1 << 20;
 /// The smallest log file accepted.
 pub const WAL_FILE_BYTES_MIN: u64 = 64 << 10;
 /// Bytes of a record before its payload.
@@ -247,22 +262,34 @@ impl LogPosition {
 #[derive(Debug)]
 pub struct LogWriter {
     file: File,
+    /// True if `file` was opened with `O_DIRECT` (WAL-6).
+    direct: bool,
     sync: bool,
     faults: Option<Arc<Faults>>,
+    /// The block-aligned copy of the log's last written block (WAL-6).
+    blocks: Mutex<Blocks>,
     /// The store's disk histograms (TIME-1); the fsync is timed here.
     pub timings: super::timings::DiskTimings,
 }
 
 impl LogWriter {
-    /// Writes `records` in order (WAL-1); [`LogWriter::sync`] then makes them durable.
+    /// Writes `records` in order (WAL-1), each run of adjoining records in one write of whole
+    /// blocks (WAL-6); [`LogWriter::sync`] then makes them durable.
     pub fn write(&self, records: &[&LogRecord]) -> Result<(), StorageError> {
+        let mut blocks = lock(&self.blocks);
         for record in records {
-            self.allow()?;
-            self.file
-                .write_all_at(&record.bytes, record.offset)
-                .map_err(|e| StorageError::Io(format!("write {WAL_FILE_NAME}: {e}")))?;
+            if let Err(e) = self.allow() {
+                // The records before this one still go out, as they would one by one.
+                blocks.flush(&self.file)?;
+                return Err(e);
+            }
+            if blocks.end() != Some(record.offset) {
+                blocks.flush(&self.file)?;
+                blocks.load(&self.file, record.offset)?;
+            }
+            blocks.push(&record.bytes)?;
         }
-        Ok(())
+        blocks.flush(&self.file)
     }
 
     /// Makes the records just written durable with one `fdatasync` (skipped when there are
@@ -282,12 +309,163 @@ impl LogWriter {
         Ok(())
     }
 
+    /// Returns true if the log is written with `O_DIRECT`, past the page cache (WAL-6).
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
     fn allow(&self) -> Result<(), StorageError> {
         match &self.faults {
             Some(faults) => faults.allow().map_err(|e| StorageError::Io(e.to_string())),
             None => Ok(()),
         }
     }
+}
+
+/// The log's bytes from a block boundary to the end of what was last written, in a buffer
+/// aligned for `O_DIRECT` (WAL-6): every write rewrites the last, partly filled block whole,
+/// with zeros after the log's end.
+#[derive(Debug)]
+struct Blocks {
+    /// Backing memory; the usable buffer is `raw[start..]`, whose first byte sits at a
+    /// [`LOG_BLOCK_BYTES`] boundary in memory.
+    raw: Vec<u8>,
+    start: usize,
+    /// The file offset of the buffer's first byte (a multiple of [`LOG_BLOCK_BYTES`]), or
+    /// `None` before the first write.
+    base: Option<u64>,
+    /// Bytes of log from `base`.
+    len: usize,
+    /// Bytes from `written` on have not been written to the file yet.
+    written: usize,
+}
+
+impl Blocks {
+    fn new() -> Blocks {
+        Blocks {
+            raw: Vec::new(),
+            start: 0,
+            base: None,
+            len: 0,
+            written: 0,
+        }
+    }
+
+    /// Where the log's next byte goes, if a write has placed the buffer.
+    fn end(&self) -> Option<u64> {
+        self.base.map(|base| base + self.len as u64)
+    }
+
+    /// Places the buffer so that the next byte goes to `offset`, reading the bytes of its
+    /// block before it from the file (a block past the file's end reads as zeros).
+    fn load(&mut self, file: &File, offset: u64) -> Result<(), StorageError> {
+        let block = LOG_BLOCK_BYTES as u64;
+        let base = offset - offset % block;
+        let prefix = usize::try_from(offset - base).unwrap_or(0);
+        self.reserve(LOG_BLOCK_BYTES)?;
+        let buffer = &mut self.raw[self.start..self.start + LOG_BLOCK_BYTES];
+        let filled = if prefix == 0 {
+            0
+        } else {
+            // One read of the whole block: under O_DIRECT a read must be whole blocks too,
+            // and only the file's end makes it short.
+            file.read_at(buffer, base)
+                .map_err(|e| StorageError::Io(format!("read {WAL_FILE_NAME}: {e}")))?
+        };
+        buffer[filled.min(prefix)..].fill(0);
+        self.base = Some(base);
+        self.len = prefix;
+        self.written = prefix;
+        Ok(())
+    }
+
+    fn push(&mut self, bytes: &[u8]) -> Result<(), StorageError> {
+        self.reserve(round_up(self.len + bytes.len()))?;
+        let at = self.start + self.len;
+        self.raw[at..at + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+        Ok(())
+    }
+
+    /// Writes the blocks that hold unwritten bytes, whole, then keeps only the last partly
+    /// filled block.
+    fn flush(&mut self, file: &File) -> Result<(), StorageError> {
+        let Some(base) = self.base else {
+            return Ok(());
+        };
+        if self.written == self.len {
+            return Ok(());
+        }
+        let first = self.written - self.written % LOG_BLOCK_BYTES;
+        let end = round_up(self.len);
+        self.raw[self.start + self.len..self.start + end].fill(0);
+        file.write_all_at(
+            &self.raw[self.start + first..self.start + end],
+            base + first as u64,
+        )
+        .map_err(|e| StorageError::Io(format!("write {WAL_FILE_NAME}: {e}")))?;
+        let keep = self.len - self.len % LOG_BLOCK_BYTES;
+        self.raw
+            .copy_within(self.start + keep..self.start + self.len, self.start);
+        self.base = Some(base + keep as u64);
+        self.len -= keep;
+        self.written = self.len;
+        if self.raw.len() > BLOCKS_KEPT_BYTES {
+            let mut smaller = Blocks::new();
+            smaller.reserve(LOG_BLOCK_BYTES)?;
+            smaller.raw[smaller.start..smaller.start + self.len]
+                .copy_from_slice(&self.raw[self.start..self.start + self.len]);
+            smaller.base = self.base;
+            smaller.len = self.len;
+            smaller.written = self.written;
+            *self = smaller;
+        }
+        Ok(())
+    }
+
+    /// Makes the aligned buffer at least `bytes` long, keeping its contents.
+    fn reserve(&mut self, bytes: usize) -> Result<(), StorageError> {
+        if self.raw.len() - self.start >= bytes {
+            return Ok(());
+        }
+        let capacity = round_up(bytes.max(2 * (self.raw.len() - self.start)));
+        let mut raw = vec![0u8; capacity + LOG_BLOCK_BYTES];
+        let start = raw.as_ptr().align_offset(LOG_BLOCK_BYTES);
+        if start >= LOG_BLOCK_BYTES {
+            return Err(StorageError::Io(format!(
+                "cannot align a buffer for {WAL_FILE_NAME}"
+            )));
+        }
+        raw[start..start + self.len].copy_from_slice(&self.raw[self.start..self.start + self.len]);
+        self.raw = raw;
+        self.start = start;
+        Ok(())
+    }
+}
+
+/// Rounds `bytes` up to whole blocks.
+fn round_up(bytes: usize) -> usize {
+    bytes.div_ceil(LOG_BLOCK_BYTES) * LOG_BLOCK_BYTES
+}
+
+/// Opens the log for writing with `O_DIRECT` where the filesystem takes it (WAL-6), else
+/// through the page cache; returns the file and whether it is direct.
+fn open_for_writes(path: &Path, sync: bool) -> Result<(File, bool), StorageError> {
+    #[cfg(target_os = "linux")]
+    if sync {
+        use std::os::unix::fs::OpenOptionsExt;
+        let direct = File::options()
+            .read(true)
+            .write(true)
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+            .open(path);
+        // tmpfs and some others refuse the flag: the page cache then.
+        if let Ok(file) = direct {
+            return Ok((file, true));
+        }
+    }
+    let _ = sync;
+    Ok((open_read_write(path)?, false))
 }
 
 /// Opens `dir`'s log file, creating it filled with zeros up to `checkpoint_bytes` and
@@ -326,10 +504,14 @@ pub fn open(
     if length < usable {
         super::defrag::sync_dir(dir)?;
     }
+    drop(file);
+    let (file, direct) = open_for_writes(&path, sync)?;
     let writer = LogWriter {
         file,
+        direct,
         sync,
         faults,
+        blocks: Mutex::new(Blocks::new()),
         timings: super::timings::DiskTimings::default(),
     };
     Ok((writer, existing, usable))
@@ -566,5 +748,147 @@ mod tests {
             at(4 * 4096 - 100).needs_checkpoint(200, true),
             "past the file"
         );
+    }
+
+    /// A record of `len` bytes (payload padding included) for batch `seq` at `offset`.
+    fn sized(seq: u64, offset: u64, len: usize) -> LogRecord {
+        let mut ops = OpLog::default();
+        let value = vec![u8::try_from(seq % 251).unwrap_or(0); len - RECORD_HEADER_BYTES - 21];
+        ops.put_history(&[1; 16], &value);
+        let record = ops.frame(EPOCH, seq, offset);
+        assert_eq!(record.bytes.len(), len);
+        record
+    }
+
+    /// Records `first..` of the given lengths, each starting where the one before ended.
+    fn run_of(first: u64, offset: u64, lens: &[usize]) -> Vec<LogRecord> {
+        let mut at = offset;
+        let mut out = Vec::new();
+        for (i, len) in lens.iter().enumerate() {
+            out.push(sized(first + i as u64, at, *len));
+            at += *len as u64;
+        }
+        out
+    }
+
+    fn write(log: &LogWriter, records: &[LogRecord]) {
+        let refs: Vec<&LogRecord> = records.iter().collect();
+        log.write(&refs).expect("write");
+        log.sync(&refs).expect("sync");
+    }
+
+    const FILE: u64 = 64 << 10;
+
+    #[test]
+    fn block_writes_leave_the_records_where_they_say_and_zeros_after() {
+        // WAL-6: runs that cross blocks, a record larger than the buffer kept, a write in
+        // the middle of a block, and a new lap from offset 0 (a checkpoint's restart).
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (log, _, _) = open(dir.path(), FILE, FILE, true, None).expect("open");
+        let mut model = vec![0u8; FILE as usize];
+        let place = |model: &mut Vec<u8>, records: &[LogRecord]| {
+            for r in records {
+                let at = r.offset as usize;
+                model[at..at + r.bytes.len()].copy_from_slice(&r.bytes);
+                // The rest of the last record's block is zeros.
+                let end = at + r.bytes.len();
+                model[end..round_up(end)].fill(0);
+            }
+        };
+        let first = run_of(1, 0, &[100, 300, 5000]);
+        write(&log, &first);
+        place(&mut model, &first);
+        let at = first.iter().map(|r| r.bytes.len() as u64).sum::<u64>();
+        let second = run_of(4, at, &[4096, 60, 20_000]);
+        write(&log, &second);
+        place(&mut model, &second);
+        let read = fs::read(dir.path().join(WAL_FILE_NAME)).expect("read");
+        assert_eq!(&read[..model.len()], &model[..], "first lap");
+        let seqs: Vec<u64> = records_after(&read, 0, 0, EPOCH)
+            .iter()
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(seqs, (1..=6).collect::<Vec<u64>>());
+
+        // A new lap: record 7 overwrites the start; what follows it in its block is zeroed,
+        // and the older records further on stay as they were.
+        let lap = run_of(7, 0, &[200]);
+        write(&log, &lap);
+        place(&mut model, &lap);
+        let read = fs::read(dir.path().join(WAL_FILE_NAME)).expect("read");
+        assert_eq!(&read[..model.len()], &model[..], "second lap");
+        assert_eq!(
+            records_after(&read, 0, 6, EPOCH)
+                .iter()
+                .map(|r| r.0)
+                .collect::<Vec<u64>>(),
+            vec![7]
+        );
+    }
+
+    #[test]
+    fn a_write_that_does_not_follow_on_keeps_the_bytes_before_it_in_its_block() {
+        // A reopened log goes on mid-block: the block's first bytes come from the file.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let records = run_of(1, 0, &[700, 900]);
+        {
+            let (log, _, _) = open(dir.path(), FILE, FILE, true, None).expect("open");
+            write(&log, &records[..1]);
+        }
+        let (log, existing, _) = open(dir.path(), FILE, FILE, true, None).expect("reopen");
+        assert_eq!(records_after(&existing, 0, 0, EPOCH).len(), 1);
+        write(&log, &records[1..]);
+        let read = fs::read(dir.path().join(WAL_FILE_NAME)).expect("read");
+        assert_eq!(
+            records_after(&read, 0, 0, EPOCH)
+                .iter()
+                .map(|r| r.0)
+                .collect::<Vec<u64>>(),
+            vec![1, 2]
+        );
+    }
+
+    #[test]
+    fn a_failed_write_still_writes_the_records_before_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let faults = Arc::new(Faults::new());
+        let (log, _, _) = open(dir.path(), FILE, FILE, true, Some(faults.clone())).expect("open");
+        let records = run_of(1, 0, &[300, 300, 300]);
+        let refs: Vec<&LogRecord> = records.iter().collect();
+        faults.fail_after(2);
+        assert!(log.write(&refs).is_err(), "the third record's write fails");
+        let read = fs::read(dir.path().join(WAL_FILE_NAME)).expect("read");
+        assert_eq!(
+            records_after(&read, 0, 0, EPOCH)
+                .iter()
+                .map(|r| r.0)
+                .collect::<Vec<u64>>(),
+            vec![1, 2]
+        );
+    }
+
+    #[test]
+    fn the_log_is_direct_where_the_filesystem_takes_o_direct() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let probe = dir.path().join("probe");
+        fs::write(&probe, [0u8; LOG_BLOCK_BYTES]).expect("probe");
+        #[cfg(target_os = "linux")]
+        let takes_direct = {
+            use std::os::unix::fs::OpenOptionsExt;
+            File::options()
+                .read(true)
+                .write(true)
+                .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+                .open(&probe)
+                .is_ok()
+        };
+        #[cfg(not(target_os = "linux"))]
+        let takes_direct = false;
+        let (synced, _, _) = open(dir.path(), FILE, FILE, true, None).expect("open");
+        assert_eq!(synced.is_direct(), takes_direct);
+        drop(synced);
+        // Without syncs the page cache is faster, and nothing is direct.
+        let (unsynced, _, _) = open(dir.path(), FILE, FILE, false, None).expect("open");
+        assert!(!unsynced.is_direct());
     }
 }
