@@ -451,21 +451,28 @@ fn round_up(bytes: usize) -> usize {
 /// Opens the log for writing with `O_DIRECT` where the filesystem takes it (WAL-6), else
 /// through the page cache; returns the file and whether it is direct.
 fn open_for_writes(path: &Path, sync: bool) -> Result<(File, bool), StorageError> {
-    #[cfg(target_os = "linux")]
-    if sync {
-        use std::os::unix::fs::OpenOptionsExt;
-        let direct = File::options()
-            .read(true)
-            .write(true)
-            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
-            .open(path);
-        // tmpfs and some others refuse the flag: the page cache then.
-        if let Ok(file) = direct {
-            return Ok((file, true));
-        }
+    // tmpfs and some others refuse the flag: the page cache then.
+    if sync && let Ok(file) = open_direct(path) {
+        return Ok((file, true));
     }
-    let _ = sync;
     Ok((open_read_write(path)?, false))
+}
+
+/// Opens an existing file for reads and writes with `O_DIRECT`.
+#[cfg(target_os = "linux")]
+fn open_direct(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    File::options()
+        .read(true)
+        .write(true)
+        .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+        .open(path)
+}
+
+/// Without `O_DIRECT` (not Linux), the log goes through the page cache.
+#[cfg(not(target_os = "linux"))]
+fn open_direct(_path: &Path) -> std::io::Result<File> {
+    Err(std::io::ErrorKind::Unsupported.into())
 }
 
 /// Opens `dir`'s log file, creating it filled with zeros up to `checkpoint_bytes` and
@@ -771,6 +778,15 @@ mod tests {
         out
     }
 
+    /// The sequence numbers a replay from offset 0 after `last_seq` finds in `dir`'s log.
+    fn replayed(dir: &Path, last_seq: u64) -> Vec<u64> {
+        let read = fs::read(dir.join(WAL_FILE_NAME)).expect("read");
+        records_after(&read, 0, last_seq, EPOCH)
+            .iter()
+            .map(|r| r.0)
+            .collect()
+    }
+
     fn write(log: &LogWriter, records: &[LogRecord]) {
         let refs: Vec<&LogRecord> = records.iter().collect();
         log.write(&refs).expect("write");
@@ -804,11 +820,7 @@ mod tests {
         place(&mut model, &second);
         let read = fs::read(dir.path().join(WAL_FILE_NAME)).expect("read");
         assert_eq!(&read[..model.len()], &model[..], "first lap");
-        let seqs: Vec<u64> = records_after(&read, 0, 0, EPOCH)
-            .iter()
-            .map(|r| r.0)
-            .collect();
-        assert_eq!(seqs, (1..=6).collect::<Vec<u64>>());
+        assert_eq!(replayed(dir.path(), 0), (1..=6).collect::<Vec<u64>>());
 
         // A new lap: record 7 overwrites the start; what follows it in its block is zeroed,
         // and the older records further on stay as they were.
@@ -817,13 +829,7 @@ mod tests {
         place(&mut model, &lap);
         let read = fs::read(dir.path().join(WAL_FILE_NAME)).expect("read");
         assert_eq!(&read[..model.len()], &model[..], "second lap");
-        assert_eq!(
-            records_after(&read, 0, 6, EPOCH)
-                .iter()
-                .map(|r| r.0)
-                .collect::<Vec<u64>>(),
-            vec![7]
-        );
+        assert_eq!(replayed(dir.path(), 6), vec![7]);
     }
 
     #[test]
@@ -838,14 +844,7 @@ mod tests {
         let (log, existing, _) = open(dir.path(), FILE, FILE, true, None).expect("reopen");
         assert_eq!(records_after(&existing, 0, 0, EPOCH).len(), 1);
         write(&log, &records[1..]);
-        let read = fs::read(dir.path().join(WAL_FILE_NAME)).expect("read");
-        assert_eq!(
-            records_after(&read, 0, 0, EPOCH)
-                .iter()
-                .map(|r| r.0)
-                .collect::<Vec<u64>>(),
-            vec![1, 2]
-        );
+        assert_eq!(replayed(dir.path(), 0), vec![1, 2]);
     }
 
     #[test]
@@ -857,14 +856,7 @@ mod tests {
         let refs: Vec<&LogRecord> = records.iter().collect();
         faults.fail_after(2);
         assert!(log.write(&refs).is_err(), "the third record's write fails");
-        let read = fs::read(dir.path().join(WAL_FILE_NAME)).expect("read");
-        assert_eq!(
-            records_after(&read, 0, 0, EPOCH)
-                .iter()
-                .map(|r| r.0)
-                .collect::<Vec<u64>>(),
-            vec![1, 2]
-        );
+        assert_eq!(replayed(dir.path(), 0), vec![1, 2]);
     }
 
     #[test]
@@ -872,18 +864,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let probe = dir.path().join("probe");
         fs::write(&probe, [0u8; LOG_BLOCK_BYTES]).expect("probe");
-        #[cfg(target_os = "linux")]
-        let takes_direct = {
-            use std::os::unix::fs::OpenOptionsExt;
-            File::options()
-                .read(true)
-                .write(true)
-                .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
-                .open(&probe)
-                .is_ok()
-        };
-        #[cfg(not(target_os = "linux"))]
-        let takes_direct = false;
+        let takes_direct = open_direct(&probe).is_ok();
         let (synced, _, _) = open(dir.path(), FILE, FILE, true, None).expect("open");
         assert_eq!(synced.is_direct(), takes_direct);
         drop(synced);
