@@ -889,10 +889,17 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let probe = dir.path().join("probe");
         fs::write(&probe, [0u8; LOG_BLOCK_BYTES]).expect("probe");
-        let takes_direct = open_direct(&probe).is_ok();
+        // The filesystem under test takes the flag and block writes through it (as ext4
+        // does; tmpfs refuses the flag): the writer must use them exactly then.
+        let takes_direct = open_direct(&probe)
+            .ok()
+            .is_some_and(|file| rewrite_first_block(&file).is_ok());
         let (synced, _, _) = open(dir.path(), FILE, FILE, true, None).expect("open");
         assert_eq!(synced.is_direct(), takes_direct);
         drop(synced);
+        // The probe at open changed nothing: a fresh log is still all zeros.
+        let log = fs::read(dir.path().join(WAL_FILE_NAME)).expect("read");
+        assert!(log[..FILE as usize].iter().all(|&b| b == 0));
         // Without syncs the page cache is faster, and nothing is direct.
         let (unsynced, _, _) = open(dir.path(), FILE, FILE, false, None).expect("open");
         assert!(!unsynced.is_direct());
