@@ -335,10 +335,11 @@ struct Blocks {
     /// The file offset of the buffer's first byte (a multiple of [`LOG_BLOCK_BYTES`]), or
     /// `None` before the first write.
     base: Option<u64>,
-    /// Bytes of log from `base`.
+    /// Bytes of log from `base`: less than a block after every write (only the last, partly
+    /// filled block is kept), more while records wait for the next.
     len: usize,
-    /// Bytes from `written` on have not been written to the file yet.
-    written: usize,
+    /// True if bytes were pushed since the last write to the file.
+    unwritten: bool,
 }
 
 impl Blocks {
@@ -348,7 +349,7 @@ impl Blocks {
             start: 0,
             base: None,
             len: 0,
-            written: 0,
+            unwritten: false,
         }
     }
 
@@ -376,7 +377,7 @@ impl Blocks {
         buffer[filled.min(prefix)..].fill(0);
         self.base = Some(base);
         self.len = prefix;
-        self.written = prefix;
+        self.unwritten = false;
         Ok(())
     }
 
@@ -385,41 +386,32 @@ impl Blocks {
         let at = self.start + self.len;
         self.raw[at..at + bytes.len()].copy_from_slice(bytes);
         self.len += bytes.len();
+        self.unwritten = true;
         Ok(())
     }
 
-    /// Writes the blocks that hold unwritten bytes, whole, then keeps only the last partly
+    /// Writes the buffer's blocks whole (the first of them held bytes already written, the
+    /// buffer starting with the last partly filled block), then keeps only the last partly
     /// filled block.
     fn flush(&mut self, file: &File) -> Result<(), StorageError> {
         let Some(base) = self.base else {
             return Ok(());
         };
-        if self.written == self.len {
+        if !self.unwritten {
             return Ok(());
         }
-        let first = self.written - self.written % LOG_BLOCK_BYTES;
         let end = round_up(self.len);
         self.raw[self.start + self.len..self.start + end].fill(0);
-        file.write_all_at(
-            &self.raw[self.start + first..self.start + end],
-            base + first as u64,
-        )
-        .map_err(|e| StorageError::Io(format!("write {WAL_FILE_NAME}: {e}")))?;
+        file.write_all_at(&self.raw[self.start..self.start + end], base)
+            .map_err(|e| StorageError::Io(format!("write {WAL_FILE_NAME}: {e}")))?;
         let keep = self.len - self.len % LOG_BLOCK_BYTES;
         self.raw
             .copy_within(self.start + keep..self.start + self.len, self.start);
         self.base = Some(base + keep as u64);
         self.len -= keep;
-        self.written = self.len;
+        self.unwritten = false;
         if self.raw.len() > BLOCKS_KEPT_BYTES {
-            let mut smaller = Blocks::new();
-            smaller.reserve(LOG_BLOCK_BYTES)?;
-            smaller.raw[smaller.start..smaller.start + self.len]
-                .copy_from_slice(&self.raw[self.start..self.start + self.len]);
-            smaller.base = self.base;
-            smaller.len = self.len;
-            smaller.written = self.written;
-            *self = smaller;
+            self.reallocate(LOG_BLOCK_BYTES)?;
         }
         Ok(())
     }
@@ -429,7 +421,11 @@ impl Blocks {
         if self.raw.len() - self.start >= bytes {
             return Ok(());
         }
-        let capacity = round_up(bytes.max(2 * (self.raw.len() - self.start)));
+        self.reallocate(round_up(bytes.max(2 * (self.raw.len() - self.start))))
+    }
+
+    /// Moves the contents into a new aligned buffer of `capacity` bytes (at least `len`).
+    fn reallocate(&mut self, capacity: usize) -> Result<(), StorageError> {
         let mut raw = vec![0u8; capacity + LOG_BLOCK_BYTES];
         let start = raw.as_ptr().align_offset(LOG_BLOCK_BYTES);
         if start >= LOG_BLOCK_BYTES {
@@ -449,18 +445,18 @@ fn round_up(bytes: usize) -> usize {
     bytes.div_ceil(LOG_BLOCK_BYTES) * LOG_BLOCK_BYTES
 }
 
-/// Opens the log for writing with `O_DIRECT` where the filesystem takes it (WAL-6), else
-/// through the page cache; returns the file and whether it is direct.
-fn open_for_writes(path: &Path, sync: bool) -> Result<(File, bool), StorageError> {
+/// Returns the log opened again with `O_DIRECT` where the filesystem takes it (WAL-6), else
+/// `buffered`, the file as open already; and whether it is direct.
+fn open_for_writes(path: &Path, sync: bool, buffered: File) -> (File, bool) {
     // tmpfs and some others refuse the flag at open; a filesystem that takes it but not
     // this alignment fails the probe. The page cache then.
     if sync
         && let Ok(file) = open_direct(path)
         && rewrite_first_block(&file).is_ok()
     {
-        return Ok((file, true));
+        return (file, true);
     }
-    Ok((open_read_write(path)?, false))
+    (buffered, false)
 }
 
 /// Reads the file's first block and writes it back unchanged, as the writer's block writes
@@ -480,6 +476,7 @@ fn rewrite_first_block(file: &File) -> Result<(), StorageError> {
     }
     probe.base = Some(0);
     probe.len = LOG_BLOCK_BYTES;
+    probe.unwritten = true;
     probe.flush(file)
 }
 
@@ -536,8 +533,7 @@ pub fn open(
     if length < usable {
         super::defrag::sync_dir(dir)?;
     }
-    drop(file);
-    let (file, direct) = open_for_writes(&path, sync)?;
+    let (file, direct) = open_for_writes(&path, sync, file);
     let writer = LogWriter {
         file,
         direct,
@@ -826,7 +822,9 @@ mod tests {
         // the middle of a block, and a new lap from offset 0 (a checkpoint's restart).
         let dir = tempfile::tempdir().expect("tempdir");
         let (log, _, _) = open(dir.path(), FILE, FILE, true, None).expect("open");
-        let mut model = vec![0u8; FILE as usize];
+        // The large record runs past the zero-filled file, which the write extends.
+        let large = BLOCKS_KEPT_BYTES + 20_000;
+        let mut model = vec![0u8; round_up(5400 + 4096 + 60 + large).max(FILE as usize)];
         let place = |model: &mut Vec<u8>, records: &[LogRecord]| {
             for r in records {
                 let at = r.offset as usize;
@@ -840,7 +838,7 @@ mod tests {
         write(&log, &first);
         place(&mut model, &first);
         let at = first.iter().map(|r| r.bytes.len() as u64).sum::<u64>();
-        let second = run_of(4, at, &[4096, 60, 20_000]);
+        let second = run_of(4, at, &[4096, 60, large]);
         write(&log, &second);
         place(&mut model, &second);
         let read = fs::read(dir.path().join(WAL_FILE_NAME)).expect("read");
@@ -849,6 +847,8 @@ mod tests {
 
         // A new lap: record 7 overwrites the start; what follows it in its block is zeroed,
         // and the older records further on stay as they were.
+        // The buffer grown for it was given back (only the last, partly filled block kept).
+        assert!(lock(&log.blocks).raw.len() <= 2 * LOG_BLOCK_BYTES);
         let lap = run_of(7, 0, &[200]);
         write(&log, &lap);
         place(&mut model, &lap);
