@@ -21,7 +21,9 @@
 # generator's nice value, default 0; a negative value needs root), GREEDY_HONOURS_HINT (1: a
 # refused greedy client waits for the refusal's retry-after-ms before its next request;
 # default 0, it does not), KVD (the binary; built with cargo build --release --bin kvd if
-# missing). Needs curl and python3.
+# missing), KVD_FLAGS (more flags for the server, e.g. "--pipeline-priority 10"),
+# METRICS_OUT (a file to save the server's /metrics in after the third phase). Needs curl
+# and python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,7 +56,7 @@ work=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 endpoint="http://127.0.0.1:$port"
 ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} "$KVD" --data-dir "$work/data" --listen-client-urls "$endpoint" \
-  --prepare-queue-length "$QUEUE" --log-level warn >"$work/kvd.log" 2>&1 &
+  --prepare-queue-length "$QUEUE" --log-level warn ${KVD_FLAGS:-} >"$work/kvd.log" 2>&1 &
 kvd_pid=$!
 cleanup() { kill "$kvd_pid" 2>/dev/null || true; wait "$kvd_pid" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
@@ -98,6 +100,7 @@ both=$(bench "$POLITE_NICE" --clients "$POLITE_CLIENTS" --conns 2 --key-prefix /
 wait "$greedy_pid" || true
 ticks_after=$(cpu_ticks)
 greedy=$(cat "$work/greedy.json")
+[ -z "${METRICS_OUT:-}" ] || curl -s -m 10 "$endpoint/metrics" >"$METRICS_OUT"
 hwm=$(awk '/VmHWM/ {print $2, $3}' "/proc/$kvd_pid/status")
 hz=$(getconf CLK_TCK)
 

@@ -67,3 +67,30 @@ fn close_wakes_the_consumer_after_what_was_queued() {
         assert_eq!(got, vec![7]);
     });
 }
+
+/// A consumer that waits for three items (`take_at_least`, MAIL-4) while two producers push
+/// them, one and two: it is woken by the push that brings the third, never left asleep,
+/// and then takes all three.
+#[test]
+fn a_consumer_waiting_for_several_items_is_woken_by_the_last_of_them() {
+    loom::model(|| {
+        let mailbox = Arc::new(Mailbox::new());
+        let producers: Vec<_> = [vec![1], vec![10, 11]]
+            .into_iter()
+            .map(|items| {
+                let mailbox = mailbox.clone();
+                loom::thread::spawn(move || {
+                    for item in items {
+                        mailbox.push(item).unwrap();
+                    }
+                })
+            })
+            .collect();
+        let mut got = mailbox.take_at_least(8, 3, None).items;
+        got.sort_unstable();
+        assert_eq!(got, vec![1, 10, 11]);
+        for p in producers {
+            p.join().unwrap();
+        }
+    });
+}

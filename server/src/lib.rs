@@ -140,6 +140,13 @@ pub struct ServerConfig {
     pub max_txn_ops: usize,
     /// The bound of the write prepare queue (`--prepare-queue-length`); at least 1.
     pub prepare_queue_length: i64,
+    /// The `SCHED_FIFO` priority of the engine's apply and commit threads
+    /// (`--pipeline-priority`, `Config::pipeline_priority`); `None` leaves them under the
+    /// normal scheduler.
+    pub pipeline_priority: Option<u8>,
+    /// Bytes of write-ahead log between checkpoints (`--wal-file-bytes`,
+    /// `Config::wal_file_bytes`).
+    pub wal_file_bytes: u64,
     /// The allocation prepare queue length (`--allocation-prepare-queue-length`): `Some`
     /// replaces the persisted one, `None` keeps it.
     pub allocation_prepare_queue_length: Option<u64>,
@@ -233,6 +240,8 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
         operation_retention: config.operation_retention,
         agent_reregister_timeout: config.agent_reregister_timeout,
         fs_reserve_bytes: Some(fs_reserve(&config)),
+        pipeline_priority: config.pipeline_priority,
+        wal_file_bytes: config.wal_file_bytes,
         ..Config::default()
     };
     if kvd::space_quota_bytes(config.quota_backend_bytes).is_some_and(|q| q > QUOTA_BYTES_WARN) {

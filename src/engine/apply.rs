@@ -30,8 +30,15 @@
 //!   `FreeSpace`, read at most once per batch.
 //! - APPLY-4: the apply thread never waits for a disk sync except in a checkpoint batch, a
 //!   compaction step, a defrag step, and the size-in-use walk; it sleeps only when there is
-//!   no proposal and no compaction work.
-//!
+//!   no proposal and no compaction work, or while a batch gathers (APPLY-6).
+//! - APPLY-6: under a real-time priority (`Config::pipeline_priority`, RT-2) the thread
+//!   would take each write as it arrives, since it runs the moment it is woken, and a busy
+//!   server would make one batch and one sync per write or two. So when its last batch
+//!   held more than one request and what it took is fewer than that (at most
+//!   `BATCH_GATHER_REQUESTS`), it sleeps until that many are queued or `BATCH_GATHER_WAIT`
+//!   passes, and the connection threads run meanwhile. A lone writer (last batch of one)
+//!   never waits; under the normal scheduler the thread never gathers: its wake-up waits
+//!   for the CPU anyway, and writes gather meanwhile.
 //! - APPLY-5: a lone write may be applied in its caller's thread ([`apply_inline`]): only
 //!   when the apply thread sleeps with nothing queued (so the write overtakes nobody), the
 //!   last batch held one request (the load is a lone writer's, not a burst's first
@@ -109,6 +116,12 @@ const ACCT_CHECK_KEYS_MAX: usize = 4_096;
 
 /// How long the idle apply thread sleeps before looking at lease deadlines again.
 const IDLE_WAKE_INTERVAL: Duration = Duration::from_millis(50);
+/// The most writes a batch gathers for at real-time priority (APPLY-6).
+const BATCH_GATHER_REQUESTS: usize = 32;
+/// The longest a batch gathers at real-time priority (APPLY-6): a few syncs of this
+/// machine's disk (100-150 us each), and under a flood from 1,024 clients it kept the
+/// batches as large as under the normal scheduler (`docs/benchmarks-features.md`).
+const BATCH_GATHER_WAIT: Duration = Duration::from_micros(500);
 
 /// A compaction being carried out, with the answers owed when it physically ends.
 struct PendingCompaction {
@@ -226,8 +239,24 @@ fn unanswered<T>() -> Completion<T> {
 /// can apply it meanwhile ([`apply_inline`]).
 pub fn run(applier: &Mutex<Applier>, proposals: &Mailbox<Queued>) {
     loop {
-        let wait = sync::lock(applier).take_wait();
-        let taken = proposals.take(usize::MAX, wait);
+        let (wait, gather) = {
+            let applier = sync::lock(applier);
+            (applier.take_wait(), applier.gather_wanted())
+        };
+        let mut taken = proposals.take(usize::MAX, wait);
+        if let Some(want) = gather
+            && !taken.items.is_empty()
+            && taken.items.len() < want
+            && !taken.closed
+        {
+            let more = proposals.take_at_least(
+                usize::MAX,
+                want - taken.items.len(),
+                Some(BATCH_GATHER_WAIT),
+            );
+            taken.items.extend(more.items);
+            taken.closed = more.closed;
+        }
         if sync::lock(applier).turn(taken) {
             break;
         }
@@ -373,6 +402,15 @@ impl Applier {
         } else {
             Some(Duration::ZERO)
         }
+    }
+
+    /// How many writes the next batch gathers for before it is applied (APPLY-6): `None`
+    /// under the normal scheduler, after a batch of one, and while writes wait in the lanes.
+    fn gather_wanted(&self) -> Option<usize> {
+        (self.shared.config.pipeline_priority.is_some()
+            && self.last_batch_len > 1
+            && self.lanes.is_empty())
+        .then(|| self.last_batch_len.min(BATCH_GATHER_REQUESTS))
     }
 
     /// One turn of the apply thread with what a take returned: a batch, then the work

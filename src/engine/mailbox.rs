@@ -9,6 +9,9 @@
 //! - MAIL-3: nobody spins: an empty consumer sleeps until a push, `close` or its timeout.
 //!   One lock per push, and one notification per sleep of the consumer (the first push
 //!   after it fell asleep); taking a whole burst costs one lock.
+//! - MAIL-4: a consumer that waits for several items (`take_at_least`) is woken by the push
+//!   that brings them, by `close` or `nudge`, or by its timeout, never by a push before;
+//!   MAIL-2 holds for that push.
 //!
 //! Contact points: `engine::Engine` pushes proposals; `engine::apply` takes them and pushes
 //! committed batches; `engine::commit` takes those. `loom-tests/` models this file.
@@ -32,6 +35,9 @@ struct State<T> {
     /// True while the consumer sleeps and no push has woken it yet: a push notifies only
     /// then, and clears it (MAIL-3).
     waiting: bool,
+    /// How many queued items the sleeping consumer waits for: a push that leaves fewer
+    /// queued does not wake it (MAIL-4). 1 except during `take_at_least`.
+    want: usize,
     /// Set by `nudge`: the next `take` returns even if nothing is queued.
     nudged: bool,
 }
@@ -53,6 +59,7 @@ impl<T> Mailbox<T> {
                 items: VecDeque::new(),
                 closed: false,
                 waiting: false,
+                want: 1,
                 nudged: false,
             }),
             ready: Condvar::new(),
@@ -66,9 +73,13 @@ impl<T> Mailbox<T> {
             return Err(item);
         }
         state.items.push_back(item);
-        // The first push to a sleeping consumer wakes it and clears the flag, so the pushes
-        // that follow before it runs add no notification (MAIL-3).
-        let wake = std::mem::replace(&mut state.waiting, false);
+        // The first push to a sleeping consumer that brings what it waits for wakes it and
+        // clears the flag, so the pushes that follow before it runs add no notification
+        // (MAIL-3, MAIL-4).
+        let wake = state.waiting && state.items.len() >= state.want;
+        if wake {
+            state.waiting = false;
+        }
         drop(state);
         if wake {
             self.ready.notify_one();
@@ -113,9 +124,16 @@ impl<T> Mailbox<T> {
     /// pushed, the mailbox closes, or `timeout` passes (`None` waits without limit,
     /// `Some(ZERO)` does not wait).
     pub fn take(&self, max: usize, timeout: Option<Duration>) -> Taken<T> {
+        self.take_at_least(max, 1, timeout)
+    }
+
+    /// Takes up to `max` queued items, oldest first, once at least `want` are queued; sleeps
+    /// until then, or until the mailbox closes, a nudge, or `timeout` passes, and then takes
+    /// what there is, possibly fewer than `want` or none (MAIL-4).
+    pub fn take_at_least(&self, max: usize, want: usize, timeout: Option<Duration>) -> Taken<T> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut state = lock(&self.state);
-        while state.items.is_empty() && !state.closed && !state.nudged {
+        while state.items.len() < want.max(1) && !state.closed && !state.nudged {
             let wait = match deadline {
                 None => None,
                 Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
@@ -124,6 +142,7 @@ impl<T> Mailbox<T> {
                 },
             };
             state.waiting = true;
+            state.want = want.max(1);
             state = match wait {
                 None => self
                     .ready
@@ -137,6 +156,7 @@ impl<T> Mailbox<T> {
                 }
             };
             state.waiting = false;
+            state.want = 1;
         }
         state.nudged = false;
         let n = state.items.len().min(max);
@@ -208,6 +228,38 @@ mod tests {
         let taken = consumer.join().unwrap();
         // The consumer took the first push, or both if the second came before it ran.
         assert!(taken == vec![1] || taken == vec![1, 2], "took {taken:?}");
+    }
+
+    #[test]
+    fn take_at_least_sleeps_until_enough_are_queued_or_the_timeout() {
+        let mailbox = crate::sync::Arc::new(Mailbox::new());
+        let consumer = {
+            let mailbox = mailbox.clone();
+            std::thread::spawn(move || mailbox.take_at_least(8, 3, None).items)
+        };
+        while !lock(&mailbox.state).waiting {
+            std::thread::yield_now();
+        }
+        mailbox.push(1).unwrap();
+        mailbox.push(2).unwrap();
+        // Two of the three wanted: the consumer still sleeps, unwoken (MAIL-4).
+        assert!(lock(&mailbox.state).waiting);
+        mailbox.push(3).unwrap();
+        assert!(!lock(&mailbox.state).waiting, "the third push woke it");
+        assert_eq!(consumer.join().unwrap(), vec![1, 2, 3]);
+        assert_eq!(lock(&mailbox.state).want, 1, "an ordinary take follows");
+
+        // Fewer than wanted by the timeout: it takes what there is.
+        mailbox.push(4).unwrap();
+        let started = Instant::now();
+        let short = mailbox.take_at_least(8, 5, Some(Duration::from_millis(20)));
+        assert!(started.elapsed() >= Duration::from_millis(20));
+        assert_eq!((short.items, short.closed), (vec![4], false));
+        // A close ends the wait at once.
+        mailbox.push(5).unwrap();
+        mailbox.close();
+        let last = mailbox.take_at_least(8, 5, None);
+        assert_eq!((last.items, last.closed), (vec![5], true));
     }
 
     #[test]

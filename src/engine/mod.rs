@@ -43,6 +43,7 @@ mod offline;
 mod prepare;
 mod proposal;
 mod publish;
+mod realtime;
 mod recover;
 mod reply;
 mod snapshot;
@@ -78,7 +79,7 @@ use crate::operations::{OPERATIONS_TABLE, Operations, Retention, validate_operat
 use crate::quota::{self, QuotaConfig, RawQuotaConfig, STAR_ROLE};
 use crate::space::{self, FreeSpace, SpaceTracker, StatvfsFreeSpace};
 use crate::storage::faults::Faults;
-use crate::storage::wal::WAL_FILE_BYTES_DEFAULT;
+pub use crate::storage::wal::{WAL_FILE_BYTES_DEFAULT, WAL_FILE_BYTES_MIN};
 use crate::storage::{CommitSync, Store, StoreOptions};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Name, Ordering, RwLock, Wake, Weak};
 use crate::watch::{Hub, WATCH_STALLED_RETRY, WATCH_SYNC_INTERVAL, WatchSource, WatchStream};
@@ -190,6 +191,12 @@ pub struct Config {
     /// A recovered agent that has not registered again this long after open (engine clock)
     /// becomes unreachable (`--agent-reregister-timeout`).
     pub agent_reregister_timeout: Duration,
+    /// Runs the apply and commit threads under `SCHED_FIFO` at this priority (1 to 99,
+    /// Linux; `--pipeline-priority`), so a write is not held behind other threads' time
+    /// slices while the CPU is busy (RT-1). Needs root, `CAP_SYS_NICE` or an `RLIMIT_RTPRIO`
+    /// at least this high, else `Engine::open` fails. `None` (the default) leaves them
+    /// under the normal scheduler.
+    pub pipeline_priority: Option<u8>,
 }
 
 /// How long after open a recovered agent may take to register again, unless configured.
@@ -252,6 +259,7 @@ impl Default for Config {
             allocation_prepare_queue_length: None,
             operation_retention: Retention::default(),
             agent_reregister_timeout: AGENT_REREGISTER_TIMEOUT_DEFAULT,
+            pipeline_priority: None,
         }
     }
 }
@@ -274,7 +282,7 @@ impl Config {
                 return Err(Error::InvalidArgument(format!("{name} must be at least 1")));
             }
         }
-        Ok(())
+        realtime::validate(self.pipeline_priority)
     }
 }
 
@@ -683,7 +691,8 @@ impl Engine {
             .name("kvd-watch".into())
             .spawn(move || watch_sync.run())
             .map_err(|e| StorageError::Io(format!("spawn watch thread: {e}")))?;
-        Ok(Engine {
+        let priority = shared.config.pipeline_priority;
+        let engine = Engine {
             running: Some(Running {
                 shared,
                 allocation_prepare_queue_replaced,
@@ -697,7 +706,13 @@ impl Engine {
                     _wake: on_clock_jump,
                 },
             }),
-        })
+        };
+        if let (Some(priority), Some(running)) = (priority, engine.running.as_ref()) {
+            // RT-1: on an error the engine is dropped here, which stops every thread.
+            realtime::raise(&running.apply_thread, "kvd-apply", priority)?;
+            realtime::raise(&running.commit_thread, "kvd-commit", priority)?;
+        }
+        Ok(engine)
     }
 
     /// Reads a key or a range (etcd's Range).

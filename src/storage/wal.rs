@@ -74,8 +74,9 @@ pub const WAL_FILE_NAME: &str = "kvd.wal";
 /// Default length of the log between checkpoints (`wal_file_bytes`): a record that would
 /// pass it makes its batch a checkpoint (outside a defrag), so this also bounds the replay at open and redb's buffer of non-durable pages, and with it how
 /// long a checkpoint holds the apply thread: under a flood of small puts a 16 MiB log made
-/// checkpoints of 64-128 ms every 3 s, a 2 MiB one makes them 8-16 ms, several a second.
-pub const WAL_FILE_BYTES_DEFAULT: u64 = 2 << 20;
+/// checkpoints of 64-128 ms every 3 s, a 2 MiB one 8-16 ms, several a second; 512 KiB gave
+/// the same throughput with 64 clients and a lower p99 (`docs/design/write-path.md`).
+pub const WAL_FILE_BYTES_DEFAULT: u64 = 512 << 10;
 /// The log file is this many times `wal_file_bytes` long. Past `wal_file_bytes` it is
 /// allocated but not zero-filled, and records go there only while a defrag copies: a
 /// checkpoint then would queue its `fsync` behind the copy's (measured: with checkpoints

@@ -226,6 +226,25 @@ mod cli {
         )]
         prepare_queue_length: i64,
 
+        /// Runs the engine's apply and commit threads under SCHED_FIFO at this real-time
+        /// priority (1-99), so that under a busy CPU a write does not wait for other
+        /// threads' time slices at each hand-off (a steadier tail when one tenant floods the
+        /// server). Needs root, CAP_SYS_NICE or an RLIMIT_RTPRIO at least this high; kvd
+        /// refuses to start without it. Unset: the normal scheduler.
+        #[arg(long, value_name = "PRIORITY", value_parser = clap::value_parser!(u8).range(1..=99))]
+        pipeline_priority: Option<u8>,
+
+        /// Bytes of write-ahead log between two checkpoints (at least 65536). A checkpoint
+        /// holds writes while it flushes the pages dirtied since the last one, so a shorter
+        /// log makes shorter, more frequent stalls; it also bounds the replay at start.
+        #[arg(
+            long,
+            value_name = "BYTES",
+            default_value_t = kvd::WAL_FILE_BYTES_DEFAULT,
+            value_parser = clap::value_parser!(u64).range(kvd::WAL_FILE_BYTES_MIN..)
+        )]
+        wal_file_bytes: u64,
+
         /// Automatic compaction mode: 'periodic' (keep the history of the last RETENTION,
         /// a duration like '1h' or a number of hours) or 'revision' (keep the last RETENTION
         /// revisions).
@@ -842,6 +861,8 @@ mod cli {
             max_request_bytes: flags.max_request_bytes,
             max_txn_ops: flags.max_txn_ops,
             prepare_queue_length: flags.prepare_queue_length,
+            pipeline_priority: flags.pipeline_priority,
+            wal_file_bytes: flags.wal_file_bytes,
             max_watch_streams: flags.max_watch_streams,
             auth_token_ttl: Duration::from_secs(flags.auth_token_ttl),
             max_snapshots: flags.max_snapshots,

@@ -19,7 +19,7 @@ use crate::common;
 /// The size of the reserve test's filesystem.
 const FS_MIB: u64 = 64;
 /// The size of the full-disk test's filesystem: small enough that its reserve (5 %, about
-/// 0.8 MiB) is below what one checkpoint writes (the 2 MiB log's records and redb's pages
+/// 0.8 MiB) is below what one checkpoint writes (a 2 MiB log's records and redb's pages
 /// for them), so a real ENOSPC can come before the reserve check.
 const FULL_FS_MIB: u64 = 16;
 /// Free space the filler leaves before the writes that end in ENOSPC: above the reserve
@@ -116,7 +116,8 @@ fn health(endpoint: &str) -> (u16, String) {
 async fn a_full_disk_recovers_without_a_restart_and_loses_no_acknowledged_write() {
     let fs = Tmpfs::mount(FULL_FS_MIB);
     let data_dir = fs.path().join("data");
-    let server = common::start_kvd_in(&data_dir, &[]).unwrap();
+    // The 2 MiB log this geometry was made for: its checkpoints write more than is left.
+    let server = common::start_kvd_in(&data_dir, &["--wal-file-bytes", "2097152"]).unwrap();
     let channel = Channel::from_shared(server.endpoint.clone())
         .unwrap()
         .connect()

@@ -122,6 +122,46 @@ fn a_prepare_queue_of_no_slots_is_refused_at_startup() {
 }
 
 #[test]
+fn a_pipeline_priority_outside_1_to_99_or_a_tiny_log_is_refused_at_startup() {
+    for value in ["0", "100", "-1"] {
+        let dir = tempfile::tempdir().unwrap();
+        let output = Command::new(common::kvd_binary())
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--listen-client-urls", "http://127.0.0.1:0"])
+            .arg(format!("--pipeline-priority={value}"))
+            .output()
+            .unwrap();
+        assert!(
+            !output.status.success(),
+            "--pipeline-priority {value} was accepted"
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(&format!("invalid value '{value}' for '--pipeline-priority")),
+            "{stderr}"
+        );
+        assert!(!dir.path().join("data").exists(), "nothing opened");
+    }
+    // The log between checkpoints has a floor too.
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(common::kvd_binary())
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(["--listen-client-urls", "http://127.0.0.1:0"])
+        .args(["--wal-file-bytes", "1000"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("invalid value '1000' for '--wal-file-bytes"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("data").exists(), "nothing opened");
+}
+
+#[test]
 fn every_flag_has_help() {
     let output = Command::new(common::kvd_binary())
         .arg("--help")
@@ -139,6 +179,8 @@ fn every_flag_has_help() {
         "--max-request-bytes",
         "--max-txn-ops",
         "--prepare-queue-length",
+        "--pipeline-priority",
+        "--wal-file-bytes",
         "--name",
         "--log-level",
         "--operation-retention-count",
