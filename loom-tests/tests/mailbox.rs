@@ -6,23 +6,31 @@
 use kvd_loom_tests::mailbox::Mailbox;
 use kvd_loom_tests::sync::Arc;
 
+/// One producer thread per list, each pushing its items in order.
+fn spawn_producers(
+    mailbox: &Arc<Mailbox<i32>>,
+    lists: Vec<Vec<i32>>,
+) -> Vec<loom::thread::JoinHandle<()>> {
+    lists
+        .into_iter()
+        .map(|items| {
+            let mailbox = mailbox.clone();
+            loom::thread::spawn(move || {
+                for item in items {
+                    mailbox.push(item).unwrap();
+                }
+            })
+        })
+        .collect()
+}
+
 /// Two producers, one consumer that sleeps whenever the mailbox is empty: every item
 /// arrives exactly once, each producer's items in push order.
 #[test]
 fn consumer_gets_every_item_once_in_order_without_a_lost_wake_up() {
     loom::model(|| {
         let mailbox = Arc::new(Mailbox::new());
-        let producers: Vec<_> = [[1, 2], [10, 11]]
-            .into_iter()
-            .map(|items| {
-                let mailbox = mailbox.clone();
-                loom::thread::spawn(move || {
-                    for item in items {
-                        mailbox.push(item).unwrap();
-                    }
-                })
-            })
-            .collect();
+        let producers = spawn_producers(&mailbox, vec![vec![1, 2], vec![10, 11]]);
         let mut got = Vec::new();
         while got.len() < 4 {
             got.extend(mailbox.take(8, None).items);
@@ -75,17 +83,7 @@ fn close_wakes_the_consumer_after_what_was_queued() {
 fn a_consumer_waiting_for_several_items_is_woken_by_the_last_of_them() {
     loom::model(|| {
         let mailbox = Arc::new(Mailbox::new());
-        let producers: Vec<_> = [vec![1], vec![10, 11]]
-            .into_iter()
-            .map(|items| {
-                let mailbox = mailbox.clone();
-                loom::thread::spawn(move || {
-                    for item in items {
-                        mailbox.push(item).unwrap();
-                    }
-                })
-            })
-            .collect();
+        let producers = spawn_producers(&mailbox, vec![vec![1], vec![10, 11]]);
         let mut got = mailbox.take_at_least(8, 3, None).items;
         got.sort_unstable();
         assert_eq!(got, vec![1, 10, 11]);

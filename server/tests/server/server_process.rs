@@ -121,44 +121,37 @@ fn a_prepare_queue_of_no_slots_is_refused_at_startup() {
     }
 }
 
-#[test]
-fn a_pipeline_priority_outside_1_to_99_or_a_tiny_log_is_refused_at_startup() {
-    for value in ["0", "100", "-1"] {
-        let dir = tempfile::tempdir().unwrap();
-        let output = Command::new(common::kvd_binary())
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .args(["--listen-client-urls", "http://127.0.0.1:0"])
-            .arg(format!("--pipeline-priority={value}"))
-            .output()
-            .unwrap();
-        assert!(
-            !output.status.success(),
-            "--pipeline-priority {value} was accepted"
-        );
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            stderr.contains(&format!("invalid value '{value}' for '--pipeline-priority")),
-            "{stderr}"
-        );
-        assert!(!dir.path().join("data").exists(), "nothing opened");
-    }
-    // The log between checkpoints has a floor too.
+/// Starts kvd on a fresh data directory with `flag`, expects it to exit at once with an
+/// error, and returns its standard error; asserts it opened nothing.
+fn refused_at_start(flag: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let output = Command::new(common::kvd_binary())
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .args(["--listen-client-urls", "http://127.0.0.1:0"])
-        .args(["--wal-file-bytes", "1000"])
+        .arg(flag)
         .output()
         .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{flag} was accepted");
+    assert!(!dir.path().join("data").exists(), "{flag}: nothing opened");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn a_pipeline_priority_outside_1_to_99_or_a_tiny_log_is_refused_at_startup() {
+    for value in ["0", "100", "-1"] {
+        let stderr = refused_at_start(&format!("--pipeline-priority={value}"));
+        assert!(
+            stderr.contains(&format!("invalid value '{value}' for '--pipeline-priority")),
+            "{stderr}"
+        );
+    }
+    // The log between checkpoints has a floor too.
+    let stderr = refused_at_start("--wal-file-bytes=1000");
     assert!(
         stderr.contains("invalid value '1000' for '--wal-file-bytes"),
         "{stderr}"
     );
-    assert!(!dir.path().join("data").exists(), "nothing opened");
 }
 
 #[test]
