@@ -12,7 +12,7 @@
 #      times D (paced; a refused request is not retried, the next one is sent on schedule).
 # Printed: D; the polite role's throughput, p50 and p99 alone and beside the greedy one, and
 # its refusals; the greedy role's requests, successes and refusals; the server's CPU per
-# successful write and its peak memory (VmHWM).
+# successful write and its peak memory (VmHWM); and a speed probe of the host (a fixed loop).
 #
 # Environment: QUEUE (prepare queue length, default 256), DURATION (default 20s),
 # POLITE_SHARE (default 0.05), POLITE_CLIENTS (default 8), GREEDY_CLIENTS (default 1024),
@@ -47,6 +47,12 @@ command -v curl >/dev/null || die "curl is required"
 command -v python3 >/dev/null || die "python3 is required"
 [ -x "$KVD" ] || cargo build --release --bin kvd
 log "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+# The host's speed now: the wall time of a fixed loop (best of three; lower is faster), which
+# a busy or throttled host shows and its load average does not.
+speed=$(python3 -c 'import time
+best = min((lambda t: (sum(range(2_000_000)), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(3))
+print("%.1f" % (best * 1000))')
+log "speed probe: $speed ms"
 pin() { # pin CPUS COMMAND...: runs COMMAND on CPUS, or anywhere if CPUS is empty
   local cpus=$1; shift
   if [ -n "$cpus" ]; then taskset -c "$cpus" "$@"; else "$@"; fi
@@ -104,15 +110,15 @@ greedy=$(cat "$work/greedy.json")
 hwm=$(awk '/VmHWM/ {print $2, $3}' "/proc/$kvd_pid/status")
 hz=$(getconf CLK_TCK)
 
-python3 - "$rate" "$alone" "$both" "$greedy" "$((ticks_after - ticks_before))" "$hz" "$hwm" "$QUEUE" <<'EOF'
+python3 - "$rate" "$alone" "$both" "$greedy" "$((ticks_after - ticks_before))" "$hz" "$hwm" "$QUEUE" "$speed" <<'EOF'
 import json, sys
 rate, alone, both, greedy = float(sys.argv[1]), *(json.loads(a) for a in sys.argv[2:5])
-ticks, hz, hwm, queue = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8]
+ticks, hz, hwm, queue, speed = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8], sys.argv[9]
 def line(name, r):
     l = r["latency_ms"]
     return (f"{name:<22} {r['throughput_rps']:>9.0f}/s  p50 {l['p50']:>7.2f} ms  p99 {l['p99']:>7.2f} ms"
             f"  requests {r['requests']}  succeeded {r['succeeded']}  refused/errors {r['errors']}")
-print(f"prepare queue {queue}; drain rate {rate:.0f}/s")
+print(f"prepare queue {queue}; drain rate {rate:.0f}/s; speed probe {speed} ms")
 print(line("polite alone", alone))
 print(line("polite beside greedy", both))
 print(line("greedy", greedy))

@@ -9,7 +9,9 @@
 # Per run it records throughput, p99 latency, the server's CPU time (utime+stime
 # from /proc/PID/stat, read just before and just after the workload) per operation,
 # the benchmark client's own CPU time per operation (bash's `times` for the reaped child),
-# and the load average (`uptime`) just before the run. At the end it prints, per
+# the load average (`uptime`) just before the run, and the host's speed just before the run
+# (the wall time of a fixed single-threaded loop, `speed_ms`: a guest whose host is busy or
+# throttled runs slow with a low load average, which the load alone does not show). At the end it prints, per
 # workload, the medians over the rounds for etcd and kvd and the ratios kvd/etcd.
 #
 # Usage (from anywhere; paths are relative to the repo root unless absolute):
@@ -215,7 +217,7 @@ def summary(raw, workloads):
         "client(e)", "client(k)", "load1 min..max")
     out.append(hdr)
     out.append("-" * len(hdr))
-    loads_all = []
+    loads_all, speeds_all = [], []
     for w in workloads:
         rs = [r for r in rows if r["workload"] == w]
         if not rs:
@@ -228,6 +230,7 @@ def summary(raw, workloads):
                     for k in ("throughput", "p99_ms", "cpu_us_per_op", "client_cpu_us_per_op")}
         loads = [num(r["load1"]) for r in rs if num(r["load1"]) is not None]
         loads_all += loads
+        speeds_all += [num(r.get("speed_ms", "")) for r in rs if num(r.get("speed_ms", "")) is not None]
         okstr = "%d/%d" % (len(ok["etcd"]) + len(ok["kvd"]), n["etcd"] + n["kvd"])
         out.append("%-8s %-4s | %12s %12s %8s | %9s %9s %8s | %9s %9s %8s | %10s %10s | %s" % (
             w, okstr,
@@ -243,6 +246,9 @@ def summary(raw, workloads):
     if loads_all:
         out.append("1-minute load average before the runs: min %.2f, max %.2f (over %d runs)"
                    % (min(loads_all), max(loads_all), len(loads_all)))
+    if speeds_all:
+        out.append("speed probe before the runs (a fixed loop, lower is faster): min %.1f ms, max %.1f ms"
+                   % (min(speeds_all), max(speeds_all)))
     failed = [r for r in rows if r["status"] != "ok"]
     if failed:
         out.append("FAILED runs: " + ", ".join("%s/%s/round%s (%s)" % (r["workload"], r["server"], r["round"], r["status"]) for r in failed))
@@ -477,7 +483,7 @@ if ! "$ETCD_BIN" --version 2>&1 | grep -q '3\.4\.23'; then
 fi
 log "results in $OUT_DIR"
 
-printf 'time\tserver\tworkload\tround\torder\tops\tthroughput\tp99_ms\tcpu_ticks\tcpu_us_per_op\tclient_cpu_us_per_op\tload1\tload5\tload15\tstatus\n' >"$RAW"
+printf 'time\tserver\tworkload\tround\torder\tops\tthroughput\tp99_ms\tcpu_ticks\tcpu_us_per_op\tclient_cpu_us_per_op\tload1\tload5\tload15\tspeed_ms\tstatus\n' >"$RAW"
 
 # --- main loop --------------------------------------------------------------------------
 FAILED=()
@@ -502,11 +508,19 @@ settle_load() {
   done
 }
 
+# speed_probe: the wall milliseconds of a fixed single-threaded loop (the best of three), a
+# reading of how fast this host runs now. Comparable between runs on one machine only.
+speed_probe() {
+  python3 -c 'import time
+best = min((lambda t: (sum(range(2_000_000)), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(3))
+print("%.1f" % (best * 1000))'
+}
+
 # run_one SERVER WORKLOAD ROUND ORDER
 run_one() {
   local server=$1 w=$2 round=$3 order=$4
   local tag="$w-r$round-$server" slog blog up load1 load5 load15 c0 c1 res rc died timed_out t0
-  local status=ok tput=NA p99=NA ticks=NA cpu=NA client_cpu=NA k0 k1
+  local status=ok tput=NA p99=NA ticks=NA cpu=NA client_cpu=NA k0 k1 speed
   slog=$OUT_DIR/logs/$tag.server.log
   blog=$OUT_DIR/logs/$tag.bench.log
   settle_load
@@ -516,7 +530,8 @@ run_one() {
   else
     read -r load1 load5 load15 _ </proc/loadavg
   fi
-  log "[$w round $round/$ROUNDS] $server (load average $load1 $load5 $load15)"
+  speed=$(speed_probe)
+  log "[$w round $round/$ROUNDS] $server (load average $load1 $load5 $load15, speed probe ${speed} ms)"
   OPS=0
   if ! start_server "$server" "$slog"; then
     status=start-failed
@@ -580,9 +595,9 @@ run_one() {
     fi
     stop_server
   fi
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
     "$(date -u +%H:%M:%S)" "$server" "$w" "$round" "$order" "$OPS" "$tput" "$p99" "$ticks" "$cpu" \
-    "$client_cpu" "$load1" "$load5" "$load15" "$status" >>"$RAW"
+    "$client_cpu" "$load1" "$load5" "$load15" "$speed" "$status" >>"$RAW"
   if [[ $status != ok ]]; then
     FAILED+=("$w/$server/round$round: $status")
     if [[ $FAIL_FAST == 1 ]]; then
