@@ -172,7 +172,7 @@ pub struct Config {
     pub free_space: Arc<dyn FreeSpace>,
     /// Length of the write-ahead log between checkpoints (at least 64 KiB): a record that
     /// would pass it makes its batch a checkpoint, except while a defrag copies. The file is
-    /// `WAL_DEFRAG_ROOM_FACTOR` (8) times as long, the rest used only during a defrag.
+    /// eight times as long and at least 16 MiB, the rest used only during a defrag.
     pub wal_file_bytes: u64,
     /// Makes a defrag stop at a step as if the process died there (tests only).
     pub defrag_failpoint: Option<DefragFailpoint>,

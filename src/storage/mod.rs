@@ -174,7 +174,7 @@ pub struct StoreOptions {
     /// Injected write failures (tests only).
     pub faults: Option<Arc<Faults>>,
     /// Length of the write-ahead log between checkpoints (`wal`; the file is
-    /// `wal::WAL_DEFRAG_ROOM_FACTOR` times as long).
+    /// `wal::log_file_bytes` long).
     pub wal_file_bytes: u64,
 }
 
@@ -229,7 +229,7 @@ impl Store {
         }
         .map_err(|e| open_error(&path, e.into()))?;
         let checkpoint_bytes = options.wal_file_bytes.max(wal::WAL_FILE_BYTES_MIN);
-        let room = checkpoint_bytes.saturating_mul(wal::WAL_DEFRAG_ROOM_FACTOR);
+        let room = wal::log_file_bytes(checkpoint_bytes);
         let sync = options.sync == CommitSync::Durable;
         let (log, contents, file_bytes) =
             wal::open(dir, checkpoint_bytes, room, sync, options.faults.clone())?;
@@ -407,7 +407,7 @@ impl Store {
     }
 
     /// Lets the log use its whole file before the next checkpoint while a defrag copies
-    /// (`on`), or only its first `wal_file_bytes` again (`wal::WAL_DEFRAG_ROOM_FACTOR`).
+    /// (`on`), or only its first `wal_file_bytes` again (`wal::log_file_bytes`).
     pub fn set_defragging(&self, on: bool) {
         lock(&self.state).defragging = on;
     }
