@@ -795,7 +795,7 @@ mod tests {
 
     #[test]
     fn the_defrag_room_never_shrinks_below_its_minimum() {
-        let default = crate::engine::WAL_FILE_BYTES_DEFAULT;
+        let default = WAL_FILE_BYTES_DEFAULT;
         assert_eq!(log_file_bytes(default), WAL_DEFRAG_ROOM_MIN_BYTES);
         assert_eq!(
             log_file_bytes(WAL_FILE_BYTES_MIN),
