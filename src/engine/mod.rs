@@ -79,7 +79,9 @@ use crate::operations::{OPERATIONS_TABLE, Operations, Retention, validate_operat
 use crate::quota::{self, QuotaConfig, RawQuotaConfig, STAR_ROLE};
 use crate::space::{self, FreeSpace, SpaceTracker, StatvfsFreeSpace};
 use crate::storage::faults::Faults;
-pub use crate::storage::wal::{WAL_FILE_BYTES_DEFAULT, WAL_FILE_BYTES_MIN};
+pub use crate::storage::wal::{
+    WAL_DEFRAG_ROOM_BYTES_DEFAULT, WAL_FILE_BYTES_DEFAULT, WAL_FILE_BYTES_MIN,
+};
 use crate::storage::{CommitSync, Store, StoreOptions};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Name, Ordering, RwLock, Wake, Weak};
 use crate::watch::{Hub, WATCH_STALLED_RETRY, WATCH_SYNC_INTERVAL, WatchSource, WatchStream};
@@ -172,8 +174,14 @@ pub struct Config {
     pub free_space: Arc<dyn FreeSpace>,
     /// Length of the write-ahead log between checkpoints (at least 64 KiB): a record that
     /// would pass it makes its batch a checkpoint, except while a defrag copies. The file is
-    /// eight times as long and at least 16 MiB, the rest used only during a defrag.
+    /// eight times as long and at least `wal_defrag_room_bytes`, the rest used only during a
+    /// defrag.
     pub wal_file_bytes: u64,
+    /// The log file's least length (`kvd.wal`, default 16 MiB): past `wal_file_bytes` it is
+    /// used only while a defrag copies, and a copy that fills it makes a checkpoint whose
+    /// `fsync` queues behind the copy's. Size it by how long a defrag lasts; tests that open
+    /// many engines and never defrag can set 0 (each open allocates and reads the file).
+    pub wal_defrag_room_bytes: u64,
     /// Makes a defrag stop at a step as if the process died there (tests only).
     pub defrag_failpoint: Option<DefragFailpoint>,
     /// Makes the process abort at a step of the commit protocol (crash tests only).
@@ -253,6 +261,7 @@ impl Default for Config {
             member_id: 0,
             free_space: Arc::new(StatvfsFreeSpace),
             wal_file_bytes: WAL_FILE_BYTES_DEFAULT,
+            wal_defrag_room_bytes: WAL_DEFRAG_ROOM_BYTES_DEFAULT,
             defrag_failpoint: None,
             commit_failpoint: None,
             auto_compaction: None,
@@ -595,6 +604,7 @@ impl Engine {
                 .collect(),
             faults: config.faults.clone(),
             wal_file_bytes: config.wal_file_bytes,
+            wal_defrag_room_bytes: config.wal_defrag_room_bytes,
         };
         let store = Store::open(dir.as_ref(), &options)?;
         let recovered = recover::recover(&store, config.clock.now(), config.lease_ttl_min_seconds)?;

@@ -176,6 +176,8 @@ pub struct StoreOptions {
     /// Length of the write-ahead log between checkpoints (`wal`; the file is
     /// `wal::log_file_bytes` long).
     pub wal_file_bytes: u64,
+    /// The log file's least length (`wal::log_file_bytes`).
+    pub wal_defrag_room_bytes: u64,
 }
 
 /// The open database of one data directory.
@@ -229,7 +231,7 @@ impl Store {
         }
         .map_err(|e| open_error(&path, e.into()))?;
         let checkpoint_bytes = options.wal_file_bytes.max(wal::WAL_FILE_BYTES_MIN);
-        let room = wal::log_file_bytes(checkpoint_bytes);
+        let room = wal::log_file_bytes(checkpoint_bytes, options.wal_defrag_room_bytes);
         let sync = options.sync == CommitSync::Durable;
         let (log, contents, file_bytes) =
             wal::open(dir, checkpoint_bytes, room, sync, options.faults.clone())?;
@@ -898,6 +900,7 @@ mod tests {
             row_tables: vec![LEASES],
             faults: None,
             wal_file_bytes: wal::WAL_FILE_BYTES_MIN,
+            wal_defrag_room_bytes: 0,
         }
     }
 

@@ -9,7 +9,7 @@
 //! record. When the next record would pass `wal_file_bytes` a batch is committed `Immediate`
 //! instead (a **checkpoint**): redb then holds every batch so far durably, and the log starts
 //! again at offset 0. While a defrag copies, the log may run on into the rest of the file
-//! (allocated, [`log_file_bytes`] in all: at least [`WAL_DEFRAG_ROOM_MIN_BYTES`]) before a
+//! (allocated, [`log_file_bytes`] in all: 16 MiB by default) before a
 //! checkpoint, so no checkpoint's `fsync` competes with the copy's.
 //!
 //! Record layout (all integers big-endian): magic `KVDL` (u32), payload length (u32),
@@ -78,17 +78,18 @@ pub const WAL_FILE_NAME: &str = "kvd.wal";
 /// the same throughput with 64 clients and a lower p99 (`docs/design/write-path.md`).
 pub const WAL_FILE_BYTES_DEFAULT: u64 = 512 << 10;
 /// The log file is this many times `wal_file_bytes` long, and at least
-/// [`WAL_DEFRAG_ROOM_MIN_BYTES`] ([`log_file_bytes`]). Past `wal_file_bytes` it is allocated
+/// `Config::wal_defrag_room_bytes` ([`log_file_bytes`]). Past `wal_file_bytes` it is allocated
 /// but not zero-filled, and records go there only while a defrag copies: a checkpoint then
 /// would queue its `fsync` behind the copy's (measured: with checkpoints every 2 MiB of
 /// records, the median longest put during a 500 MiB defrag was 59-88 ms; with none during the
 /// copy, 27.6-34.5 ms).
 pub const WAL_DEFRAG_ROOM_FACTOR: u64 = 8;
-/// The shortest log file. The room past `wal_file_bytes` must outlast a defrag's copy, whose
-/// length follows the store's size, not the checkpoint interval: with a 4 MiB file (eight
-/// times the 512 KiB default) four writers filled it about 4 s into a 500 MiB defrag, and the
-/// checkpoint that followed held every put for about a second (`benchmarks-features.md`).
-pub const WAL_DEFRAG_ROOM_MIN_BYTES: u64 = 16 << 20;
+/// The shortest log file by default (`Config::wal_defrag_room_bytes`). The room past
+/// `wal_file_bytes` must outlast a defrag's copy, whose length follows the store's size, not
+/// the checkpoint interval: with a 4 MiB file (eight times the 512 KiB default) four writers
+/// filled it about 4 s into a 500 MiB defrag, and the checkpoint that followed held every put
+/// for about a second (`benchmarks-features.md`).
+pub const WAL_DEFRAG_ROOM_BYTES_DEFAULT: u64 = 16 << 20;
 /// Log writes cover whole blocks of this many bytes at offsets that are multiples of it, from
 /// a buffer aligned to it, as `O_DIRECT` asks (WAL-6); 4 KiB is the largest logical block of
 /// common disks and a page.
@@ -505,11 +506,11 @@ fn open_direct(_path: &Path) -> std::io::Result<File> {
 }
 
 /// Returns the length of the log file for a log of `checkpoint_bytes` between checkpoints:
-/// [`WAL_DEFRAG_ROOM_FACTOR`] times as long, and at least [`WAL_DEFRAG_ROOM_MIN_BYTES`].
-pub fn log_file_bytes(checkpoint_bytes: u64) -> u64 {
+/// [`WAL_DEFRAG_ROOM_FACTOR`] times as long, and at least `least_bytes`.
+pub fn log_file_bytes(checkpoint_bytes: u64, least_bytes: u64) -> u64 {
     checkpoint_bytes
         .saturating_mul(WAL_DEFRAG_ROOM_FACTOR)
-        .max(WAL_DEFRAG_ROOM_MIN_BYTES)
+        .max(least_bytes)
 }
 
 /// Opens `dir`'s log file, creating it filled with zeros up to `checkpoint_bytes` and
@@ -794,25 +795,37 @@ mod tests {
     }
 
     #[test]
-    fn the_defrag_room_never_shrinks_below_its_minimum() {
-        let default = WAL_FILE_BYTES_DEFAULT;
-        assert_eq!(log_file_bytes(default), WAL_DEFRAG_ROOM_MIN_BYTES);
+    fn the_log_file_is_eight_times_the_log_and_at_least_the_defrag_room() {
+        let (default, least) = (WAL_FILE_BYTES_DEFAULT, WAL_DEFRAG_ROOM_BYTES_DEFAULT);
+        assert_eq!(log_file_bytes(default, least), least);
+        assert_eq!(log_file_bytes(WAL_FILE_BYTES_MIN, least), least);
         assert_eq!(
-            log_file_bytes(WAL_FILE_BYTES_MIN),
-            WAL_DEFRAG_ROOM_MIN_BYTES
+            log_file_bytes(4 << 20, least),
+            32 << 20,
+            "eight times a long log"
         );
-        assert_eq!(log_file_bytes(4 << 20), 32 << 20, "eight times a long log");
-        assert_eq!(log_file_bytes(u64::MAX), u64::MAX);
+        assert_eq!(
+            log_file_bytes(WAL_FILE_BYTES_MIN, 0),
+            512 << 10,
+            "no floor asked"
+        );
+        assert_eq!(log_file_bytes(u64::MAX, least), u64::MAX);
         let dir = tempfile::tempdir().expect("tempdir");
-        let (_, _, usable) =
-            open(dir.path(), default, log_file_bytes(default), true, None).expect("open");
+        let (_, _, usable) = open(
+            dir.path(),
+            default,
+            log_file_bytes(default, least),
+            true,
+            None,
+        )
+        .expect("open");
         let length = fs::metadata(dir.path().join(WAL_FILE_NAME))
             .expect("stat")
             .len();
         assert_eq!(
             (usable, length),
-            (WAL_DEFRAG_ROOM_MIN_BYTES, WAL_DEFRAG_ROOM_MIN_BYTES),
-            "a default log's file is the minimum room, all of it usable"
+            (least, least),
+            "a default log's file is the default room, all of it usable"
         );
     }
 
