@@ -225,11 +225,11 @@ pub fn config(
     Config {
         unsafe_no_fsync: true,
         cache_size_bytes: 4 << 20,
-        // The engine clamps it to its smallest log file (64 KiB): each open zero-fills one,
-        // which at the 512 KiB default dominates a short sequence's run time.
+        // The engine clamps it to its smallest log (64 KiB): each open zero-fills the log,
+        // and a short sequence opens engines often.
         wal_file_bytes: 0,
-        // And no defrag room beyond eight times that: the default 16 MiB would be allocated
-        // and read back at every open.
+        // And no defrag room beyond eight times that: the default 16 MiB file would be
+        // allocated and read back at every open.
         wal_defrag_room_bytes: 0,
         max_txn_ops: limits.max_txn_ops,
         max_request_bytes: limits.max_request_bytes,
