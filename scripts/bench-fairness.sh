@@ -47,11 +47,7 @@ command -v curl >/dev/null || die "curl is required"
 command -v python3 >/dev/null || die "python3 is required"
 [ -x "$KVD" ] || cargo build --release --bin kvd
 log "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-# The host's speed now: the wall time of a fixed loop (best of three; lower is faster), which
-# a busy or throttled host shows and its load average does not.
-speed=$(python3 -c 'import time
-best = min((lambda t: (sum(range(2_000_000)), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(3))
-print("%.1f" % (best * 1000))')
+speed=$(python3 scripts/speed-probe.py)
 log "speed probe: $speed ms"
 pin() { # pin CPUS COMMAND...: runs COMMAND on CPUS, or anywhere if CPUS is empty
   local cpus=$1; shift

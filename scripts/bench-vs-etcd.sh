@@ -10,8 +10,8 @@
 # from /proc/PID/stat, read just before and just after the workload) per operation,
 # the benchmark client's own CPU time per operation (bash's `times` for the reaped child),
 # the load average (`uptime`) just before the run, and the host's speed just before the run
-# (the wall time of a fixed single-threaded loop, `speed_ms`: a guest whose host is busy or
-# throttled runs slow with a low load average, which the load alone does not show). At the end it prints, per
+# (`speed_ms`, scripts/speed-probe.py: a guest whose host is busy or throttled runs slow
+# with a low load average, which the load alone does not show). At the end it prints, per
 # workload, the medians over the rounds for etcd and kvd and the ratios kvd/etcd.
 #
 # Usage (from anywhere; paths are relative to the repo root unless absolute):
@@ -230,7 +230,8 @@ def summary(raw, workloads):
                     for k in ("throughput", "p99_ms", "cpu_us_per_op", "client_cpu_us_per_op")}
         loads = [num(r["load1"]) for r in rs if num(r["load1"]) is not None]
         loads_all += loads
-        speeds_all += [num(r.get("speed_ms", "")) for r in rs if num(r.get("speed_ms", "")) is not None]
+        speeds = [num(r.get("speed_ms", "")) for r in rs]
+        speeds_all += [v for v in speeds if v is not None]
         okstr = "%d/%d" % (len(ok["etcd"]) + len(ok["kvd"]), n["etcd"] + n["kvd"])
         out.append("%-8s %-4s | %12s %12s %8s | %9s %9s %8s | %9s %9s %8s | %10s %10s | %s" % (
             w, okstr,
@@ -508,14 +509,6 @@ settle_load() {
   done
 }
 
-# speed_probe: the wall milliseconds of a fixed single-threaded loop (the best of three), a
-# reading of how fast this host runs now. Comparable between runs on one machine only.
-speed_probe() {
-  python3 -c 'import time
-best = min((lambda t: (sum(range(2_000_000)), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(3))
-print("%.1f" % (best * 1000))'
-}
-
 # run_one SERVER WORKLOAD ROUND ORDER
 run_one() {
   local server=$1 w=$2 round=$3 order=$4
@@ -530,7 +523,7 @@ run_one() {
   else
     read -r load1 load5 load15 _ </proc/loadavg
   fi
-  speed=$(speed_probe)
+  speed=$(python3 "$REPO_ROOT/scripts/speed-probe.py")
   log "[$w round $round/$ROUNDS] $server (load average $load1 $load5 $load15, speed probe ${speed} ms)"
   OPS=0
   if ! start_server "$server" "$slog"; then
