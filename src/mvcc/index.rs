@@ -9,15 +9,10 @@
 //! - IDX-3: the index may hold revisions above the published current revision (a batch
 //!   being applied); readers only ask for revisions at or below the published one, so they
 //!   never see them.
-//! - IDX-4: the map orders its keys exactly as their bytes order ([`IndexKey`] compares as
-//!   the slice it holds), whether a key is held inline (at most [`INLINE_KEY_BYTES`] bytes)
-//!   or on the heap.
 //!
 //! Contact points: the engine's readers take it under a read lock; the apply thread under
 //! a write lock, one request at a time.
 
-use std::borrow::Borrow;
-use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
@@ -76,77 +71,10 @@ pub enum Probed {
     Absent,
 }
 
-/// The longest key the index holds inside the map's own nodes.
-const INLINE_KEY_BYTES: usize = 22;
-
-/// A key as the index's map holds it. A search compares the asked key with several keys of
-/// each node it passes; a key held in the node is compared where the node already is in the
-/// cache, where a boxed key costs a pointer chase (a cache miss, once the index outgrows the
-/// cache) per comparison. At 24 bytes it is 8 more than a box, and it spares short keys an
-/// allocation of their own.
-#[derive(Debug, Clone)]
-enum IndexKey {
-    /// A key of at most [`INLINE_KEY_BYTES`] bytes: `bytes[..len]`.
-    Inline {
-        len: u8,
-        bytes: [u8; INLINE_KEY_BYTES],
-    },
-    /// A longer key.
-    Heap(Box<[u8]>),
-}
-
-impl IndexKey {
-    fn new(key: &[u8]) -> IndexKey {
-        match u8::try_from(key.len()) {
-            Ok(len) if key.len() <= INLINE_KEY_BYTES => {
-                let mut bytes = [0; INLINE_KEY_BYTES];
-                bytes[..key.len()].copy_from_slice(key);
-                IndexKey::Inline { len, bytes }
-            }
-            _ => IndexKey::Heap(key.into()),
-        }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        match self {
-            IndexKey::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            IndexKey::Heap(key) => key,
-        }
-    }
-}
-
-// IDX-4: every comparison is the byte slices' own, so `Borrow<[u8]>` lookups agree with the
-// map's order.
-impl Borrow<[u8]> for IndexKey {
-    fn borrow(&self) -> &[u8] {
-        self.as_bytes()
-    }
-}
-
-impl PartialEq for IndexKey {
-    fn eq(&self, other: &IndexKey) -> bool {
-        self.as_bytes() == other.as_bytes()
-    }
-}
-
-impl Eq for IndexKey {}
-
-impl PartialOrd for IndexKey {
-    fn partial_cmp(&self, other: &IndexKey) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for IndexKey {
-    fn cmp(&self, other: &IndexKey) -> Ordering {
-        self.as_bytes().cmp(other.as_bytes())
-    }
-}
-
 /// The index of every key.
 #[derive(Debug, Default)]
 pub struct Index {
-    keys: BTreeMap<IndexKey, KeyIndex>,
+    keys: BTreeMap<Box<[u8]>, KeyIndex>,
     /// The compaction revision: reads below it fail. -1 until the first compaction.
     pub compact_revision: i64,
 }
@@ -206,7 +134,7 @@ impl Index {
                         created: f.created,
                         version: f.version,
                     };
-                    (k.as_bytes().into(), hit)
+                    (k.clone(), hit)
                 })
             })
             .collect()
@@ -256,7 +184,7 @@ impl Index {
     fn insert_put(&mut self, key: &[u8], rev: Revision, cost: u32) {
         let mut ki = KeyIndex::new();
         ki.put(rev, cost);
-        self.keys.insert(IndexKey::new(key), ki);
+        self.keys.insert(key.into(), ki);
     }
 
     /// Records a delete of `key` at `rev`. Returns false if the key was not alive.
@@ -287,12 +215,12 @@ impl Index {
             (None, false) => {
                 let mut ki = KeyIndex::new();
                 ki.restore(rev, created, version, cost);
-                self.keys.insert(IndexKey::new(key), ki);
+                self.keys.insert(key.into(), ki);
             }
             (None, true) => {
                 let mut ki = KeyIndex::new();
                 ki.restore_tombstone(rev);
-                self.keys.insert(IndexKey::new(key), ki);
+                self.keys.insert(key.into(), ki);
             }
         }
     }
@@ -311,7 +239,7 @@ impl Index {
         self.keys.retain(|key, ki| {
             let cost = ki.compact(at);
             if cost > 0 {
-                released.push((key.as_bytes().into(), cost));
+                released.push((key.clone(), cost));
             }
             !ki.is_empty()
         });
@@ -325,7 +253,7 @@ impl Index {
             return;
         };
         for (key, ki) in self.keys.range::<[u8], _>(bounds) {
-            visit(key.as_bytes(), ki.retained_cost(), ki.is_alive());
+            visit(key, ki.retained_cost(), ki.is_alive());
         }
     }
 }
@@ -344,50 +272,6 @@ mod tests {
         assert!(half_open.contains(b"c") && !half_open.contains(b"d"));
         let empty = KeyRange::new(b"d", b"b");
         assert!(!empty.contains(b"c") && !empty.contains(b"d"));
-    }
-
-    #[test]
-    fn inline_and_heap_keys_order_as_their_bytes() {
-        const NEWEST: i64 = i64::MAX;
-        assert_eq!(std::mem::size_of::<IndexKey>(), 24);
-        let long = [7u8; INLINE_KEY_BYTES + 1];
-        let edge = [7u8; INLINE_KEY_BYTES];
-        let mut keys: Vec<&[u8]> = vec![
-            b"",
-            b"a",
-            b"a\0",
-            b"a\0\0",
-            b"ab",
-            b"b",
-            &long,
-            &edge,
-            &long[..3],
-            b"\xff",
-        ];
-        let mut index = Index::new();
-        for (main, key) in (2..).zip(&keys) {
-            index.put(key, Revision::new(main, 0), 1);
-        }
-        assert!(matches!(IndexKey::new(&edge), IndexKey::Inline { .. }));
-        assert!(matches!(IndexKey::new(&long), IndexKey::Heap(_)));
-        keys.sort();
-        let mut listed = Vec::new();
-        index.visit_range(KeyRange::new(b"", b"\0"), |key, _, _| {
-            listed.push(key.to_vec())
-        });
-        assert_eq!(listed, keys.iter().map(|k| k.to_vec()).collect::<Vec<_>>());
-        for key in &keys {
-            let at = index.get(key, NEWEST).map(|hit| hit.version);
-            assert_eq!(at, Some(1), "{key:?} is found by its bytes");
-        }
-        assert_eq!(
-            index.get(b"a\0\0\0", NEWEST),
-            None,
-            "zero padding is not part of a key"
-        );
-        let between = index.range_keys(KeyRange::new(b"a\0", b"b"), NEWEST);
-        let between: Vec<&[u8]> = between.iter().map(|(key, _)| &key[..]).collect();
-        assert_eq!(between, vec![&b"a\0"[..], b"a\0\0", b"ab"]);
     }
 
     #[test]
