@@ -233,7 +233,7 @@ impl Store {
         let checkpoint_bytes = options.wal_file_bytes.max(wal::WAL_FILE_BYTES_MIN);
         let room = wal::log_file_bytes(checkpoint_bytes, options.wal_defrag_room_bytes);
         let sync = options.sync == CommitSync::Durable;
-        let (log, contents, file_bytes) =
+        let (log, file_bytes) =
             wal::open(dir, checkpoint_bytes, room, sync, options.faults.clone())?;
         let store = Store {
             db: RwLock::new(Arc::new(db)),
@@ -256,13 +256,13 @@ impl Store {
             _lock: lock_file,
         };
         store.initialize(&options.row_tables)?;
-        store.replay(&contents)?;
+        store.replay()?;
         Ok(store)
     }
 
     /// Applies the log records redb's durable state does not hold, then starts a new epoch
     /// with the log at offset 0, in one durable commit (WAL-2, WAL-3).
-    fn replay(&self, log: &[u8]) -> Result<(), StorageError> {
+    fn replay(&self) -> Result<(), StorageError> {
         let txn = self.database().begin_write().map_err(storage_error)?;
         let (epoch, last_seq) = {
             let mut meta = txn.open_table(META).map_err(storage_error)?;
@@ -276,10 +276,10 @@ impl Store {
             let epoch = read(&meta, MetaKey::WalEpoch)?;
             let seq = read(&meta, MetaKey::WalSeq)?;
             let offset = read(&meta, MetaKey::WalOffset)?;
-            let records = wal::records_after(log, offset, seq, epoch);
-            let last_seq = records.last().map_or(seq, |r| r.0);
+            let replayed = wal::read_records_after(&self.dir, offset, seq, epoch)?;
+            let last_seq = replayed.last_seq().unwrap_or(seq);
             let mut history = txn.open_table(HISTORY).map_err(storage_error)?;
-            for (_, payload) in &records {
+            for (_, payload) in replayed.records() {
                 for op in wal::decode_ops(payload)? {
                     replay_op(&txn, &mut history, &mut meta, op)?;
                 }

@@ -59,8 +59,9 @@
 //! Contact points: `Store::write_logged` frames records and decides checkpoints;
 //! `engine::commit` writes them with [`LogWriter::write`]; `Store::open` replays.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::Write;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -515,23 +516,22 @@ pub fn log_file_bytes(checkpoint_bytes: u64, least_bytes: u64) -> u64 {
 
 /// Opens `dir`'s log file, creating it filled with zeros up to `checkpoint_bytes` and
 /// allocated up to `file_bytes` (and made durable) if it is missing or shorter. Returns the
-/// writer, the file's contents for replay, and the file's length: when the filesystem cannot
-/// allocate the defrag room (full, or no `fallocate`), the log goes without it.
+/// writer and the file's length: when the filesystem cannot allocate the defrag room (full,
+/// or no `fallocate`), the log goes without it. Nothing of the log is read here: replay reads
+/// only its records ([`read_records_after`]).
 pub fn open(
     dir: &Path,
     checkpoint_bytes: u64,
     file_bytes: u64,
     sync: bool,
     faults: Option<Arc<Faults>>,
-) -> Result<(LogWriter, Vec<u8>, u64), StorageError> {
+) -> Result<(LogWriter, u64), StorageError> {
     let path = dir.join(WAL_FILE_NAME);
-    let existing = match fs::read(&path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(io_error("read", &path, &e)),
-    };
     let file = open_read_write(&path)?;
-    let length = u64::try_from(existing.len()).unwrap_or(u64::MAX);
+    let length = file
+        .metadata()
+        .map_err(|e| io_error("read the length of", &path, &e))?
+        .len();
     if length < checkpoint_bytes {
         fill_with_zeros(&file, length, checkpoint_bytes)
             .map_err(|e| io_error("fill", &path, &e))?;
@@ -558,44 +558,194 @@ pub fn open(
         blocks: Mutex::new(Blocks::new()),
         timings: super::timings::DiskTimings::default(),
     };
-    Ok((writer, existing, usable))
+    Ok((writer, usable))
+}
+
+/// Bytes read from the log file at a time during replay: the records of a typical log in a
+/// few reads, and no more than that past their end.
+const REPLAY_READ_BYTES: usize = 256 << 10;
+
+/// The records replay found in the log file, with the bytes that hold them.
+#[derive(Debug)]
+pub struct Replayed {
+    /// The file's bytes from the replay's offset, at least to the end of the last record.
+    bytes: Vec<u8>,
+    /// Each record's sequence number and where its payload lies in `bytes`.
+    records: Vec<(u64, Range<usize>)>,
+}
+
+impl Replayed {
+    /// The records in log order: sequence number and payload.
+    pub fn records(&self) -> impl Iterator<Item = (u64, &[u8])> {
+        self.records
+            .iter()
+            .map(|(seq, range)| (*seq, &self.bytes[range.clone()]))
+    }
+
+    /// The last record's sequence number, if there is one.
+    pub fn last_seq(&self) -> Option<u64> {
+        self.records.last().map(|(seq, _)| *seq)
+    }
+}
+
+/// Reads from `dir`'s log file the records that [`records_after`] would find in the whole
+/// file, reading only as far as they go (plus at most [`REPLAY_READ_BYTES`]), not the whole
+/// file with its defrag room. A missing file holds no records.
+pub fn read_records_after(
+    dir: &Path,
+    offset: u64,
+    last_seq: u64,
+    epoch: u64,
+) -> Result<Replayed, StorageError> {
+    let path = dir.join(WAL_FILE_NAME);
+    let file = match File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Replayed {
+                bytes: Vec::new(),
+                records: Vec::new(),
+            });
+        }
+        Err(e) => return Err(io_error("open", &path, &e)),
+    };
+    let length = file
+        .metadata()
+        .map_err(|e| io_error("read the length of", &path, &e))?
+        .len();
+    let mut source = FileSource {
+        file: &file,
+        path: &path,
+        start: offset,
+        available: usize::try_from(length.saturating_sub(offset)).unwrap_or(usize::MAX),
+        bytes: Vec::new(),
+    };
+    let records = scan(&mut source, last_seq, epoch)?;
+    Ok(Replayed {
+        bytes: source.bytes,
+        records,
+    })
+}
+
+/// Where a scan of the log takes its bytes from: all of them at once, or read on demand.
+trait LogSource {
+    /// Why a read failed.
+    type Error;
+    /// Returns the log's bytes from the scan's start: at least `end` of them when the log
+    /// holds that many, else all it holds.
+    fn up_to(&mut self, end: usize) -> Result<&[u8], Self::Error>;
+}
+
+impl LogSource for &[u8] {
+    type Error = std::convert::Infallible;
+
+    fn up_to(&mut self, _end: usize) -> Result<&[u8], Self::Error> {
+        Ok(self)
+    }
+}
+
+/// The log file read forward in [`REPLAY_READ_BYTES`] steps, every byte read kept.
+struct FileSource<'a> {
+    file: &'a File,
+    path: &'a Path,
+    /// The file offset of `bytes[0]`.
+    start: u64,
+    /// Bytes of the file from `start` to its end.
+    available: usize,
+    bytes: Vec<u8>,
+}
+
+impl LogSource for FileSource<'_> {
+    type Error = StorageError;
+
+    fn up_to(&mut self, end: usize) -> Result<&[u8], StorageError> {
+        let had = self.bytes.len();
+        if end > had && had < self.available {
+            let want = end
+                .max(had.saturating_add(REPLAY_READ_BYTES))
+                .min(self.available);
+            self.bytes.resize(want, 0);
+            self.file
+                .read_exact_at(&mut self.bytes[had..], self.start + had as u64)
+                .map_err(|e| io_error("read", self.path, &e))?;
+        }
+        Ok(&self.bytes)
+    }
+}
+
+/// The records from the start of `source` whose sequence numbers follow on from `last_seq`,
+/// each whole, of `epoch` and with a matching CRC; the first that is not ends the log.
+fn scan<S: LogSource>(
+    source: &mut S,
+    last_seq: u64,
+    epoch: u64,
+) -> Result<Vec<(u64, Range<usize>)>, S::Error> {
+    let mut found = Vec::new();
+    let mut at = 0usize;
+    let mut expected = last_seq.wrapping_add(1);
+    while let Some(payload_at) = at.checked_add(RECORD_HEADER_BYTES) {
+        let Some(header) = header_at(source.up_to(payload_at)?, at) else {
+            break;
+        };
+        let Some(end) = payload_at.checked_add(header.len) else {
+            break;
+        };
+        match record_at(source.up_to(end)?, at, epoch) {
+            Some((seq, _, next)) if seq == expected => {
+                found.push((seq, payload_at..next));
+                expected = expected.wrapping_add(1);
+                at = next;
+            }
+            _ => break,
+        }
+    }
+    Ok(found)
 }
 
 /// Returns the records of `log` from `offset`, written in `epoch`, whose sequence numbers
 /// follow on from `last_seq` (WAL-2, WAL-5): the part of the log redb's durable state does
 /// not hold.
 pub fn records_after(log: &[u8], offset: u64, last_seq: u64, epoch: u64) -> Vec<(u64, &[u8])> {
-    let mut found = Vec::new();
-    let mut at = usize::try_from(offset).unwrap_or(usize::MAX);
-    let mut expected = last_seq.wrapping_add(1);
-    while let Some((seq, payload, next)) = record_at(log, at, epoch) {
-        if seq != expected {
-            break;
-        }
-        found.push((seq, payload));
-        expected = expected.wrapping_add(1);
-        at = next;
-    }
+    let Some(mut from) = usize::try_from(offset).ok().and_then(|at| log.get(at..)) else {
+        return Vec::new();
+    };
+    let Ok(found) = scan(&mut from, last_seq, epoch);
     found
+        .into_iter()
+        .map(|(seq, range)| (seq, &from[range]))
+        .collect()
 }
 
-/// Decodes the record starting at `at`, if a whole one of `epoch` with a matching CRC is there
-/// (a record of another epoch fails the CRC, which folds the epoch in);
-/// returns its sequence number, payload and the offset after it.
-fn record_at(log: &[u8], at: usize, epoch: u64) -> Option<(u64, &[u8], usize)> {
+/// A record's header: payload length, CRC and sequence number.
+struct Header {
+    len: usize,
+    crc: u32,
+    seq: u64,
+}
+
+/// Decodes the header starting at `at`, if a whole one with the record magic is there.
+fn header_at(log: &[u8], at: usize) -> Option<Header> {
     let header = log.get(at..at.checked_add(RECORD_HEADER_BYTES)?)?;
     let word =
         |i: usize| u32::from_be_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
     if word(0) != RECORD_MAGIC {
         return None;
     }
-    let len = usize::try_from(word(4)).ok()?;
-    let crc = word(8);
-    let seq = u64::from_be_bytes(header[12..20].try_into().ok()?);
+    Some(Header {
+        len: usize::try_from(word(4)).ok()?,
+        crc: word(8),
+        seq: u64::from_be_bytes(header[12..20].try_into().ok()?),
+    })
+}
+
+/// Decodes the record starting at `at`, if a whole one of `epoch` with a matching CRC is there
+/// (a record of another epoch fails the CRC, which folds the epoch in);
+/// returns its sequence number, payload and the offset after it.
+fn record_at(log: &[u8], at: usize, epoch: u64) -> Option<(u64, &[u8], usize)> {
+    let header = header_at(log, at)?;
     let start = at + RECORD_HEADER_BYTES;
-    let end = start.checked_add(len)?;
+    let end = start.checked_add(header.len)?;
     let payload = log.get(start..end)?;
-    (checksum(epoch, seq, payload) == crc).then_some((seq, payload, end))
+    (checksum(epoch, header.seq, payload) == header.crc).then_some((header.seq, payload, end))
 }
 
 fn checksum(epoch: u64, seq: u64, payload: &[u8]) -> u32 {
@@ -676,6 +826,7 @@ fn corrupted(what: &str) -> StorageError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     const EPOCH: u64 = 3;
 
@@ -811,7 +962,7 @@ mod tests {
         );
         assert_eq!(log_file_bytes(u64::MAX, least), u64::MAX);
         let dir = tempfile::tempdir().expect("tempdir");
-        let (_, _, usable) = open(
+        let (_, usable) = open(
             dir.path(),
             default,
             log_file_bytes(default, least),
@@ -850,13 +1001,21 @@ mod tests {
         out
     }
 
-    /// The sequence numbers a replay from offset 0 after `last_seq` finds in `dir`'s log.
+    /// The sequence numbers a replay from offset 0 after `last_seq` finds in `dir`'s log,
+    /// checked to be what a scan of the whole file finds, payloads and all.
     fn replayed(dir: &Path, last_seq: u64) -> Vec<u64> {
-        let read = fs::read(dir.join(WAL_FILE_NAME)).expect("read");
-        records_after(&read, 0, last_seq, EPOCH)
-            .iter()
-            .map(|r| r.0)
-            .collect()
+        replayed_from(dir, 0, last_seq)
+    }
+
+    fn replayed_from(dir: &Path, offset: u64, last_seq: u64) -> Vec<u64> {
+        let whole = fs::read(dir.join(WAL_FILE_NAME)).expect("read");
+        let scanned = records_after(&whole, offset, last_seq, EPOCH);
+        let read = read_records_after(dir, offset, last_seq, EPOCH).expect("replay");
+        assert!(
+            read.records().eq(scanned.iter().copied()),
+            "replay read other records"
+        );
+        scanned.iter().map(|r| r.0).collect()
     }
 
     fn write(log: &LogWriter, records: &[LogRecord]) {
@@ -872,7 +1031,7 @@ mod tests {
         // WAL-6: runs that cross blocks, a record larger than the buffer kept, a write in
         // the middle of a block, and a new lap from offset 0 (a checkpoint's restart).
         let dir = tempfile::tempdir().expect("tempdir");
-        let (log, _, _) = open(dir.path(), FILE, FILE, true, None).expect("open");
+        let (log, _) = open(dir.path(), FILE, FILE, true, None).expect("open");
         // The large record runs past the zero-filled file, which the write extends.
         let large = BLOCKS_KEPT_BYTES + 20_000;
         let mut model = vec![0u8; round_up(5400 + 4096 + 60 + large).max(FILE as usize)];
@@ -914,11 +1073,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let records = run_of(1, 0, &[700, 900]);
         {
-            let (log, _, _) = open(dir.path(), FILE, FILE, true, None).expect("open");
+            let (log, _) = open(dir.path(), FILE, FILE, true, None).expect("open");
             write(&log, &records[..1]);
         }
-        let (log, existing, _) = open(dir.path(), FILE, FILE, true, None).expect("reopen");
-        assert_eq!(records_after(&existing, 0, 0, EPOCH).len(), 1);
+        let (log, _) = open(dir.path(), FILE, FILE, true, None).expect("reopen");
+        assert_eq!(replayed(dir.path(), 0), vec![1]);
         write(&log, &records[1..]);
         assert_eq!(replayed(dir.path(), 0), vec![1, 2]);
     }
@@ -927,7 +1086,7 @@ mod tests {
     fn a_failed_write_still_writes_the_records_before_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         let faults = Arc::new(Faults::new());
-        let (log, _, _) = open(dir.path(), FILE, FILE, true, Some(faults.clone())).expect("open");
+        let (log, _) = open(dir.path(), FILE, FILE, true, Some(faults.clone())).expect("open");
         let records = run_of(1, 0, &[300, 300, 300]);
         let refs: Vec<&LogRecord> = records.iter().collect();
         faults.fail_after(2);
@@ -945,14 +1104,66 @@ mod tests {
         let takes_direct = open_direct(&probe)
             .ok()
             .is_some_and(|file| rewrite_first_block(&file).is_ok());
-        let (synced, _, _) = open(dir.path(), FILE, FILE, true, None).expect("open");
+        let (synced, _) = open(dir.path(), FILE, FILE, true, None).expect("open");
         assert_eq!(synced.is_direct(), takes_direct);
         drop(synced);
         // The probe at open changed nothing: a fresh log is still all zeros.
         let log = fs::read(dir.path().join(WAL_FILE_NAME)).expect("read");
         assert!(log[..FILE as usize].iter().all(|&b| b == 0));
         // Without syncs the page cache is faster, and nothing is direct.
-        let (unsynced, _, _) = open(dir.path(), FILE, FILE, false, None).expect("open");
+        let (unsynced, _) = open(dir.path(), FILE, FILE, false, None).expect("open");
         assert!(!unsynced.is_direct());
+    }
+    #[test]
+    fn replay_reads_the_records_and_not_the_rest_of_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // A log file of 4 MiB with the records in its first part: one record larger than a
+        // replay read, and records that straddle the reads' boundaries.
+        let (file_bytes, chunk) = (4u64 << 20, REPLAY_READ_BYTES);
+        let (log, usable) = open(dir.path(), file_bytes, file_bytes, true, None).expect("open");
+        assert_eq!(usable, file_bytes);
+        let lens = [chunk + 1000, 70_000, 90_000, 100_000, 300, chunk / 2];
+        let records = run_of(1, 0, &lens);
+        write(&log, &records);
+        let end: usize = lens.iter().sum();
+        assert_eq!(replayed(dir.path(), 0), vec![1, 2, 3, 4, 5, 6]);
+        let read = read_records_after(dir.path(), 0, 0, EPOCH).expect("replay");
+        assert!(read.bytes.len() >= end);
+        assert!(
+            read.bytes.len() <= end + RECORD_HEADER_BYTES + chunk,
+            "read {} bytes for {end} bytes of records",
+            read.bytes.len()
+        );
+        assert_eq!(read.last_seq(), Some(6));
+        // From a later record's offset, after its predecessor's sequence number.
+        let third = records[2].offset;
+        assert_eq!(replayed_from(dir.path(), third, 2), vec![3, 4, 5, 6]);
+        // An offset at or past the file's end, or a chain that does not follow on.
+        assert!(replayed_from(dir.path(), file_bytes, 0).is_empty());
+        assert!(replayed_from(dir.path(), file_bytes + 4096, 0).is_empty());
+        assert!(replayed_from(dir.path(), 0, 7).is_empty());
+    }
+
+    #[test]
+    fn replay_ends_at_a_record_cut_off_by_the_end_of_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (log, _) = open(dir.path(), FILE, FILE, true, None).expect("open");
+        // The second record's header claims more bytes than the file holds.
+        let records = run_of(1, 0, &[500, FILE as usize]);
+        write(&log, &records[..1]);
+        let mut header = records[1].bytes[..RECORD_HEADER_BYTES].to_vec();
+        header[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
+        let path = dir.path().join(WAL_FILE_NAME);
+        let file = File::options().write(true).open(&path).expect("open");
+        file.write_all_at(&header, 500).expect("write");
+        assert_eq!(replayed(dir.path(), 0), vec![1]);
+    }
+
+    #[test]
+    fn replay_of_a_missing_log_finds_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let read = read_records_after(dir.path(), 0, 0, EPOCH).expect("replay");
+        assert_eq!(read.records().count(), 0);
+        assert_eq!(read.last_seq(), None);
     }
 }

@@ -228,9 +228,6 @@ pub fn config(
         // The engine clamps it to its smallest log (64 KiB): each open zero-fills the log,
         // and a short sequence opens engines often.
         wal_file_bytes: 0,
-        // And no defrag room beyond eight times that: the default 16 MiB file would be
-        // allocated and read back at every open.
-        wal_defrag_room_bytes: 0,
         max_txn_ops: limits.max_txn_ops,
         max_request_bytes: limits.max_request_bytes,
         quota_backend_bytes: limits.quota_backend_bytes,
