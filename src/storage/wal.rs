@@ -1114,6 +1114,7 @@ mod tests {
         let (unsynced, _) = open(dir.path(), FILE, FILE, false, None).expect("open");
         assert!(!unsynced.is_direct());
     }
+
     #[test]
     fn replay_reads_the_records_and_not_the_rest_of_the_file() {
         let dir = tempfile::tempdir().expect("tempdir");
