@@ -103,11 +103,10 @@ fn copy_and_swap(
     let (reply, answer) = crossbeam_channel::bounded(1);
     step(DefragStep::Begin(reply))?;
     let first = answer.recv().map_err(|_| Error::Closed)??;
-    let mut target = match store.begin_defrag(&first, progress) {
+    let mut target = match store.begin_defrag(first, progress) {
         Ok(target) => target,
         Err(e) => return Err(abandon(shared, None, e)),
     };
-    drop(first);
     failpoint(shared, DefragFailpoint::AfterCopy)?;
     for _ in 0..DEFRAG_CATCH_UP_ROUNDS_MAX {
         let copied = store

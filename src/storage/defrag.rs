@@ -3,8 +3,9 @@
 //!
 //! Steps (the engine drives them, `engine::defrag`):
 //! 1. **begin**: with physical compaction paused, take a snapshot; create
-//!    `kvd.redb.defrag` and copy every table from the snapshot in key order (history
-//!    appends, so pages fill densely), committing durably every
+//!    `kvd.redb.defrag` and copy the history up to the snapshot's last record in key order
+//!    (history appends, so pages fill densely), each commit from a fresh snapshot
+//!    (DEFRAG-4), then every other table, committing durably every
 //!    `DEFRAG_COPY_BYTES_PER_COMMIT` bytes of records (or `DEFRAG_COPY_ROWS_PER_COMMIT` rows),
 //!    so the copy reaches the disk in small steps rather than in bursts that the writers'
 //!    log syncs would queue behind.
@@ -22,18 +23,25 @@
 //!   unfinished copy and is deleted on open.
 //! - DEFRAG-3: a reader keeps the database it opened its snapshot on until it ends; readers
 //!   never see a mix of the two files.
+//! - DEFRAG-4: no snapshot of the defrag lives for the whole bulk copy: each of its commits
+//!   reads from a snapshot of its own, up to the last record of the first. redb frees the
+//!   pages the writers' non-durable commits let go only below the oldest live reader, so
+//!   one snapshot held for the whole copy made the live file grow all along, and the first
+//!   commit after it ended freed them all at once (a 52 ms batch after a 500 MiB copy).
 //!
 //! Contact points: `Store::begin_defrag`, `Store::swap_defragged`; `engine` pauses compaction
 //! and runs the swap between batches.
 
+use std::borrow::Borrow;
 use std::fs::{self, File};
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
 
+use super::db_file::{self, Retire};
 use super::{
-    DB_FILE_NAME, HISTORY, META, RevisionKey, Snapshot, Store, io_error, open_error, storage_error,
+    DB_FILE_NAME, HISTORY, InService, META, RevisionKey, Snapshot, Store, io_error, storage_error,
 };
 use crate::error::StorageError;
 use crate::sync::{Arc, AtomicU64, Ordering};
@@ -59,31 +67,41 @@ pub struct Progress {
 /// The new file being filled.
 pub struct Target {
     db: Database,
+    /// Retires the new file once a later defrag replaces it in turn (FILE-2).
+    retire: Retire,
     path: PathBuf,
+    /// redb's page cache of the new file, as the store's.
+    cache_size_bytes: usize,
     /// The last history key copied.
     last_history: Option<RevisionKey>,
 }
 
 impl Store {
-    /// Creates the defrag target and copies every table of `snapshot` into it (step 1).
+    /// Creates the defrag target and copies into it the history `first` holds, then every
+    /// other table (step 1). `first` is let go after the first commit of the copy, and each
+    /// later commit reads from a fresh snapshot (DEFRAG-4).
     pub fn begin_defrag(
         &self,
-        snapshot: &Snapshot,
+        first: Snapshot,
         progress: &Progress,
     ) -> Result<Target, StorageError> {
         let path = self.dir.join(DEFRAG_FILE_NAME);
         remove_if_present(&path)?;
-        let db = redb::Builder::new()
-            .set_cache_size(self.cache_size_bytes)
-            .create(&path)
-            .map_err(|e| open_error(&path, e.into()))?;
+        let (db, retire) = db_file::open(&path, self.cache_size_bytes, None)?;
         let mut target = Target {
             db,
+            retire,
+            cache_size_bytes: self.cache_size_bytes,
             path,
             last_history: None,
         };
-        target.copy_history(snapshot, progress)?;
-        target.replace_small_tables(snapshot, &self.row_tables)?;
+        // DEFRAG-1: history only grows by appends, so a later snapshot holds the same records
+        // up to the last one `first` saw; what comes after is the catch-up's.
+        let last = first.last_history_key()?;
+        let mut first = Some(first);
+        let mut source = || first.take().map_or_else(|| self.snapshot(), Ok);
+        target.copy_history(&mut source, last, progress)?;
+        target.replace_small_tables(&self.snapshot()?, &self.row_tables)?;
         Ok(target)
     }
 
@@ -95,7 +113,7 @@ impl Store {
         snapshot: &Snapshot,
         progress: &Progress,
     ) -> Result<usize, StorageError> {
-        target.copy_history(snapshot, progress)
+        target.copy_history(&mut || Ok(snapshot), None, progress)
     }
 
     /// Finishes the copy from `snapshot` (which must see every commit: no write may be in
@@ -107,21 +125,34 @@ impl Store {
         snapshot: &Snapshot,
         progress: &Progress,
     ) -> Result<(), StorageError> {
-        target.copy_history(snapshot, progress)?;
+        target.copy_history(&mut || Ok(snapshot), None, progress)?;
         target.replace_small_tables(snapshot, &self.row_tables)?;
-        let Target { db, path, .. } = target;
+        let Target {
+            db, retire, path, ..
+        } = target;
         let live = self.dir.join(DB_FILE_NAME);
         fs::rename(&path, &live)
             .map_err(|e| io_error("rename defragmented file over", &live, &e))?;
         // From the rename on, the new file is the one at the live path: put it in service
         // before anything else can fail, so no write can go to the old, unlinked file.
-        let old = std::mem::replace(&mut *crate::sync::write(&self.db), Arc::new(db));
-        // Dropping the old database flushes and frees its cache: off the write pause, on a
-        // thread of its own (readers still holding it finish first either way, DEFRAG-3).
+        let new = InService {
+            db: Arc::new(db),
+            retire,
+        };
+        let old = std::mem::replace(&mut *crate::sync::write(&self.db), new);
+        let synced = sync_dir(&self.dir);
+        // FILE-2: only a durable rename makes the old file unreachable; if the directory's
+        // sync failed, its close still writes it out as any close does.
+        if synced.is_ok() {
+            old.retire.retire();
+        }
+        // Dropping the old database frees its cache (and closes the file when no reader
+        // holds it any more): off the write pause, on a thread of its own (readers still
+        // holding it finish first either way, DEFRAG-3).
         let _ = std::thread::Builder::new()
             .name("kvd-defrag-drop".into())
             .spawn(move || drop(old));
-        sync_dir(&self.dir)
+        synced
     }
 
     /// Renames the new file over the old one without putting it in service: what a crash
@@ -144,16 +175,15 @@ impl Store {
         progress: &Progress,
     ) -> Result<u64, StorageError> {
         remove_if_present(path)?;
-        let db = redb::Builder::new()
-            .set_cache_size(self.cache_size_bytes)
-            .create(path)
-            .map_err(|e| open_error(path, e.into()))?;
+        let (db, retire) = db_file::open(path, self.cache_size_bytes, None)?;
         let mut target = Target {
             db,
+            retire,
+            cache_size_bytes: self.cache_size_bytes,
             path: path.to_path_buf(),
             last_history: None,
         };
-        target.copy_history(snapshot, progress)?;
+        target.copy_history(&mut || Ok(snapshot), None, progress)?;
         target.replace_small_tables(snapshot, &self.row_tables)?;
         target.db.close().map_err(storage_error)?;
         fs::metadata(path)
@@ -164,29 +194,35 @@ impl Store {
     /// Removes an unfinished defrag copy (DEFRAG-2).
     pub fn abandon_defrag(&self, target: Option<Target>) -> Result<(), StorageError> {
         drop(target);
-        remove_if_present(&self.dir.join(DEFRAG_FILE_NAME))
+        // FILE-3: the copy can be as large as the store, and writes go on.
+        db_file::remove_gradually(&self.dir.join(DEFRAG_FILE_NAME))
     }
 }
 
 impl Target {
-    /// Copies history records above the last one copied; returns how many.
-    fn copy_history(
+    /// Copies history records above the last one copied, up to `up_to` (all if `None`);
+    /// the records of each commit come from the snapshot `source` returns for it. Returns
+    /// how many were copied.
+    fn copy_history<S: Borrow<Snapshot>>(
         &mut self,
-        snapshot: &Snapshot,
+        source: &mut impl FnMut() -> Result<S, StorageError>,
+        up_to: Option<RevisionKey>,
         progress: &Progress,
     ) -> Result<usize, StorageError> {
         let from = match self.last_history {
             Some(key) => Bound::Excluded(key),
             None => Bound::Unbounded,
         };
+        let to = up_to.map_or(Bound::Unbounded, Bound::Included);
         let mut copied = 0;
         let mut rows: Vec<(RevisionKey, Vec<u8>)> = Vec::with_capacity(DEFRAG_COPY_ROWS_PER_COMMIT);
         let mut next = from;
         loop {
             rows.clear();
             let mut bytes = 0;
-            snapshot.scan_history(
-                (next, Bound::Unbounded),
+            // The snapshot lives for the scan only, not for the commit (DEFRAG-4).
+            source()?.borrow().scan_history(
+                (next, to),
                 DEFRAG_COPY_ROWS_PER_COMMIT,
                 |key, value| {
                     rows.push((*key, value.to_vec()));
@@ -249,9 +285,7 @@ impl Target {
             .map_err(storage_error)?;
         let db = std::mem::replace(&mut self.db, placeholder);
         db.close().map_err(storage_error)?;
-        self.db = redb::Builder::new()
-            .create(&self.path)
-            .map_err(|e| open_error(&self.path, e.into()))?;
+        (self.db, self.retire) = db_file::open(&self.path, self.cache_size_bytes, None)?;
         Ok(())
     }
 

@@ -1,5 +1,5 @@
-//! Fault injection: a storage backend that fails every write and sync after a chosen number
-//! of them, to test what the engine does after an I/O error (poisoning, then recovery on
+//! Fault injection: a switch that makes the database file's writes and syncs fail after a
+//! chosen number of them, to test what the engine does after an I/O error (poisoning, then recovery on
 //! reopen).
 //!
 //! It can also hold the write-ahead log's `fdatasync` until released, and fail the next
@@ -9,16 +9,12 @@
 //! - FAULT-1: once a fault fired, every later write and sync fails too until `heal`, as a
 //!   dead disk would; reads keep working.
 //!
-//! Contact points: `Config::faults` (tests only; production never sets it); `Store::open`
-//! wraps the file backend when it is set.
+//! Contact points: `Config::faults` (tests only; production never sets it); the database
+//! file's backend (`db_file`) asks [`Faults`] before every write and sync when it is set.
 
-use std::fmt;
 use std::io;
 
-use redb::StorageBackend;
-use redb::backends::FileBackend;
-
-use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering, lock};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering, lock};
 
 /// A switch that makes storage writes fail, shared between a test and the engine.
 #[derive(Debug)]
@@ -129,55 +125,5 @@ impl Faults {
 impl Default for Faults {
     fn default() -> Faults {
         Faults::new()
-    }
-}
-
-/// A file backend that consults [`Faults`] before every write and sync.
-pub struct FaultyBackend {
-    inner: FileBackend,
-    faults: Arc<Faults>,
-}
-
-impl FaultyBackend {
-    /// Wraps `inner`.
-    pub fn new(inner: FileBackend, faults: Arc<Faults>) -> FaultyBackend {
-        FaultyBackend { inner, faults }
-    }
-}
-
-impl fmt::Debug for FaultyBackend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FaultyBackend")
-            .field("faults", &self.faults)
-            .finish()
-    }
-}
-
-impl StorageBackend for FaultyBackend {
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        self.inner.read(offset, out)
-    }
-
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.faults.allow()?;
-        self.inner.set_len(len)
-    }
-
-    fn sync_data(&self) -> io::Result<()> {
-        self.faults.allow()?;
-        self.inner.sync_data()
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.faults.allow()?;
-        self.inner.write(offset, data)
-    }
-
-    fn close(&self) -> io::Result<()> {
-        self.inner.close()
     }
 }

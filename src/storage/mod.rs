@@ -39,6 +39,7 @@ use redb::{
 };
 
 pub mod check;
+mod db_file;
 pub mod defrag;
 pub mod dump;
 pub mod faults;
@@ -47,7 +48,8 @@ pub mod wal;
 
 use crate::error::StorageError;
 use crate::sync::{Arc, Mutex, RwLock, lock};
-use faults::{Faults, FaultyBackend};
+use db_file::Retire;
+use faults::Faults;
 use wal::{LogPosition, LogRecord, LogWriter, Op, OpLog};
 
 /// The name of the database file inside the data directory.
@@ -184,7 +186,7 @@ pub struct StoreOptions {
 #[derive(Debug)]
 pub struct Store {
     /// Swapped whole by defrag (DEFRAG-3); readers keep the one they started on.
-    db: RwLock<Arc<Database>>,
+    db: RwLock<InService>,
     row_tables: Vec<RowTable>,
     cache_size_bytes: usize,
     dir: PathBuf,
@@ -193,6 +195,13 @@ pub struct Store {
     faults: Option<Arc<Faults>>,
     // Held for the lifetime of the store; dropping it releases the directory (STORE-3).
     _lock: File,
+}
+
+/// The database in service and the switch that retires its file once a defrag replaced it.
+#[derive(Debug)]
+struct InService {
+    db: Arc<Database>,
+    retire: Retire,
 }
 
 #[derive(Debug)]
@@ -218,25 +227,17 @@ impl Store {
                 .map_err(|e| io_error("remove unfinished defrag copy", &leftover, &e))?;
         }
         let path = dir.join(DB_FILE_NAME);
-        let mut builder = redb::Builder::new();
-        builder.set_cache_size(options.cache_size_bytes);
-        let db = match &options.faults {
-            None => builder.create(&path),
-            Some(faults) => {
-                let file = open_read_write(&path)?;
-                let backend = redb::backends::FileBackend::new(file)
-                    .map_err(|e| open_error(&path, e.into()))?;
-                builder.create_with_backend(FaultyBackend::new(backend, faults.clone()))
-            }
-        }
-        .map_err(|e| open_error(&path, e.into()))?;
+        let (db, retire) = db_file::open(&path, options.cache_size_bytes, options.faults.clone())?;
         let checkpoint_bytes = options.wal_file_bytes.max(wal::WAL_FILE_BYTES_MIN);
         let room = wal::log_file_bytes(checkpoint_bytes, options.wal_defrag_room_bytes);
         let sync = options.sync == CommitSync::Durable;
         let (log, file_bytes) =
             wal::open(dir, checkpoint_bytes, room, sync, options.faults.clone())?;
         let store = Store {
-            db: RwLock::new(Arc::new(db)),
+            db: RwLock::new(InService {
+                db: Arc::new(db),
+                retire,
+            }),
             row_tables: options.row_tables.clone(),
             cache_size_bytes: options.cache_size_bytes,
             dir: dir.to_path_buf(),
@@ -467,7 +468,7 @@ impl Store {
 
     /// Returns the database in service.
     fn database(&self) -> Arc<Database> {
-        crate::sync::read(&self.db).clone()
+        crate::sync::read(&self.db).db.clone()
     }
 
     /// Returns the length of the database file in bytes.
@@ -491,11 +492,11 @@ impl Store {
 
     /// Closes the database, returning any error redb reports on the way.
     pub fn close(self) -> Result<(), StorageError> {
-        let db = self
+        let in_service = self
             .db
             .into_inner()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match Arc::try_unwrap(db) {
+        match Arc::try_unwrap(in_service.db) {
             Ok(db) => db.close().map_err(storage_error),
             // A reader still holds it: redb closes it when that reader drops it.
             Err(_) => Ok(()),
@@ -760,6 +761,15 @@ impl Snapshot {
         decode: impl FnOnce(&[u8]) -> Result<T, StorageError>,
     ) -> Result<Option<T>, StorageError> {
         decode_record(&self.history, key, decode)
+    }
+
+    /// Returns the key of the last history record, if there is one.
+    pub fn last_history_key(&self) -> Result<Option<RevisionKey>, StorageError> {
+        Ok(self
+            .history
+            .last()
+            .map_err(storage_error)?
+            .map(|(key, _)| key.value()))
     }
 
     /// Calls `visit` for each history record in `range`, in revision order, until it returns

@@ -1,0 +1,383 @@
+//! The backend redb reads and writes a database file through: redb's own file backend, with
+//! the test fault injector in front when one is set, and a switch that retires the file once
+//! a defrag has replaced it.
+//!
+//! Why retire: a database a defrag replaced is closed when its last reader lets go, and redb's
+//! close makes its non-durable commits durable. Between checkpoints every batch is such a
+//! commit, and during a defrag there is no checkpoint (the log's defrag room), so that close
+//! would write every page the writers dirtied while the copy ran and sync the file: work that
+//! grows with the defrag's length, done beside the writers' log syncs, for a file that is
+//! already unlinked and will never be read again.
+//!
+//! Invariants:
+//! - FILE-1: until retired, every call reaches the file, through the fault injector when
+//!   tests set one (FAULT-1).
+//! - FILE-2: a file is retired only once its replacement's rename over it is durable (the
+//!   directory synced), so no open can reach it again. From then on writes, length changes
+//!   and syncs are dropped and report success; reads, locks and the close still reach the
+//!   file, so readers that hold the old database finish on it (DEFRAG-3). Nothing writes to
+//!   a replaced database but its close: every batch after the swap goes to the new one.
+//! - FILE-3: the blocks of a file the store unlinked while it serves writes (a retired
+//!   database, an abandoned defrag copy) are freed a step at a time
+//!   (`SHRINK_STEP_BYTES`, `SHRINK_PAUSE` between steps) on a thread of its own, before its
+//!   last descriptor closes. On ext4 the last close of an unlinked 1 GiB file freed it in
+//!   one go and held the journal for about a second; every log sync waited behind it (puts
+//!   stalled up to 630 ms after a 500 MiB defrag). In 8 MiB steps the longest sync beside it
+//!   was 12 ms (`docs/benchmarks-features.md`).
+//!
+//! Contact points: `Store::open` and the defrag's copy open every database through [`open`];
+//! `Store::swap_defragged` retires the file it replaced.
+
+use std::fmt;
+use std::fs::{self, File};
+use std::io;
+use std::ops::Bound;
+use std::path::Path;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use redb::backends::FileBackend;
+use redb::{BackendError, Database, StorageBackend};
+
+use super::faults::Faults;
+use super::{open_error, open_read_write};
+use crate::error::StorageError;
+use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock};
+
+/// Bytes an unlinked file is shrunk by per step (FILE-3).
+pub const SHRINK_STEP_BYTES: u64 = 8 << 20;
+/// The pause between two steps, so the log's syncs get the journal in between (FILE-3).
+pub const SHRINK_PAUSE: Duration = Duration::from_millis(5);
+
+/// Opens (or creates) the database at `path` through a [`DbFile`], with redb's page cache
+/// at `cache_size_bytes` and `faults` in front of the file when tests set them. Returns the
+/// database and the switch that retires its file.
+pub(super) fn open(
+    path: &Path,
+    cache_size_bytes: usize,
+    faults: Option<Arc<Faults>>,
+) -> Result<(Database, Retire), StorageError> {
+    let file = open_read_write(path)?;
+    // FILE-3: a second descriptor, which outlives redb's once the file is retired.
+    let spare = file
+        .try_clone()
+        .map_err(|e| super::io_error("duplicate the descriptor of", path, &e))?;
+    let inner = FileBackend::new(file).map_err(|e| open_error(path, e.into()))?;
+    let retire = Retire::default();
+    let backend = DbFile {
+        inner,
+        faults,
+        retired: retire.0.clone(),
+        spare: Mutex::new(Some(spare)),
+    };
+    let db = redb::Builder::new()
+        .set_cache_size(cache_size_bytes)
+        .create_with_backend(backend)
+        .map_err(|e| open_error(path, e.into()))?;
+    Ok((db, retire))
+}
+
+/// The switch that retires one database file (FILE-2).
+#[derive(Debug, Default, Clone)]
+pub(super) struct Retire(Arc<AtomicBool>);
+
+impl Retire {
+    /// Drops every later write, length change and sync of the file (FILE-2).
+    pub(super) fn retire(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Unlinks `path` and frees its blocks a step at a time on a thread of its own (FILE-3).
+/// A missing file is not an error.
+pub(super) fn remove_gradually(path: &Path) -> Result<(), StorageError> {
+    let file = match File::options().write(true).open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(super::io_error("open", path, &e)),
+    };
+    fs::remove_file(path).map_err(|e| super::io_error("remove", path, &e))?;
+    release_gradually(file);
+    Ok(())
+}
+
+/// Shrinks `file`, which must be unlinked, to nothing in steps of `SHRINK_STEP_BYTES` with
+/// `SHRINK_PAUSE` between them, then closes it, on a thread of its own (FILE-3). Returns the
+/// thread, or `None` if none could be started: the file is then closed here, in one go.
+pub(super) fn release_gradually(file: File) -> Option<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("kvd-release-file".into())
+        .spawn(move || {
+            // A failed step leaves the rest to the last close, which frees it all at once.
+            let Ok(metadata) = file.metadata() else {
+                return;
+            };
+            let mut length = metadata.len();
+            while length > 0 {
+                length = length.saturating_sub(SHRINK_STEP_BYTES);
+                if file.set_len(length).is_err() {
+                    return;
+                }
+                std::thread::sleep(SHRINK_PAUSE);
+            }
+        })
+        .ok()
+}
+
+/// redb's file backend behind the fault injector and the retire switch.
+struct DbFile {
+    inner: FileBackend,
+    faults: Option<Arc<Faults>>,
+    retired: Arc<AtomicBool>,
+    /// A second descriptor of the file, released step by step once the retired file closes
+    /// (FILE-3); dropped with the backend otherwise.
+    spare: Mutex<Option<File>>,
+}
+
+impl DbFile {
+    /// Returns true if the call that changes the file must be dropped (FILE-2); otherwise
+    /// asks the fault injector, whose error the call then returns (FILE-1).
+    fn drop_change(&self) -> io::Result<bool> {
+        if self.retired.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        if let Some(faults) = &self.faults {
+            faults.allow()?;
+        }
+        Ok(false)
+    }
+}
+
+impl fmt::Debug for DbFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DbFile")
+            .field("faults", &self.faults)
+            .field("retired", &self.retired.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl StorageBackend for DbFile {
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.inner.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        if self.drop_change()? {
+            return Ok(());
+        }
+        self.inner.set_len(len)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        if self.drop_change()? {
+            return Ok(());
+        }
+        self.inner.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        if self.drop_change()? {
+            return Ok(());
+        }
+        self.inner.write(offset, data)
+    }
+
+    fn close(&self) -> io::Result<()> {
+        let closed = self.inner.close();
+        // redb never calls the backend again after `close`: the retired file's blocks can go.
+        if self.retired.load(Ordering::Acquire)
+            && let Some(spare) = lock(&self.spare).take()
+        {
+            release_gradually(spare);
+        }
+        closed
+    }
+
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.try_lock_range(start, end)
+    }
+
+    fn try_lock_shared_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<bool, BackendError> {
+        self.inner.try_lock_shared_range(start, end)
+    }
+
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.lock_range(start, end)
+    }
+
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.lock_shared_range(start, end)
+    }
+
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.unlock_range(start, end)
+    }
+
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.query_lock_range(start, end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
+
+    const TABLE: TableDefinition<'static, &str, u64> = TableDefinition::new("t");
+
+    fn insert(db: &Database, key: &str, durability: Durability) {
+        let mut txn = db.begin_write().expect("begin");
+        txn.set_durability(durability).expect("durability");
+        txn.open_table(TABLE)
+            .expect("table")
+            .insert(key, 1)
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+
+    fn keys_after_reopen(path: &Path) -> Vec<String> {
+        let db = redb::Database::create(path).expect("reopen");
+        let txn = db.begin_read().expect("read");
+        let table = txn.open_table(TABLE).expect("table");
+        table
+            .iter()
+            .expect("iter")
+            .map(|row| row.expect("row").0.value().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_retired_file_drops_writes_length_changes_and_syncs_and_serves_reads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("file");
+        let file = open_read_write(&path).expect("open");
+        let retired = Arc::new(AtomicBool::new(false));
+        let backend = DbFile {
+            inner: FileBackend::new(file).expect("backend"),
+            faults: None,
+            retired: retired.clone(),
+            spare: Mutex::new(None),
+        };
+        backend.write(0, b"abc").expect("write");
+        Retire(retired).retire();
+        // FILE-2: every change is dropped and reports success.
+        backend.write(0, b"xyz").expect("dropped write");
+        backend.set_len(1).expect("dropped length change");
+        backend.sync_data().expect("dropped sync");
+        let mut read = [0u8; 3];
+        backend.read(0, &mut read).expect("read");
+        assert_eq!(&read, b"abc");
+        assert_eq!(fs::read(&path).expect("file"), b"abc");
+    }
+
+    #[test]
+    fn a_close_makes_pending_commits_durable_in_a_file_in_service() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("db");
+        let (db, _retire) = open(&path, 1 << 20, None).expect("open");
+        insert(&db, "durable", Durability::Immediate);
+        insert(&db, "pending", Durability::None);
+        drop(db);
+        // FILE-1: redb's close wrote the non-durable commit out, and the file kept its blocks.
+        assert_eq!(keys_after_reopen(&path), ["durable", "pending"]);
+    }
+
+    #[test]
+    fn a_retired_file_still_serves_its_readers() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (db, retire) = open(&dir.path().join("db"), 1 << 20, None).expect("open");
+        insert(&db, "durable", Durability::Immediate);
+        insert(&db, "pending", Durability::None);
+        let reader = db.begin_read().expect("read");
+        retire.retire();
+        let table = reader.open_table(TABLE).expect("table");
+        for key in ["durable", "pending"] {
+            assert_eq!(table.get(key).expect("get").map(|v| v.value()), Some(1));
+        }
+    }
+
+    #[test]
+    fn an_unlinked_file_is_shrunk_to_nothing_before_it_closes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("big");
+        let file = File::create(&path).expect("create");
+        file.set_len(3 * SHRINK_STEP_BYTES + 1).expect("grow");
+        let observer = File::open(&path).expect("observer");
+        fs::remove_file(&path).expect("unlink");
+        release_gradually(file)
+            .expect("a thread")
+            .join()
+            .expect("release");
+        assert_eq!(observer.metadata().expect("stat").len(), 0);
+    }
+
+    /// Waits, at most 30 s, until `file` is empty; returns its length.
+    fn length_once_released(file: &File) -> u64 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let length = file.metadata().expect("stat").len();
+            if length == 0 || std::time::Instant::now() > deadline {
+                return length;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_retired_file_is_released_gradually_when_it_closes_and_only_then() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("db");
+        let (db, retire) = open(&path, 1 << 20, None).expect("open");
+        insert(&db, "durable", Durability::Immediate);
+        let observer = File::open(&path).expect("observer");
+        let length = observer.metadata().expect("stat").len();
+        assert!(length > 0);
+        let reader = db.begin_read().expect("read");
+        retire.retire();
+        drop(db);
+        // FILE-2: a reader still holds the database, so the file is still whole.
+        assert_eq!(observer.metadata().expect("stat").len(), length);
+        drop(reader);
+        // FILE-3: closed with its last reader, the file is freed step by step.
+        assert_eq!(length_once_released(&observer), 0);
+    }
+
+    #[test]
+    fn removing_a_missing_file_gradually_is_not_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        remove_gradually(&dir.path().join("absent")).expect("nothing to remove");
+        let path = dir.path().join("present");
+        fs::write(&path, b"bytes").expect("write");
+        remove_gradually(&path).expect("remove");
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn injected_faults_fail_the_writes_of_a_file_in_service() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let faults = Arc::new(Faults::new());
+        let (db, _retire) =
+            open(&dir.path().join("db"), 1 << 20, Some(faults.clone())).expect("open");
+        insert(&db, "before", Durability::Immediate);
+        faults.fail_after(0);
+        let txn = db.begin_write().expect("begin");
+        txn.open_table(TABLE)
+            .expect("table")
+            .insert("after", 1)
+            .expect("insert");
+        let error = txn.commit().expect_err("a faulty file fails the commit");
+        assert!(
+            error.to_string().contains("injected storage fault"),
+            "{error}"
+        );
+    }
+}
