@@ -22,8 +22,9 @@
 //!   (`SHRINK_STEP_BYTES`, `SHRINK_PAUSE` between steps) on a thread of its own, before its
 //!   last descriptor closes. On ext4 the last close of an unlinked 1 GiB file freed it in
 //!   one go and held the journal for about a second; every log sync waited behind it (puts
-//!   stalled up to 630 ms after a 500 MiB defrag). In 8 MiB steps the longest sync beside it
-//!   was 12 ms (`docs/benchmarks-features.md`).
+//!   stalled up to 630 ms after a 500 MiB defrag). In 8 MiB steps the longest sync beside a
+//!   1 GiB file's release was 12 ms in a standalone probe; beside a retired database's, single
+//!   syncs of 47–68 ms remained in two defrags of ten (`docs/benchmarks-features.md`).
 //!
 //! Contact points: `Store::open` and the defrag's copy open every database through [`open`];
 //! `Store::swap_defragged` retires the file it replaced.
