@@ -33,7 +33,7 @@ fn no_costly_write_is_applied_after_the_alarm() {
         queue.lock().unwrap().push_back(Proposal::Activate);
         // The apply thread (this thread) drains the queue twice, around the client.
         let mut applied = Vec::new();
-        let mut apply = |applied: &mut Vec<Proposal>| {
+        let apply = |applied: &mut Vec<Proposal>| {
             while let Some(p) = queue.lock().unwrap().pop_front() {
                 match p {
                     Proposal::Activate => {
