@@ -160,7 +160,8 @@ pub fn swap(shared: &Shared, target: Target) -> Result<u64> {
         }
     }
     // EDEFRAG-2: the snapshot holds the last reference to the old database, whose drop
-    // flushes it: that goes to a thread of its own, out of the write pause.
+    // frees its cache and closes its retired file (FILE-2, FILE-3): that goes to a thread
+    // of its own, out of the write pause.
     snapshot.drop_in_background();
     // EDEFRAG-2: no walk of the new file here (it reads every page); its length bounds
     // what it uses until the next idle measurement (SPACE-3).

@@ -1,6 +1,6 @@
 //! Fault injection: a switch that makes the database file's writes and syncs fail after a
-//! chosen number of them, to test what the engine does after an I/O error (poisoning, then recovery on
-//! reopen).
+//! chosen number of them, to test what the engine does after an I/O error (poisoning, then
+//! recovery on reopen).
 //!
 //! It can also hold the write-ahead log's `fdatasync` until released, and fail the next
 //! batch's apply, so a test can see what is answered while a commit is in flight.

@@ -733,8 +733,9 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Ends the snapshot on a thread of its own: when it holds the last reference to a
-    /// database a defrag replaced, dropping it flushes and closes that file, which takes time
-    /// in proportion to it (DEFRAG-3: readers still on it finish first either way).
+    /// database a defrag replaced, dropping it frees that database's cache and closes its
+    /// file, which then writes nothing if the file was retired (FILE-2) and is freed step by
+    /// step (FILE-3) (DEFRAG-3: readers still on it finish first either way).
     pub fn drop_in_background(self) {
         // If no thread can be started the snapshot is dropped here, which is only slower.
         let _ = std::thread::Builder::new()
