@@ -9,10 +9,17 @@
 //! - IDX-3: the index may hold revisions above the published current revision (a batch
 //!   being applied); readers only ask for revisions at or below the published one, so they
 //!   never see them.
+//! - IDX-4: the map orders keys bytewise, as etcd does. Each key carries its first eight
+//!   bytes as a big-endian number (zero-padded) beside its heap bytes: two keys whose heads
+//!   differ order as their heads do, and equal heads fall back to the whole keys, so most
+//!   comparisons of a search read no heap memory. (The key-index search was the largest
+//!   single cost of a Put; this made it about twice as fast.)
 //!
 //! Contact points: the engine's readers take it under a read lock; the apply thread under
 //! a write lock, one request at a time.
 
+use std::borrow::Borrow;
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
@@ -71,10 +78,143 @@ pub enum Probed {
     Absent,
 }
 
+/// A key as the map compares it (IDX-4): the stored keys and the keys a search is given.
+trait Ordered {
+    /// The first eight bytes, big-endian, zero-padded.
+    fn head(&self) -> u64;
+    /// The whole key.
+    fn bytes(&self) -> &[u8];
+}
+
+/// Returns the head of `key` (IDX-4).
+fn head_of(key: &[u8]) -> u64 {
+    let mut head = [0u8; 8];
+    let n = key.len().min(head.len());
+    head[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(head)
+}
+
+/// Compares two keys by head, then by their bytes (IDX-4).
+fn compare(a: &(impl Ordered + ?Sized), b: &(impl Ordered + ?Sized)) -> Ordering {
+    a.head()
+        .cmp(&b.head())
+        .then_with(|| a.bytes().cmp(b.bytes()))
+}
+
+/// A key held by the map.
+#[derive(Debug, Clone)]
+struct StoredKey {
+    head: u64,
+    bytes: Box<[u8]>,
+}
+
+impl StoredKey {
+    fn new(key: &[u8]) -> StoredKey {
+        StoredKey {
+            head: head_of(key),
+            bytes: key.into(),
+        }
+    }
+}
+
+/// A key a search is given, borrowed.
+#[derive(Debug, Clone, Copy)]
+struct KeyRef<'a> {
+    head: u64,
+    bytes: &'a [u8],
+}
+
+impl KeyRef<'_> {
+    fn new(key: &[u8]) -> KeyRef<'_> {
+        KeyRef {
+            head: head_of(key),
+            bytes: key,
+        }
+    }
+}
+
+impl Ordered for StoredKey {
+    fn head(&self) -> u64 {
+        self.head
+    }
+    fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Ordered for KeyRef<'_> {
+    fn head(&self) -> u64 {
+        self.head
+    }
+    fn bytes(&self) -> &[u8] {
+        self.bytes
+    }
+}
+
+impl<'a> Borrow<dyn Ordered + 'a> for StoredKey {
+    fn borrow(&self) -> &(dyn Ordered + 'a) {
+        self
+    }
+}
+
+impl PartialEq for dyn Ordered + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        compare(self, other).is_eq()
+    }
+}
+
+impl Eq for dyn Ordered + '_ {}
+
+impl PartialOrd for dyn Ordered + '_ {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for dyn Ordered + '_ {
+    fn cmp(&self, other: &Self) -> Ordering {
+        compare(self, other)
+    }
+}
+
+impl PartialEq for StoredKey {
+    fn eq(&self, other: &Self) -> bool {
+        compare(self, other).is_eq()
+    }
+}
+
+impl Eq for StoredKey {}
+
+impl PartialOrd for StoredKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for StoredKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        compare(self, other)
+    }
+}
+
+/// Converts a bound on key bytes into one the map takes.
+fn map_bound<'a>(bound: Bound<&'a [u8]>) -> Bound<KeyRef<'a>> {
+    bound.map(KeyRef::new)
+}
+
+/// Borrows a converted bound as the map's search type.
+fn as_dyn<'b>(bound: &'b Bound<KeyRef<'_>>) -> Bound<&'b (dyn Ordered + 'b)> {
+    match bound {
+        Bound::Included(key) => Bound::Included(key as &dyn Ordered),
+        Bound::Excluded(key) => Bound::Excluded(key as &dyn Ordered),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
 /// The index of every key.
 #[derive(Debug, Default)]
 pub struct Index {
-    keys: BTreeMap<Box<[u8]>, KeyIndex>,
+    keys: BTreeMap<StoredKey, KeyIndex>,
     /// The compaction revision: reads below it fail. -1 until the first compaction.
     pub compact_revision: i64,
 }
@@ -99,6 +239,26 @@ impl Index {
         }
     }
 
+    /// Returns the entry of `key`, if it has one.
+    fn entry(&self, key: &[u8]) -> Option<&KeyIndex> {
+        self.keys.get(&KeyRef::new(key) as &dyn Ordered)
+    }
+
+    /// Returns the entry of `key` to change, if it has one.
+    fn entry_mut(&mut self, key: &[u8]) -> Option<&mut KeyIndex> {
+        self.keys.get_mut(&KeyRef::new(key) as &dyn Ordered)
+    }
+
+    /// Returns the entries within `bounds`, in key order.
+    fn in_range(
+        &self,
+        (start, end): KeyBounds<'_>,
+    ) -> std::collections::btree_map::Range<'_, StoredKey, KeyIndex> {
+        let (start, end) = (map_bound(start), map_bound(end));
+        self.keys
+            .range::<dyn Ordered, _>((as_dyn(&start), as_dyn(&end)))
+    }
+
     /// Returns the number of keys with any recorded history.
     pub fn len(&self) -> usize {
         self.keys.len()
@@ -109,8 +269,7 @@ impl Index {
         let Some(bounds) = range.bounds() else {
             return Vec::new();
         };
-        self.keys
-            .range::<[u8], _>(bounds)
+        self.in_range(bounds)
             .filter_map(|(_, ki)| ki.get(at))
             .map(|f: Found| Hit {
                 revision: f.modified,
@@ -125,8 +284,7 @@ impl Index {
         let Some(bounds) = range.bounds() else {
             return Vec::new();
         };
-        self.keys
-            .range::<[u8], _>(bounds)
+        self.in_range(bounds)
             .filter_map(|(k, ki)| {
                 ki.get(at).map(|f| {
                     let hit = Hit {
@@ -134,7 +292,7 @@ impl Index {
                         created: f.created,
                         version: f.version,
                     };
-                    (k.clone(), hit)
+                    (k.bytes.clone(), hit)
                 })
             })
             .collect()
@@ -148,7 +306,7 @@ impl Index {
     /// Returns the key's state at `at`, and whether the index holds the key at all (alive
     /// or not), which [`Index::put_probed`] takes to spare itself a search.
     pub fn probe(&self, key: &[u8], at: i64) -> (Option<Hit>, Probed) {
-        match self.keys.get(key) {
+        match self.entry(key) {
             None => (None, Probed::Absent),
             Some(ki) => {
                 let hit = ki.get(at).map(|found| Hit {
@@ -168,13 +326,13 @@ impl Index {
         if probed == Probed::Present {
             return self.put(key, rev, cost);
         }
-        debug_assert!(!self.keys.contains_key(key), "probed absent, but present");
+        debug_assert!(self.entry(key).is_none(), "probed absent, but present");
         self.insert_put(key, rev, cost);
     }
 
     /// Records a Put of `key` at `rev`.
     pub fn put(&mut self, key: &[u8], rev: Revision, cost: u32) {
-        match self.keys.get_mut(key) {
+        match self.entry_mut(key) {
             Some(ki) => ki.put(rev, cost),
             None => self.insert_put(key, rev, cost),
         }
@@ -184,12 +342,12 @@ impl Index {
     fn insert_put(&mut self, key: &[u8], rev: Revision, cost: u32) {
         let mut ki = KeyIndex::new();
         ki.put(rev, cost);
-        self.keys.insert(key.into(), ki);
+        self.keys.insert(StoredKey::new(key), ki);
     }
 
     /// Records a delete of `key` at `rev`. Returns false if the key was not alive.
     pub fn tombstone(&mut self, key: &[u8], rev: Revision) -> bool {
-        self.keys.get_mut(key).is_some_and(|ki| ki.tombstone(rev))
+        self.entry_mut(key).is_some_and(|ki| ki.tombstone(rev))
     }
 
     /// Records a history record met while rebuilding the index on open.
@@ -202,7 +360,7 @@ impl Index {
         version: i64,
         cost: u32,
     ) {
-        match (self.keys.get_mut(key), tombstone) {
+        match (self.entry_mut(key), tombstone) {
             (Some(ki), false) => ki.put(rev, cost),
             (Some(ki), true) => {
                 // A tombstone of a key whose generation was compacted away except for the
@@ -215,19 +373,19 @@ impl Index {
             (None, false) => {
                 let mut ki = KeyIndex::new();
                 ki.restore(rev, created, version, cost);
-                self.keys.insert(key.into(), ki);
+                self.keys.insert(StoredKey::new(key), ki);
             }
             (None, true) => {
                 let mut ki = KeyIndex::new();
                 ki.restore_tombstone(rev);
-                self.keys.insert(key.into(), ki);
+                self.keys.insert(StoredKey::new(key), ki);
             }
         }
     }
 
     /// Returns true if `rev` of `key` is recorded (kept by every compaction so far).
     pub fn contains(&self, key: &[u8], rev: Revision) -> bool {
-        self.keys.get(key).is_some_and(|ki| ki.contains(rev))
+        self.entry(key).is_some_and(|ki| ki.contains(rev))
     }
 
     /// Compacts every key at `at` and records `at` as the compaction revision (IDX-1,
@@ -239,7 +397,7 @@ impl Index {
         self.keys.retain(|key, ki| {
             let cost = ki.compact(at);
             if cost > 0 {
-                released.push((key.clone(), cost));
+                released.push((key.bytes.clone(), cost));
             }
             !ki.is_empty()
         });
@@ -252,8 +410,8 @@ impl Index {
         let Some(bounds) = range.bounds() else {
             return;
         };
-        for (key, ki) in self.keys.range::<[u8], _>(bounds) {
-            visit(key, ki.retained_cost(), ki.is_alive());
+        for (key, ki) in self.in_range(bounds) {
+            visit(&key.bytes, ki.retained_cost(), ki.is_alive());
         }
     }
 }
@@ -301,4 +459,64 @@ mod tests {
         index.compact(5);
         assert_eq!(index.len(), 1, "a later compaction drops it");
     }
+
+    /// IDX-4: the map's order is the bytes' order, whatever the keys' lengths and zero
+    /// bytes, and a range finds exactly the keys a bytewise filter finds.
+    #[test]
+    fn the_map_orders_keys_as_their_bytes() {
+        let mut keys: Vec<Vec<u8>> = vec![
+            b"".to_vec(),
+            b"\0".to_vec(),
+            b"\0\0".to_vec(),
+            b"a".to_vec(),
+            b"a\0".to_vec(),
+            b"a\0\0\0\0\0\0\0".to_vec(),
+            b"a\0\0\0\0\0\0\0\0".to_vec(),
+            b"a\0\0\0\0\0\0\0\x01".to_vec(),
+            b"a\x01".to_vec(),
+            b"abcdefgh".to_vec(),
+            b"abcdefgh\0".to_vec(),
+            b"abcdefgha".to_vec(),
+            b"abcdefgi".to_vec(),
+            vec![0xff; 8],
+            vec![0xff; 9],
+        ];
+        // A fixed pseudo-random sequence adds keys of 0..12 bytes drawn from a few values.
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        for _ in 0..300 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let len = (state % 12) as usize;
+            let key = (0..len)
+                .map(|i| [0u8, 1, 0x7f, 0x80, 0xff][((state >> (5 + 3 * i)) % 5) as usize])
+                .collect();
+            keys.push(key);
+        }
+        let mut index = Index::new();
+        for (i, key) in keys.iter().enumerate() {
+            index.put(key, Revision::new(i as i64 + 2, 0), 1);
+        }
+        let mut sorted = keys.clone();
+        sorted.sort();
+        sorted.dedup();
+        let everything = index.range_keys(KeyRange::new(b"", b"\0"), NEWEST_FOR_TESTS);
+        let found: Vec<Vec<u8>> = everything.iter().map(|(k, _)| k.to_vec()).collect();
+        assert_eq!(found, sorted);
+        for start in sorted.iter().step_by(3) {
+            for end in sorted.iter().step_by(3) {
+                let range = KeyRange::new(start, end);
+                let expected: Vec<&Vec<u8>> = sorted.iter().filter(|k| range.contains(k)).collect();
+                let got = index.range_keys(range, NEWEST_FOR_TESTS);
+                let got: Vec<&[u8]> = got.iter().map(|(k, _)| &k[..]).collect();
+                assert_eq!(got.len(), expected.len(), "{start:?}..{end:?}");
+                assert!(got.iter().zip(&expected).all(|(g, e)| *g == e.as_slice()));
+            }
+        }
+        for key in &sorted {
+            assert!(index.probe(key, NEWEST_FOR_TESTS).0.is_some());
+        }
+    }
+
+    const NEWEST_FOR_TESTS: i64 = i64::MAX;
 }
