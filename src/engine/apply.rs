@@ -1003,12 +1003,13 @@ impl Applier {
             if let Err(e) = writer.check_put(req) {
                 return Ok(Err(e));
             }
+            let probe = writer.probe_put(req);
             if accounts.checks_puts()
-                && let Err(e) = accounts.check_puts(&[writer.planned_put(req)?])
+                && let Err(e) = accounts.check_puts(&[writer.planned_put_probed(req, &probe)?])
             {
                 return Ok(Err(e));
             }
-            Ok(Ok(writer.put(req)?))
+            Ok(Ok(writer.put_probed(req, probe)?))
         })
     }
 

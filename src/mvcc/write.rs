@@ -19,7 +19,7 @@
 use bytes::Bytes;
 
 use super::Revision;
-use super::index::{Index, KeyRange};
+use super::index::{Hit, Index, KeyRange, Probed};
 use super::read::{self, Records};
 use super::record::{self, Record};
 use crate::api::{
@@ -48,6 +48,13 @@ impl Change {
             Change::Put(kv) | Change::Delete(kv) => kv,
         }
     }
+}
+
+/// What the index holds for a Put's key, looked up once per Put ([`TxnWriter::probe_put`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PutProbe {
+    prev: Option<Hit>,
+    probed: Probed,
 }
 
 /// One write request being applied.
@@ -140,11 +147,27 @@ impl<'a, 't> TxnWriter<'a, 't> {
         Ok(())
     }
 
+    /// Looks `req`'s key up in the index, once for both [`TxnWriter::planned_put_probed`]
+    /// and [`TxnWriter::put_probed`].
+    pub fn probe_put(&self, req: &PutRequest) -> PutProbe {
+        let (prev, probed) = self.index.probe(&req.key, NEWEST);
+        PutProbe { prev, probed }
+    }
+
     /// Returns the Puts `req` would make, as (key, cost, new key), for the quota check
     /// before anything changes (ACCT-4). The cost is etcd's, with the value the Put will
     /// really store (the current one under `ignore_value`).
     pub fn planned_put(&self, req: &PutRequest) -> Result<(Vec<u8>, u32, bool), StorageError> {
-        let prev = self.index.get(&req.key, NEWEST);
+        self.planned_put_probed(req, &self.probe_put(req))
+    }
+
+    /// [`TxnWriter::planned_put`] with the index's answer `probe` already taken.
+    pub fn planned_put_probed(
+        &self,
+        req: &PutRequest,
+        probe: &PutProbe,
+    ) -> Result<(Vec<u8>, u32, bool), StorageError> {
+        let prev = probe.prev;
         let value_len = match prev {
             Some(hit) if req.ignore_value => self.batch.record(hit.revision)?.value.len(),
             _ => req.value.len(),
@@ -187,7 +210,18 @@ impl<'a, 't> TxnWriter<'a, 't> {
 
     /// Applies a Put whose checks passed.
     pub fn put(&mut self, req: &PutRequest) -> Result<PutResponse, StorageError> {
-        let (prev, probed) = self.index.probe(&req.key, NEWEST);
+        let probe = self.probe_put(req);
+        self.put_probed(req, probe)
+    }
+
+    /// [`TxnWriter::put`] with the index's answer `probe` already taken, with nothing
+    /// changed in the index since.
+    pub fn put_probed(
+        &mut self,
+        req: &PutRequest,
+        probe: PutProbe,
+    ) -> Result<PutResponse, StorageError> {
+        let PutProbe { prev, probed } = probe;
         let needs_prev = req.prev_kv || req.ignore_value || req.ignore_lease;
         let prev_kv = match prev {
             Some(hit) if needs_prev => Some(
