@@ -199,20 +199,6 @@ impl Ord for StoredKey {
     }
 }
 
-/// Converts a bound on key bytes into one the map takes.
-fn map_bound<'a>(bound: Bound<&'a [u8]>) -> Bound<KeyRef<'a>> {
-    bound.map(KeyRef::new)
-}
-
-/// Borrows a converted bound as the map's search type.
-fn as_dyn<'b>(bound: &'b Bound<KeyRef<'_>>) -> Bound<&'b (dyn Ordered + 'b)> {
-    match bound {
-        Bound::Included(key) => Bound::Included(key as &dyn Ordered),
-        Bound::Excluded(key) => Bound::Excluded(key as &dyn Ordered),
-        Bound::Unbounded => Bound::Unbounded,
-    }
-}
-
 /// The index of every key.
 #[derive(Debug, Default)]
 pub struct Index {
@@ -256,9 +242,11 @@ impl Index {
         &self,
         (start, end): KeyBounds<'_>,
     ) -> std::collections::btree_map::Range<'_, StoredKey, KeyIndex> {
-        let (start, end) = (map_bound(start), map_bound(end));
-        self.keys
-            .range::<dyn Ordered, _>((as_dyn(&start), as_dyn(&end)))
+        let (start, end) = (start.map(KeyRef::new), end.map(KeyRef::new));
+        self.keys.range::<dyn Ordered, _>((
+            start.as_ref().map(|key| key as &dyn Ordered),
+            end.as_ref().map(|key| key as &dyn Ordered),
+        ))
     }
 
     /// Returns the number of keys with any recorded history.
