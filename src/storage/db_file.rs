@@ -256,6 +256,13 @@ mod tests {
             .collect()
     }
 
+    /// Opens a database at `path` through [`open`] and commits one durable key to it.
+    fn database_with_a_durable_key(path: &Path) -> (Database, Retire) {
+        let (db, retire) = open(path, 1 << 20, None).expect("open");
+        insert(&db, "durable", Durability::Immediate);
+        (db, retire)
+    }
+
     #[test]
     fn a_retired_file_drops_writes_length_changes_and_syncs_and_serves_reads() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -284,8 +291,7 @@ mod tests {
     fn a_close_makes_pending_commits_durable_in_a_file_in_service() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("db");
-        let (db, _retire) = open(&path, 1 << 20, None).expect("open");
-        insert(&db, "durable", Durability::Immediate);
+        let (db, _retire) = database_with_a_durable_key(&path);
         insert(&db, "pending", Durability::None);
         drop(db);
         // FILE-1: redb's close wrote the non-durable commit out, and the file kept its blocks.
@@ -295,8 +301,7 @@ mod tests {
     #[test]
     fn a_retired_file_still_serves_its_readers() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (db, retire) = open(&dir.path().join("db"), 1 << 20, None).expect("open");
-        insert(&db, "durable", Durability::Immediate);
+        let (db, retire) = database_with_a_durable_key(&dir.path().join("db"));
         insert(&db, "pending", Durability::None);
         let reader = db.begin_read().expect("read");
         retire.retire();
@@ -337,8 +342,7 @@ mod tests {
     fn a_retired_file_is_released_gradually_when_it_closes_and_only_then() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("db");
-        let (db, retire) = open(&path, 1 << 20, None).expect("open");
-        insert(&db, "durable", Durability::Immediate);
+        let (db, retire) = database_with_a_durable_key(&path);
         let observer = File::open(&path).expect("observer");
         let length = observer.metadata().expect("stat").len();
         assert!(length > 0);
