@@ -433,6 +433,81 @@ fn watch_filters_prev_kv_cancel_and_refusals() {
 }
 
 #[test]
+fn a_write_reaches_exactly_its_watchers_among_many() {
+    // `Hub::publish` finds the matched watchers by one search each when few match and by
+    // one walk along all of them when many do: both ways each watch gets its events only.
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open_with(&dir, &Arc::new(ManualClock::new()));
+    let stream = engine.watch_stream().unwrap();
+    let keys: Vec<String> = (0..40).map(|i| format!("m/{i:02}")).collect();
+    let mut ids = Vec::new();
+    for key in &keys {
+        ids.push(stream.create(WatchCreateRequest::key(key.clone())).unwrap());
+    }
+    let prefix = stream.create(WatchCreateRequest::prefix("m/")).unwrap();
+    let mut created = 0;
+    while created < keys.len() + 1 {
+        assert!(next(&stream).created);
+        created += 1;
+    }
+    let events_of = |r: &WatchResponse| -> Vec<(String, i64)> {
+        r.events
+            .iter()
+            .map(|e| {
+                (
+                    String::from_utf8_lossy(&e.kv.key).into_owned(),
+                    e.kv.mod_revision,
+                )
+            })
+            .collect()
+    };
+
+    // Few match (2 of 41): one search each.
+    let rev = put(&engine, &keys[7], 0);
+    let mut got: Vec<(i64, Vec<(String, i64)>)> = (0..2)
+        .map(|_| next(&stream))
+        .map(|r| (r.watch_id, events_of(&r)))
+        .collect();
+    got.sort();
+    let mut want = vec![
+        (ids[7], vec![(keys[7].clone(), rev)]),
+        (prefix, vec![(keys[7].clone(), rev)]),
+    ];
+    want.sort();
+    assert_eq!(got, want);
+
+    // All match: one walk.
+    let txn = TxnRequest {
+        success: keys
+            .iter()
+            .map(|k| RequestOp::Put(PutRequest::new(k.clone(), "w")))
+            .collect(),
+        ..TxnRequest::default()
+    };
+    let rev = engine.txn(txn).unwrap().header.revision;
+    let mut got: Vec<(i64, Vec<(String, i64)>)> = (0..keys.len() + 1)
+        .map(|_| next(&stream))
+        .map(|r| (r.watch_id, events_of(&r)))
+        .collect();
+    got.sort();
+    let mut want: Vec<(i64, Vec<(String, i64)>)> = ids
+        .iter()
+        .zip(&keys)
+        .map(|(id, key)| (*id, vec![(key.clone(), rev)]))
+        .collect();
+    want.push((prefix, keys.iter().map(|k| (k.clone(), rev)).collect()));
+    want.sort();
+    assert_eq!(got, want);
+    assert!(
+        stream
+            .recv_timeout(Duration::from_millis(50))
+            .unwrap()
+            .is_none(),
+        "nothing more"
+    );
+}
+
+#[test]
 fn stalled_watcher_stays_bounded_and_later_gets_everything_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Arc::new(open_with(&dir, &Arc::new(ManualClock::new())));

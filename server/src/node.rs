@@ -194,6 +194,12 @@ impl Node {
         Ok(self.quick(Engine::auth_status)?.0)
     }
 
+    /// Returns true once the server has started shutting down (NODE-3): the signal is
+    /// raised, or its sender is gone.
+    pub fn is_stopping(&self) -> bool {
+        self.shutdown.has_changed().is_err() || *self.shutdown.borrow()
+    }
+
     /// Returns when the server starts shutting down (NODE-3).
     pub async fn stopping(&self) {
         let mut shutdown = self.shutdown.clone();

@@ -64,6 +64,9 @@ pub const WATCH_PENDING_RESPONSES_MAX: usize = 128;
 pub const WATCH_CATCH_UP_RECORDS: usize = 1_000;
 /// Unsynced watchers served per pass of the sync thread (etcd's 512).
 pub const WATCH_SYNC_WATCHERS_PER_PASS: usize = 512;
+/// `Hub::publish` walks the watchers in order instead of searching for each matched one
+/// when at least one in this many matches.
+const WATCH_WALK_RATIO: usize = 16;
 /// How often the sync thread looks at unsynced watchers without being woken.
 pub const WATCH_SYNC_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -346,36 +349,26 @@ impl Hub {
             }
             // WATCH-6: the revision's events, built once for all its watchers.
             let shared: Arc<[Event]> = changes.iter().map(event_of_change).collect();
-            for (id, picked) in matched {
-                let Some(w) = state.watchers.get_mut(&id) else {
-                    continue;
-                };
-                if *rev < w.start_rev {
-                    continue;
+            // Both are in id order: when many watchers match, one walk along the map finds
+            // them all instead of one search each.
+            let mut give = |w: &mut Watcher, picked: Picked| {
+                if give_live(w, *rev, &shared, picked, &mut wakes) == Given::NoRoom {
+                    fell_behind.push(w.id);
                 }
-                debug_assert!(w.next_rev <= *rev, "WATCH-2: revision {rev} given twice");
-                // `matching_watchers` already made a pick of every change `All`; only the
-                // put/delete filters can narrow it.
-                let picked = if w.no_put || w.no_delete {
-                    picked.retain(&shared, |e| w.wants(e))
-                } else {
-                    Some(picked)
-                };
-                let Some(picked) = picked else {
-                    w.next_rev = rev + 1;
-                    continue;
-                };
-                let response = WatchResponse {
-                    header: ResponseHeader { revision: *rev },
-                    watch_id: w.watch_id,
-                    ..WatchResponse::default()
-                };
-                if w.offer(response, Some((shared.clone(), picked)), Some(&mut wakes)) {
-                    w.next_rev = rev + 1;
-                } else {
-                    // WATCH-3: no room; catch up from history starting at this revision.
-                    w.next_rev = *rev;
-                    fell_behind.push(id);
+            };
+            if matched.len().saturating_mul(WATCH_WALK_RATIO) >= state.watchers.len() {
+                let mut watchers = state.watchers.iter_mut().peekable();
+                for (id, picked) in matched {
+                    while watchers.next_if(|(other, _)| **other < id).is_some() {}
+                    if let Some((_, w)) = watchers.next_if(|(other, _)| **other == id) {
+                        give(w, picked);
+                    }
+                }
+            } else {
+                for (id, picked) in matched {
+                    if let Some(w) = state.watchers.get_mut(&id) {
+                        give(w, picked);
+                    }
                 }
             }
             for id in fell_behind.drain(..) {
@@ -719,6 +712,52 @@ impl Hub {
     }
 }
 
+/// What [`give_live`] did with a revision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Given {
+    /// Queued, or not wanted (filtered, or before the watcher's start).
+    Done,
+    /// No room (WATCH-3): the watcher must catch up from history from this revision.
+    NoRoom,
+}
+
+/// Gives synced watcher `w` its pick of live revision `rev`'s shared events (WATCH-6).
+fn give_live(
+    w: &mut Watcher,
+    rev: i64,
+    shared: &Arc<[Event]>,
+    picked: Picked,
+    wakes: &mut Vec<Waker>,
+) -> Given {
+    if rev < w.start_rev {
+        return Given::Done;
+    }
+    debug_assert!(w.next_rev <= rev, "WATCH-2: revision {rev} given twice");
+    // `matching_watchers` already made a pick of every change `All`; only the put/delete
+    // filters can narrow it.
+    let picked = if w.no_put || w.no_delete {
+        picked.retain(shared, |e| w.wants(e))
+    } else {
+        Some(picked)
+    };
+    let Some(picked) = picked else {
+        w.next_rev = rev + 1;
+        return Given::Done;
+    };
+    let response = WatchResponse {
+        header: ResponseHeader { revision: rev },
+        watch_id: w.watch_id,
+        ..WatchResponse::default()
+    };
+    if w.offer(response, Some((shared.clone(), picked)), Some(wakes)) {
+        w.next_rev = rev + 1;
+        Given::Done
+    } else {
+        w.next_rev = rev;
+        Given::NoRoom
+    }
+}
+
 fn cancel_compacted(state: &mut HubState, id: u64, compact_revision: i64) {
     if let Some(w) = state.remove(id) {
         w.control(WatchResponse {
@@ -730,31 +769,32 @@ fn cancel_compacted(state: &mut HubState, id: u64, compact_revision: i64) {
     }
 }
 
-/// Returns the synced watchers of `changes` (WATCH-5), each with the positions of the
-/// changes it watches; a watcher of every change gets [`Picked::All`].
-fn matching_watchers(state: &HubState, changes: &[Change]) -> BTreeMap<u64, Picked> {
-    let mut out: BTreeMap<u64, Picked> = BTreeMap::new();
-    let mut pick = |id: u64, position: u32| {
-        out.entry(id)
-            .and_modify(|picked| picked.push(position))
-            .or_insert(Picked::One(position));
-    };
+/// Returns the synced watchers of `changes` (WATCH-5) in id order, each once, with the
+/// positions of the changes it watches; a watcher of every change gets [`Picked::All`].
+fn matching_watchers(state: &HubState, changes: &[Change]) -> Vec<(u64, Picked)> {
+    let mut picks: Vec<(u64, u32)> = Vec::new();
     for (position, change) in (0u32..).zip(changes) {
         if let Some(ids) = state.by_key.get(&change.kv().key) {
-            for id in ids {
-                pick(*id, position);
-            }
+            picks.extend(ids.iter().map(|id| (*id, position)));
         }
         for ((key, end), ids) in &state.by_range {
             if KeyRange::new(key, end).contains(&change.kv().key) {
-                for id in ids {
-                    pick(*id, position);
-                }
+                picks.extend(ids.iter().map(|id| (*id, position)));
             }
         }
     }
+    // Each set is in id order already, so this sort mostly merges runs.
+    picks.sort_unstable();
+    picks.dedup();
+    let mut out: Vec<(u64, Picked)> = Vec::new();
+    for (id, position) in picks {
+        match out.last_mut() {
+            Some((last, picked)) if *last == id => picked.push(position),
+            _ => out.push((id, Picked::One(position))),
+        }
+    }
     let every = changes.len();
-    for picked in out.values_mut() {
+    for (_, picked) in &mut out {
         let whole = match picked {
             Picked::One(_) => every == 1,
             Picked::Many(positions) => positions.len() == every,
