@@ -783,7 +783,7 @@ fn matching_watchers(state: &HubState, changes: &[Change]) -> Vec<(u64, Picked)>
             }
         }
     }
-    // Each set is in id order already, so this sort mostly merges runs.
+    // One set's ids come in id order, which the sort finds sorted in one pass.
     picks.sort_unstable();
     picks.dedup();
     let mut out: Vec<(u64, Picked)> = Vec::new();
