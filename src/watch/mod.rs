@@ -783,9 +783,9 @@ fn matching_watchers(state: &HubState, changes: &[Change]) -> Vec<(u64, Picked)>
             }
         }
     }
-    // One set's ids come in id order, which the sort finds sorted in one pass.
+    // One set's ids come in id order, which the sort finds sorted in one pass. A watcher
+    // is in one set only, so no (id, position) comes twice.
     picks.sort_unstable();
-    picks.dedup();
     let mut out: Vec<(u64, Picked)> = Vec::new();
     for (id, position) in picks {
         match out.last_mut() {
