@@ -445,36 +445,33 @@ fn a_write_reaches_exactly_its_watchers_among_many() {
         ids.push(stream.create(WatchCreateRequest::key(key.clone())).unwrap());
     }
     let prefix = stream.create(WatchCreateRequest::prefix("m/")).unwrap();
-    let mut created = 0;
-    while created < keys.len() + 1 {
+    for _ in 0..=keys.len() {
         assert!(next(&stream).created);
-        created += 1;
     }
-    let events_of = |r: &WatchResponse| -> Vec<(String, i64)> {
-        r.events
-            .iter()
-            .map(|e| {
-                (
-                    String::from_utf8_lossy(&e.kv.key).into_owned(),
-                    e.kv.mod_revision,
-                )
+    // The next `n` responses as (watch id, [(key, revision)]), sorted by watch id.
+    let received = |n: usize| -> Vec<(i64, Vec<(String, i64)>)> {
+        let mut got: Vec<_> = (0..n)
+            .map(|_| next(&stream))
+            .map(|r| {
+                let events = r.events.iter().map(|e| {
+                    let key = String::from_utf8_lossy(&e.kv.key).into_owned();
+                    (key, e.kv.mod_revision)
+                });
+                (r.watch_id, events.collect())
             })
-            .collect()
+            .collect();
+        got.sort();
+        got
     };
 
     // Few match (2 of 41): one search each.
     let rev = put(&engine, &keys[7], 0);
-    let mut got: Vec<(i64, Vec<(String, i64)>)> = (0..2)
-        .map(|_| next(&stream))
-        .map(|r| (r.watch_id, events_of(&r)))
-        .collect();
-    got.sort();
     let mut want = vec![
         (ids[7], vec![(keys[7].clone(), rev)]),
         (prefix, vec![(keys[7].clone(), rev)]),
     ];
     want.sort();
-    assert_eq!(got, want);
+    assert_eq!(received(2), want);
 
     // All match: one walk.
     let txn = TxnRequest {
@@ -485,11 +482,6 @@ fn a_write_reaches_exactly_its_watchers_among_many() {
         ..TxnRequest::default()
     };
     let rev = engine.txn(txn).unwrap().header.revision;
-    let mut got: Vec<(i64, Vec<(String, i64)>)> = (0..keys.len() + 1)
-        .map(|_| next(&stream))
-        .map(|r| (r.watch_id, events_of(&r)))
-        .collect();
-    got.sort();
     let mut want: Vec<(i64, Vec<(String, i64)>)> = ids
         .iter()
         .zip(&keys)
@@ -497,7 +489,7 @@ fn a_write_reaches_exactly_its_watchers_among_many() {
         .collect();
     want.push((prefix, keys.iter().map(|k| (k.clone(), rev)).collect()));
     want.sort();
-    assert_eq!(got, want);
+    assert_eq!(received(keys.len() + 1), want);
     assert!(
         stream
             .recv_timeout(Duration::from_millis(50))
