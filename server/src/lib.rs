@@ -107,11 +107,15 @@ pub const BLOCKING_THREADS_MAX: usize = 64;
 /// and at its global queue (tasks woken from other threads, such as the answers the engine's
 /// commit thread completes), when a worker is busy. Tokio's defaults are 61 and 31; with
 /// every worker busy, a connection whose socket became ready waited behind up to 61 other
-/// connections' turns before its readiness was even seen. Measured at 8 (2026-12-02, drafts,
-/// load 0.7-0.8): etcd's benchmark, 64 clients, three interleaved pairs, 15,556 / 16,129 /
-/// 21,128 puts/s against 14,239 / 14,387 / 16,205 with the defaults; the polite tenant beside
-/// the fairness bench's flood, four interleaved pairs, p50 3.9-6.7 ms against 6.1-9.1 ms.
-pub const RUNTIME_POLL_INTERVAL: u32 = 8;
+/// connections' turns before its readiness was even seen. 8 (2026-12-02, drafts, load
+/// 0.7-0.8) beat the defaults: etcd's benchmark, 64 clients, three interleaved pairs, 15,556 /
+/// 16,129 / 21,128 puts/s against 14,239 / 14,387 / 16,205; the polite tenant beside the
+/// fairness bench's flood, four pairs, p50 3.9-6.7 ms against 6.1-9.1 ms. 2 beat 8
+/// (2026-12-06, drafts, load 1.3-3.7): the polite p50 beside the flood 4.74-5.05 ms against
+/// 5.38-5.76 ms in three interleaved pairs, with no change to measure in 64-client puts
+/// (four pairs, 53.9-62.7 against 54.2-64.6 us of CPU per put) or the watch benchmark
+/// (three pairs, 278-300 against 295-302 ticks per 2,000,000 events).
+pub const RUNTIME_POLL_INTERVAL: u32 = 2;
 /// etcd's MaxQuotaBytes: a larger quota is accepted with a warning.
 const QUOTA_BYTES_WARN: u64 = 8 << 30;
 /// The peer URL MemberList shows. kvd has no peer port; etcd's clients only print it.
