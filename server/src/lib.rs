@@ -114,7 +114,9 @@ pub const BLOCKING_THREADS_MAX: usize = 64;
 /// (2026-12-06, drafts, load 1.3-3.7): the polite p50 beside the flood 4.74-5.05 ms against
 /// 5.38-5.76 ms in three interleaved pairs, with no change to measure in 64-client puts
 /// (four pairs, 53.9-62.7 against 54.2-64.6 us of CPU per put) or the watch benchmark
-/// (three pairs, 278-300 against 295-302 ticks per 2,000,000 events).
+/// (three pairs, 278-300 against 295-302 ticks per 2,000,000 events). 1 gave little more
+/// (three pairs against 2: polite p50 3.81-4.16 against 4.06-4.35 ms, p99 16.0-16.6 against
+/// 15.4-16.9 ms; 64-client puts the same) for a driver poll after every task.
 pub const RUNTIME_POLL_INTERVAL: u32 = 2;
 /// etcd's MaxQuotaBytes: a larger quota is accepted with a warning.
 const QUOTA_BYTES_WARN: u64 = 8 << 30;
