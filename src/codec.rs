@@ -6,7 +6,11 @@
 //! - CODEC-1: every read is total: too few bytes, a count beyond the input or trailing bytes
 //!   give `Corrupted`, never a panic and never an allocation larger than the input (STORE-4).
 //!
-//! Contact points: `accounting::codec` and `operations::codec`.
+//! Also the protobuf field writers that `bbolt::proto` (etcd's files) and `mvcc::wire` (a
+//! Range's answer) share: varints, and int64 and bytes fields left out when zero or empty.
+//!
+//! Contact points: `accounting::codec` and `operations::codec`; `bbolt::proto` and
+//! `mvcc::wire` for the writers.
 
 use crate::error::StorageError;
 
@@ -94,5 +98,36 @@ impl<'a> Reader<'a> {
         } else {
             Err(self.corrupted("trailing bytes"))
         }
+    }
+}
+
+/// Protobuf's varint wire type.
+const PROTO_WIRE_VARINT: u64 = 0;
+/// Protobuf's length-delimited wire type.
+pub(crate) const PROTO_WIRE_BYTES: u64 = 2;
+
+/// Appends `v` as a protobuf varint.
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Appends an int64 field (two's-complement varint), nothing for 0.
+pub(crate) fn put_int_field(out: &mut Vec<u8>, field: u64, v: i64) {
+    if v != 0 {
+        put_varint(out, (field << 3) | PROTO_WIRE_VARINT);
+        put_varint(out, v as u64);
+    }
+}
+
+/// Appends a bytes field, nothing when empty.
+pub(crate) fn put_bytes_field(out: &mut Vec<u8>, field: u64, v: &[u8]) {
+    if !v.is_empty() {
+        put_varint(out, (field << 3) | PROTO_WIRE_BYTES);
+        put_varint(out, v.len() as u64);
+        out.extend_from_slice(v);
     }
 }

@@ -60,6 +60,7 @@ pub use engine::{
     write_cost,
 };
 pub use error::{AuthError, Error, Result, StorageError};
+pub use mvcc::read::EncodedRange;
 pub use mvcc::{KeyIndex, Revision};
 pub use operations::reconcile::{OperationQuery, OperationState, OperationStatus};
 pub use operations::{

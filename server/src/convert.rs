@@ -343,6 +343,7 @@ fn range_response(resp: api::RangeResponse, header: pb::ResponseHeader) -> pb::R
         kvs: resp.kvs.into_iter().map(key_value).collect(),
         more: resp.more,
         count: resp.count,
+        encoded_kvs: Bytes::new(),
     }
 }
 
@@ -397,12 +398,6 @@ fn response_op(op: api::ResponseOp) -> pb::ResponseOp {
 }
 
 impl HeaderIds {
-    /// Returns etcd's Range response for `resp`.
-    pub fn range(&self, resp: api::RangeResponse) -> pb::RangeResponse {
-        let header = self.header(resp.header.revision);
-        range_response(resp, header)
-    }
-
     /// Returns etcd's Put response for `resp`.
     pub fn put(&self, resp: api::PutResponse) -> pb::PutResponse {
         let header = self.header(resp.header.revision);

@@ -60,8 +60,15 @@ impl Kv for KvService {
             self.node
                 .quick(|e| e.auth_check_range(user.as_deref(), &req))?;
         }
-        let resp = self.node.range(req).await?;
-        Ok(Response::new(self.node.ids.range(resp)))
+        // RWIRE-1: the key-values go out as the engine wrote them.
+        let answer = self.node.range(req).await?;
+        Ok(Response::new(RangeResponse {
+            header: Some(self.node.ids.header(answer.revision)),
+            kvs: Vec::new(),
+            more: answer.more,
+            count: answer.count,
+            encoded_kvs: answer.kvs.into(),
+        }))
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {

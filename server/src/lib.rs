@@ -55,6 +55,7 @@ mod operation;
 mod operator;
 pub mod pb;
 mod pong;
+mod range_wire;
 mod recovery;
 mod role_turns;
 mod single_message;

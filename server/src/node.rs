@@ -209,18 +209,18 @@ impl Node {
 
     /// Runs a Range (NODE-1): its keys are chosen here (short locks), and their records are
     /// read here too when there are at most [`RANGE_INLINE_RECORDS_MAX`], else on the
-    /// blocking pool.
+    /// blocking pool; the answer's key-values come in etcd's wire form (WIRE-1).
     pub async fn range(
         &self,
         req: api::RangeRequest,
-    ) -> std::result::Result<api::RangeResponse, Status> {
+    ) -> std::result::Result<kvd::EncodedRange, Status> {
         let prepared = self.quick(|e| e.prepare_range(&req))?;
         if prepared.records() <= RANGE_INLINE_RECORDS_MAX {
             return prepared
-                .finish()
+                .finish_wire()
                 .map_err(|err| self.engine_error(&err, false));
         }
-        self.call(move |_| prepared.finish()).await
+        self.call(move |_| prepared.finish_wire()).await
     }
 
     /// Runs `f` against the engine on the blocking pool (NODE-1) and maps its error to

@@ -6,7 +6,8 @@
 //! Invariants:
 //! - PB-1: the three modules are siblings, because the generated code of `etcdserverpb`
 //!   refers to `super::mvccpb` and `super::authpb`.
-//! - PB-2: only `server/` names these types; the engine never sees protobuf.
+//! - PB-2: only `server/` names these types; the engine sees no protobuf type (it writes
+//!   a Range's key-values in their wire form, its WIRE-1, which `range_wire` sends as they are).
 //!
 //! Contact points: `server::convert` translates these types to and from `kvd::api`; tests
 //! use the generated clients.
@@ -14,7 +15,7 @@
 /// Declares the module of one generated protobuf package. Generated code is exempt from
 /// the crate's lints (it has no docs and its own idioms).
 macro_rules! generated_package {
-    ($(#[$doc:meta])* $package:ident) => {
+    ($(#[$doc:meta])* $package:ident $(; $($extra:item)*)?) => {
         $(#[$doc])*
         #[allow(
             missing_docs,
@@ -28,6 +29,7 @@ macro_rules! generated_package {
             include!(concat!(env!("OUT_DIR"), "/", stringify!($package), ".rs"));
             // The serde impls of the JSON gateway (BUILD-3).
             include!(concat!(env!("OUT_DIR"), "/", stringify!($package), ".serde.rs"));
+            $($($extra)*)?
         }
     };
 }
@@ -42,6 +44,7 @@ generated_package!(
 );
 generated_package!(
     /// etcd's `etcdserverpb` package: the KV, Watch, Lease, Cluster, Maintenance and Auth
-    /// services and their messages.
-    etcdserverpb
+    /// services and their messages; `RangeResponse` is written by hand (BUILD-6).
+    etcdserverpb;
+    pub use crate::range_wire::RangeResponse;
 );

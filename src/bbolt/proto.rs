@@ -16,6 +16,7 @@
 
 use super::{BboltError, invalid};
 use crate::auth::{Permission, PermissionType, Role, User};
+use crate::codec::{put_bytes_field, put_int_field, put_varint};
 
 /// etcd's `mvccpb.KeyValue`, as stored in the `key` bucket.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -38,29 +39,6 @@ const WIRE_VARINT: u64 = 0;
 const WIRE_FIXED64: u64 = 1;
 const WIRE_BYTES: u64 = 2;
 const WIRE_FIXED32: u64 = 5;
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn put_int_field(out: &mut Vec<u8>, field: u64, v: i64) {
-    if v != 0 {
-        put_varint(out, (field << 3) | WIRE_VARINT);
-        put_varint(out, v as u64);
-    }
-}
-
-fn put_bytes_field(out: &mut Vec<u8>, field: u64, v: &[u8]) {
-    if !v.is_empty() {
-        put_varint(out, (field << 3) | WIRE_BYTES);
-        put_varint(out, v.len() as u64);
-        out.extend_from_slice(v);
-    }
-}
 
 /// Appends the encoding of a KeyValue with these fields to `out`.
 pub fn encode_key_value(out: &mut Vec<u8>, kv: &EtcdKeyValue) {

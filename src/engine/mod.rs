@@ -467,13 +467,34 @@ impl PreparedRange {
     /// Reads the chosen records and returns the Range's answer. The caller's thread does
     /// not wait for a file a defrag replaced to close, should this be its last reader.
     pub fn finish(self) -> Result<RangeResponse> {
+        self.finish_with(|plan, snapshot, req, current| {
+            read::finish_range(plan, snapshot, req, current)
+        })
+    }
+
+    /// Reads the chosen records and returns the Range's answer with its key-values in
+    /// etcd's wire form (WIRE-1), for a server that writes them into its answer as they are.
+    /// As [`PreparedRange::finish`], the caller's thread does not wait for a replaced file.
+    pub fn finish_wire(self) -> Result<read::EncodedRange> {
+        self.finish_with(read::finish_range_wire)
+    }
+
+    fn finish_with<T>(
+        self,
+        answer: impl FnOnce(
+            read::RangePlan,
+            &crate::storage::Snapshot,
+            &RangeRequest,
+            i64,
+        ) -> std::result::Result<T, StorageError>,
+    ) -> Result<T> {
         let PreparedRange {
             req,
             current,
             plan,
             snapshot,
         } = self;
-        let answer = read::finish_range(plan, &snapshot, &req, current);
+        let answer = answer(plan, &snapshot, &req, current);
         if snapshot.holds_replaced_database() {
             snapshot.drop_in_background();
         }

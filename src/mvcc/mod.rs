@@ -17,6 +17,7 @@ pub mod read;
 pub mod record;
 pub mod revision;
 pub mod validate;
+pub mod wire;
 pub mod write;
 
 pub use index::Index;

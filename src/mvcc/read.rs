@@ -22,6 +22,7 @@ use std::cmp::Ordering;
 use super::Revision;
 use super::index::{Hit, Index, KeyRange};
 use super::record::{Decoder, Record};
+use super::wire;
 use crate::api::{
     Compare, CompareResult, CompareTarget, KeyValue, RangeRequest, RangeResponse, RequestOp,
     ResponseHeader, ResponseOp, SortOrder, SortTarget, TxnRequest, TxnResponse,
@@ -62,48 +63,69 @@ impl Records for Snapshot {
     /// of the history (one B-tree descent, then leaf to leaf) rather than one lookup each.
     /// Either way they are decoded into shared buffers (REC-3).
     fn records(&self, revs: &[Revision]) -> Result<Vec<Record>, StorageError> {
-        let mut order: Vec<usize> = (0..revs.len()).collect();
-        order.sort_unstable_by_key(|&i| revs[i]);
-        let (Some(&first), Some(&last)) = (order.first(), order.last()) else {
-            return Ok(Vec::new());
-        };
-        let (low, high) = (revs[first], revs[last]);
-        let spread = usize::try_from(high.main - low.main + 1).unwrap_or(usize::MAX);
         let mut decoder = Decoder::with_capacity(revs.len());
-        if revs.len() < RANGE_SCAN_RECORDS_MIN
-            || spread > revs.len().saturating_mul(RANGE_SCAN_SPREAD_MAX)
-        {
-            for rev in revs {
-                self.decode_history(&rev.to_key(), |bytes| decoder.push(bytes))?
-                    .ok_or_else(|| missing(*rev))?;
-            }
-            return Ok(decoder.finish());
-        }
-        // The position in `revs` of each record pushed, in revision order.
+        // The position in `revs` of each record pushed, in the order visited.
         let mut pushed = Vec::with_capacity(revs.len());
-        let mut next = 0;
-        self.scan_history(low.to_key()..=high.to_key(), usize::MAX, |key, value| {
-            let rev = Revision::from_key(key);
-            while next < order.len() && revs[order[next]] < rev {
-                // Named by the index but not stored: reported below as corruption.
-                next += 1;
-            }
-            if next < order.len() && revs[order[next]] == rev {
-                decoder.push(value)?;
-                pushed.push(order[next]);
-                next += 1;
-            }
-            Ok(next < order.len())
+        visit_records(self, revs, |at, bytes| {
+            pushed.push(at);
+            decoder.push(bytes)
         })?;
+        let records = decoder.finish();
+        if pushed.iter().enumerate().all(|(i, &at)| i == at) {
+            return Ok(records);
+        }
         let mut found: Vec<Option<Record>> = vec![None; revs.len()];
-        for (record, at) in decoder.finish().into_iter().zip(pushed) {
+        for (record, at) in records.into_iter().zip(pushed) {
             found[at] = Some(record);
         }
-        found
-            .into_iter()
-            .zip(revs)
-            .map(|(record, rev)| record.ok_or_else(|| missing(*rev)))
-            .collect()
+        // visit_records visited every position once.
+        Ok(found.into_iter().flatten().collect())
+    }
+}
+
+/// Calls `visit(i, bytes)` with the stored bytes of the record at `revs[i]`, once for every
+/// `i`: in `revs`' order when it looks each record up, in revision order when it scans
+/// (READ-3). A record the index names but storage lacks is `Corrupted`.
+fn visit_records(
+    snapshot: &Snapshot,
+    revs: &[Revision],
+    mut visit: impl FnMut(usize, &[u8]) -> Result<(), StorageError>,
+) -> Result<(), StorageError> {
+    let mut order: Vec<usize> = (0..revs.len()).collect();
+    order.sort_unstable_by_key(|&i| revs[i]);
+    let (Some(&first), Some(&last)) = (order.first(), order.last()) else {
+        return Ok(());
+    };
+    let (low, high) = (revs[first], revs[last]);
+    let spread = usize::try_from(high.main - low.main + 1).unwrap_or(usize::MAX);
+    if revs.len() < RANGE_SCAN_RECORDS_MIN
+        || spread > revs.len().saturating_mul(RANGE_SCAN_SPREAD_MAX)
+    {
+        for (at, rev) in revs.iter().enumerate() {
+            snapshot
+                .decode_history(&rev.to_key(), |bytes| visit(at, bytes))?
+                .ok_or_else(|| missing(*rev))?;
+        }
+        return Ok(());
+    }
+    let mut visited = vec![false; revs.len()];
+    let mut next = 0;
+    snapshot.scan_history(low.to_key()..=high.to_key(), usize::MAX, |key, value| {
+        let rev = Revision::from_key(key);
+        while next < order.len() && revs[order[next]] < rev {
+            // Named by the index but not stored: reported below as corruption.
+            next += 1;
+        }
+        if next < order.len() && revs[order[next]] == rev {
+            visit(order[next], value)?;
+            visited[order[next]] = true;
+            next += 1;
+        }
+        Ok(next < order.len())
+    })?;
+    match visited.iter().position(|seen| !seen) {
+        Some(at) => Err(missing(revs[at])),
+        None => Ok(()),
     }
 }
 
@@ -219,6 +241,87 @@ pub fn finish_range(
         header: ResponseHeader {
             revision: header_revision,
         },
+        kvs,
+        more,
+        count: plan.count,
+    })
+}
+
+/// A Range's answer with its key-values in etcd's wire form (WIRE-1).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EncodedRange {
+    /// The revision of the answer's header.
+    pub revision: i64,
+    /// The bytes of the answer's `kvs` field: every key-value's entry, in key order.
+    pub kvs: Vec<u8>,
+    /// More keys than the limit matched.
+    pub more: bool,
+    /// The number of keys alive at the revision read, before filters and limit.
+    pub count: i64,
+}
+
+/// Answers the Range as [`finish_range`] does, with its key-values in etcd's wire form
+/// (WIRE-1): written from the stored records as they are read when the Range neither sorts
+/// nor filters (then its plan holds exactly the keys to return, plus one when limited), and
+/// from `finish_range`'s key-values otherwise.
+pub fn finish_range_wire(
+    plan: RangePlan,
+    snapshot: &Snapshot,
+    req: &RangeRequest,
+    header_revision: i64,
+) -> Result<EncodedRange, StorageError> {
+    if fetches_all(req) || req.sort_target != SortTarget::Key {
+        let answer = finish_range(plan, snapshot, req, header_revision)?;
+        let mut kvs = Vec::new();
+        for kv in &answer.kvs {
+            wire::put_key_value(&mut kvs, kv);
+        }
+        return Ok(EncodedRange {
+            revision: answer.header.revision,
+            kvs,
+            more: answer.more,
+            count: answer.count,
+        });
+    }
+    let mut revs: Vec<Revision> = plan.hits.iter().map(|hit| hit.revision).collect();
+    let mut more = false;
+    if let Ok(limit) = usize::try_from(req.limit)
+        && limit > 0
+        && revs.len() > limit
+    {
+        revs.truncate(limit);
+        more = true;
+    }
+    let mut out = Vec::new();
+    // Each record's position in `revs` and its entry's bytes in `out`, in the order read.
+    let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(revs.len());
+    let mut in_key_order = true;
+    visit_records(snapshot, &revs, |at, bytes| {
+        in_key_order &= at == spans.len();
+        let start = out.len();
+        wire::put_record(&mut out, bytes, revs[at].main, req.keys_only)?;
+        if spans.is_empty() {
+            // Most Ranges return records of one shape: room for the rest at the first's size.
+            out.reserve((out.len() - start).saturating_mul(revs.len()));
+        }
+        spans.push((at, start, out.len()));
+        Ok(())
+    })?;
+    let kvs = if in_key_order {
+        out
+    } else {
+        let mut by_key = vec![(0, 0); revs.len()];
+        for (at, start, end) in spans {
+            by_key[at] = (start, end);
+        }
+        let mut sorted = Vec::with_capacity(out.len());
+        for (start, end) in by_key {
+            sorted.extend_from_slice(&out[start..end]);
+        }
+        sorted
+    };
+    Ok(EncodedRange {
+        revision: header_revision,
         kvs,
         more,
         count: plan.count,

@@ -51,6 +51,11 @@ pub struct RecordHead<'a> {
 }
 
 impl RecordHead<'_> {
+    /// Returns the value in `bytes`, the record this head was decoded from.
+    pub fn value_in<'b>(&self, bytes: &'b [u8]) -> &'b [u8] {
+        &bytes[self.value_offset..]
+    }
+
     /// Returns the record's space cost: etcd's Put cost for a put, 0 for a tombstone.
     pub fn cost(&self) -> u32 {
         if self.tombstone {

@@ -530,6 +530,7 @@ mod tests {
             }],
             more: false,
             count: 1,
+            encoded_kvs: bytes::Bytes::new(),
         };
         assert_eq!(
             serde_json::to_string(&answer).unwrap(),
