@@ -56,7 +56,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use kvd::{
     AlarmAction, AlarmType, Config, Engine, Error, Faults, HashKvResponse, LeaseGrantRequest,
-    ManualClock, ManualFreeSpace, PutRequest, PutResponse, RangeRequest, WriteOptions,
+    ManualClock, ManualFreeSpace, PutRequest, PutResponse, RangeRequest, RangeResponse,
+    WriteOptions,
 };
 
 use super::drift;
@@ -65,6 +66,7 @@ use super::queue;
 use super::space::SpaceStats;
 use super::state::{FREE_SPACE_PLENTY_BYTES, Limits, Model, SpaceChoice};
 use super::watch::{Mismatch, WatchCoverage, WatchLog, Watches};
+use super::wire;
 
 /// What a run observed that depends on the engine alone, for comparing two engines fed the
 /// same sequence, and what the checks covered.
@@ -346,6 +348,21 @@ impl<'a> Harness<'a> {
         self.fail(i, &m.what, &Raw(m.engine), &Raw(m.model))
     }
 
+    /// Checks the engine's wire form of a Range (its WIRE-1) against the model's answer,
+    /// written by the model's own protobuf writer.
+    fn check_range_wire(&self, i: usize, req: &RangeRequest, answer: &RangeResponse) {
+        let engine = self.call(i, |e| e.prepare_range(req).and_then(|p| p.finish_wire()));
+        let model = kvd::EncodedRange {
+            revision: answer.header.revision,
+            kvs: wire::range_kvs(&answer.kvs),
+            more: answer.more,
+            count: answer.count,
+        };
+        if engine.as_ref() != Ok(&model) {
+            self.fail(i, "the Range's wire form", &engine, &model);
+        }
+    }
+
     /// Calls the engine; if it panics, says where before passing the panic on.
     fn call<T>(&self, i: usize, f: impl FnOnce(&Engine) -> T) -> T {
         let Some(engine) = &self.engine else {
@@ -408,6 +425,9 @@ impl<'a> Harness<'a> {
                 let model = self.model.apply(op);
                 if !self.same(&engine, &model) {
                     self.fail(i, "replies differ", &engine, &model);
+                }
+                if let (Op::Range(r), Reply::Range(Ok(answer))) = (op, &model) {
+                    self.check_range_wire(i, r, answer);
                 }
                 self.count(&model);
                 if let (Op::Compact(c), Reply::Compact(Ok(_))) = (op, &model) {

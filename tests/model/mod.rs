@@ -10,7 +10,8 @@
 //!   request, response and error types, the order of a write's checks, the alarms and the
 //!   space gate.
 //! - [`wire`]: the request size etcd limits, from the model's own protobuf encoding of the
-//!   raft entry.
+//!   raft entry; and the bytes of a Range's key-values, which the harness compares with the
+//!   engine's wire form of every Range.
 //! - [`space`]: etcd's cost of a write, the quota, the filesystem reserve, the alarm set,
 //!   and what can be said about a space check without seeing redb's pages.
 //! - [`accounts`]: the quota registry, agents, reservations and allocations, the owner of a

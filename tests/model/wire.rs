@@ -35,6 +35,9 @@
 //!   `CompactionRequest { revision = 1; physical = 2 }`, `LeaseGrantRequest { TTL = 1;
 //!   ID = 2 }`, `LeaseRevokeRequest { ID = 1 }`, `AlarmRequest { action = 1; uint64 memberID =
 //!   2; alarm = 3 }`.
+//! - For the answer of a Range, which the engine can also give in wire form:
+//!   `RangeResponse { repeated kvs = 2 }` and `mvccpb.KeyValue { key = 1; create_revision =
+//!   2; mod_revision = 3; version = 4; value = 5; lease = 6 }`.
 //! - The enums by number: SortOrder NONE 0, ASCEND 1, DESCEND 2; SortTarget KEY 0, VERSION 1,
 //!   CREATE 2, MOD 3, VALUE 4; CompareResult EQUAL 0, GREATER 1, LESS 2, NOT_EQUAL 3;
 //!   CompareTarget VERSION 0, CREATE 1, MOD 2, VALUE 3, LEASE 4; AlarmAction GET 0, ACTIVATE 1,
@@ -42,8 +45,8 @@
 
 use kvd::{
     AlarmAction, AlarmRequest, AlarmType, CompactionRequest, Compare, CompareResult, CompareTarget,
-    DeleteRangeRequest, LeaseGrantRequest, PutRequest, RangeRequest, RequestOp, SortOrder,
-    SortTarget, TxnRequest,
+    DeleteRangeRequest, KeyValue, LeaseGrantRequest, PutRequest, RangeRequest, RequestOp,
+    SortOrder, SortTarget, TxnRequest,
 };
 
 /// The request id the model's raft entries carry: top bit set, so its varint is 10 bytes.
@@ -91,6 +94,23 @@ pub fn raft_entry(request: Raft<'_>) -> Vec<u8> {
     entry.message(100, header);
     entry.message(field, body);
     entry.0
+}
+
+/// Returns the bytes of `RangeResponse.kvs` holding `kvs`: what the engine's wire form of a
+/// Range's key-values must be.
+pub fn range_kvs(kvs: &[KeyValue]) -> Vec<u8> {
+    let mut out = Pb::default();
+    for kv in kvs {
+        let mut message = Pb::default();
+        message.bytes(1, &kv.key);
+        message.int(2, kv.create_revision);
+        message.int(3, kv.mod_revision);
+        message.int(4, kv.version);
+        message.bytes(5, &kv.value);
+        message.int(6, kv.lease);
+        out.message(2, message);
+    }
+    out.0
 }
 
 /// Protobuf bytes under construction.
