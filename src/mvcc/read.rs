@@ -224,14 +224,7 @@ pub fn finish_range(
         .collect();
     kvs.retain(|kv| passes_filters(kv, req));
     sort(&mut kvs, req.sort_order, req.sort_target);
-    let mut more = false;
-    if let Ok(limit) = usize::try_from(req.limit)
-        && limit > 0
-        && kvs.len() > limit
-    {
-        kvs.truncate(limit);
-        more = true;
-    }
+    let more = truncate_to_limit(&mut kvs, req.limit);
     if req.keys_only {
         for kv in &mut kvs {
             kv.value = bytes::Bytes::new();
@@ -284,14 +277,7 @@ pub fn finish_range_wire(
         });
     }
     let mut revs: Vec<Revision> = plan.hits.iter().map(|hit| hit.revision).collect();
-    let mut more = false;
-    if let Ok(limit) = usize::try_from(req.limit)
-        && limit > 0
-        && revs.len() > limit
-    {
-        revs.truncate(limit);
-        more = true;
-    }
+    let more = truncate_to_limit(&mut revs, req.limit);
     let mut out = Vec::new();
     // Each record's position in `revs` and its entry's bytes in `out`, in the order read.
     let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(revs.len());
@@ -326,6 +312,18 @@ pub fn finish_range_wire(
         more,
         count: plan.count,
     })
+}
+
+/// Keeps the first `limit` of `items` when `limit > 0`; returns true if it dropped any (the
+/// answer's `more`).
+fn truncate_to_limit<T>(items: &mut Vec<T>, limit: i64) -> bool {
+    match usize::try_from(limit) {
+        Ok(limit) if limit > 0 && items.len() > limit => {
+            items.truncate(limit);
+            true
+        }
+        _ => false,
+    }
 }
 
 fn passes_filters(kv: &KeyValue, req: &RangeRequest) -> bool {
