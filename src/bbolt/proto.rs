@@ -17,6 +17,7 @@
 use super::{BboltError, invalid};
 use crate::auth::{Permission, PermissionType, Role, User};
 use crate::codec::{put_bytes_field, put_int_field, put_varint};
+use crate::mvcc::wire::KeyValueFields;
 
 /// etcd's `mvccpb.KeyValue`, as stored in the `key` bucket.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -42,12 +43,15 @@ const WIRE_FIXED32: u64 = 5;
 
 /// Appends the encoding of a KeyValue with these fields to `out`.
 pub fn encode_key_value(out: &mut Vec<u8>, kv: &EtcdKeyValue) {
-    put_bytes_field(out, 1, &kv.key);
-    put_int_field(out, 2, kv.create_revision);
-    put_int_field(out, 3, kv.mod_revision);
-    put_int_field(out, 4, kv.version);
-    put_bytes_field(out, 5, &kv.value);
-    put_int_field(out, 6, kv.lease);
+    KeyValueFields {
+        key: &kv.key,
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+        version: kv.version,
+        value: &kv.value,
+        lease: kv.lease,
+    }
+    .put_message(out);
 }
 
 /// Returns the encoding of a `leasepb.Lease` {ID, TTL}.

@@ -10,7 +10,8 @@
 //! - WIRE-1: the bytes are those of the repeated field `kvs = 2` of etcd's `RangeResponse`
 //!   holding each key-value in turn, each an `mvccpb.KeyValue` encoded as protobuf encoders
 //!   write it: fields in number order, zero and empty fields left out, int64 as the
-//!   two's-complement varint (the writers `bbolt::proto` uses for etcd's files).
+//!   two's-complement varint. [`KeyValueFields`] is the one place that encoding is written:
+//!   `bbolt::proto` writes the KeyValues of etcd's files with it too.
 //! - WIRE-2: a `keys_only` key-value has no value field; everything else is the stored
 //!   record's, with the mod revision of the revision it was read at.
 //!
@@ -46,17 +47,17 @@ fn bytes_field_len(len: usize) -> usize {
     }
 }
 
-/// The fields of one key-value, borrowed.
-struct Fields<'a> {
-    key: &'a [u8],
-    create_revision: i64,
-    mod_revision: i64,
-    version: i64,
-    value: &'a [u8],
-    lease: i64,
+/// The fields of one `mvccpb.KeyValue`, borrowed.
+pub(crate) struct KeyValueFields<'a> {
+    pub key: &'a [u8],
+    pub create_revision: i64,
+    pub mod_revision: i64,
+    pub version: i64,
+    pub value: &'a [u8],
+    pub lease: i64,
 }
 
-impl Fields<'_> {
+impl KeyValueFields<'_> {
     fn message_len(&self) -> usize {
         bytes_field_len(self.key.len())
             + int_field_len(self.create_revision)
@@ -72,6 +73,11 @@ impl Fields<'_> {
         out.reserve(1 + varint_len(len as u64) + len);
         put_varint(out, (field << 3) | PROTO_WIRE_BYTES);
         put_varint(out, len as u64);
+        self.put_message(out);
+    }
+
+    /// Appends the message itself, with no field key or length before it (WIRE-1).
+    pub(crate) fn put_message(&self, out: &mut Vec<u8>) {
         put_bytes_field(out, 1, self.key);
         put_int_field(out, 2, self.create_revision);
         put_int_field(out, 3, self.mod_revision);
@@ -95,7 +101,7 @@ pub fn put_record(
     } else {
         head.value_in(record)
     };
-    Fields {
+    KeyValueFields {
         key: head.key,
         create_revision: head.create_revision,
         mod_revision,
@@ -109,7 +115,7 @@ pub fn put_record(
 
 /// Appends the `kvs` entry of `kv` (WIRE-1).
 pub fn put_key_value(out: &mut Vec<u8>, kv: &KeyValue) {
-    Fields {
+    KeyValueFields {
         key: &kv.key,
         create_revision: kv.create_revision,
         mod_revision: kv.mod_revision,
