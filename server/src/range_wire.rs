@@ -120,40 +120,29 @@ impl Message for RangeResponse {
     }
 }
 
-/// The generated form, for serde (RWIRE-2): what the gateway's JSON shows.
-struct Shown<'a> {
-    header: Option<&'a ResponseHeader>,
-    kvs: Vec<KeyValue>,
-    more: bool,
-    count: i64,
-}
-
+/// The generated form, for serde (RWIRE-2): what the gateway's JSON shows, with the
+/// key-values of `encoded_kvs` decoded into `kvs`.
 impl serde::Serialize for RangeResponse {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::{Error, SerializeStruct};
-        let shown = Shown {
-            header: self.header.as_ref(),
-            kvs: self.all_kvs().map_err(S::Error::custom)?,
-            more: self.more,
-            count: self.count,
-        };
-        let len = usize::from(shown.header.is_some())
-            + usize::from(!shown.kvs.is_empty())
-            + usize::from(shown.more)
-            + usize::from(shown.count != 0);
+        let kvs = self.all_kvs().map_err(S::Error::custom)?;
+        let len = usize::from(self.header.is_some())
+            + usize::from(!kvs.is_empty())
+            + usize::from(self.more)
+            + usize::from(self.count != 0);
         let mut out = serializer.serialize_struct("etcdserverpb.RangeResponse", len)?;
-        if let Some(header) = shown.header {
+        if let Some(header) = &self.header {
             out.serialize_field("header", header)?;
         }
-        if !shown.kvs.is_empty() {
-            out.serialize_field("kvs", &shown.kvs)?;
+        if !kvs.is_empty() {
+            out.serialize_field("kvs", &kvs)?;
         }
-        if shown.more {
-            out.serialize_field("more", &shown.more)?;
+        if self.more {
+            out.serialize_field("more", &self.more)?;
         }
-        if shown.count != 0 {
+        if self.count != 0 {
             // proto3's JSON mapping writes 64-bit integers as strings.
-            out.serialize_field("count", shown.count.to_string().as_str())?;
+            out.serialize_field("count", self.count.to_string().as_str())?;
         }
         out.end()
     }
