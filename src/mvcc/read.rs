@@ -281,9 +281,7 @@ pub fn finish_range_wire(
     let mut out = Vec::new();
     // Each record's position in `revs` and its entry's bytes in `out`, in the order read.
     let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(revs.len());
-    let mut in_key_order = true;
     visit_records(snapshot, &revs, |at, bytes| {
-        in_key_order &= at == spans.len();
         let start = out.len();
         wire::put_record(&mut out, bytes, revs[at].main, req.keys_only)?;
         if spans.is_empty() {
@@ -293,7 +291,7 @@ pub fn finish_range_wire(
         spans.push((at, start, out.len()));
         Ok(())
     })?;
-    let kvs = if in_key_order {
+    let kvs = if spans.iter().enumerate().all(|(i, &(at, ..))| i == at) {
         out
     } else {
         let mut by_key = vec![(0, 0); revs.len()];
