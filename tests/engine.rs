@@ -899,17 +899,7 @@ fn kvs_entries(kvs: &[kvd::KeyValue]) -> Vec<u8> {
     let mut out = Vec::new();
     for kv in kvs {
         let mut message = Vec::new();
-        kvd::bbolt::proto::encode_key_value(
-            &mut message,
-            &kvd::bbolt::proto::EtcdKeyValue {
-                key: kv.key.to_vec(),
-                create_revision: kv.create_revision,
-                mod_revision: kv.mod_revision,
-                version: kv.version,
-                value: kv.value.to_vec(),
-                lease: kv.lease,
-            },
-        );
+        kvd::bbolt::proto::encode_key_value(&mut message, kv);
         out.push(0x12);
         let mut len = message.len();
         while len >= 0x80 {

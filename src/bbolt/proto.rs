@@ -14,44 +14,23 @@
 //!
 //! Contact points: `bbolt::write` encodes, `bbolt::read` users decode.
 
+use bytes::Bytes;
+
 use super::{BboltError, invalid};
+use crate::api::KeyValue;
 use crate::auth::{Permission, PermissionType, Role, User};
 use crate::codec::{put_bytes_field, put_int_field, put_varint};
 use crate::mvcc::wire::KeyValueFields;
-
-/// etcd's `mvccpb.KeyValue`, as stored in the `key` bucket.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EtcdKeyValue {
-    /// The user key.
-    pub key: Vec<u8>,
-    /// The main revision that created the key's generation.
-    pub create_revision: i64,
-    /// The main revision of this change.
-    pub mod_revision: i64,
-    /// The version after this change.
-    pub version: i64,
-    /// The value.
-    pub value: Vec<u8>,
-    /// The attached lease, 0 for none.
-    pub lease: i64,
-}
 
 const WIRE_VARINT: u64 = 0;
 const WIRE_FIXED64: u64 = 1;
 const WIRE_BYTES: u64 = 2;
 const WIRE_FIXED32: u64 = 5;
 
-/// Appends the encoding of a KeyValue with these fields to `out`.
-pub fn encode_key_value(out: &mut Vec<u8>, kv: &EtcdKeyValue) {
-    KeyValueFields {
-        key: &kv.key,
-        create_revision: kv.create_revision,
-        mod_revision: kv.mod_revision,
-        version: kv.version,
-        value: &kv.value,
-        lease: kv.lease,
-    }
-    .put_message(out);
+/// Appends the encoding of `kv`, etcd's `mvccpb.KeyValue` as its `key` bucket stores it, to
+/// `out`.
+pub fn encode_key_value(out: &mut Vec<u8>, kv: &KeyValue) {
+    KeyValueFields::from(kv).put_message(out);
 }
 
 /// Returns the encoding of a `leasepb.Lease` {ID, TTL}.
@@ -182,14 +161,14 @@ fn mismatch(what: &str, number: u64) -> BboltError {
 }
 
 /// Decodes a KeyValue (PROTO-2).
-pub fn decode_key_value(bytes: &[u8]) -> Result<EtcdKeyValue, BboltError> {
+pub fn decode_key_value(bytes: &[u8]) -> Result<KeyValue, BboltError> {
     let what = "KeyValue";
-    let mut kv = EtcdKeyValue::default();
+    let mut kv = KeyValue::default();
     let mut fields = Fields { bytes, what };
     while let Some((number, field)) = fields.next()? {
         match (number, field) {
-            (1, Field::Bytes(b)) => kv.key = b.to_vec(),
-            (5, Field::Bytes(b)) => kv.value = b.to_vec(),
+            (1, Field::Bytes(b)) => kv.key = Bytes::copy_from_slice(b),
+            (5, Field::Bytes(b)) => kv.value = Bytes::copy_from_slice(b),
             (2, Field::Varint(v)) => kv.create_revision = v as i64,
             (3, Field::Varint(v)) => kv.mod_revision = v as i64,
             (4, Field::Varint(v)) => kv.version = v as i64,
@@ -333,12 +312,12 @@ mod tests {
     #[test]
     fn key_value_matches_etcd_bytes() {
         // etcd's bytes for put a=1 at revision 2.
-        let kv = EtcdKeyValue {
-            key: b"a".to_vec(),
+        let kv = KeyValue {
+            key: Bytes::from_static(b"a"),
             create_revision: 2,
             mod_revision: 2,
             version: 1,
-            value: b"1".to_vec(),
+            value: Bytes::from_static(b"1"),
             lease: 0,
         };
         let mut out = Vec::new();
@@ -350,10 +329,10 @@ mod tests {
             ]
         );
         assert_eq!(decode_key_value(&out), Ok(kv));
-        let negative = EtcdKeyValue {
-            key: b"k".to_vec(),
+        let negative = KeyValue {
+            key: Bytes::from_static(b"k"),
             lease: -5,
-            ..EtcdKeyValue::default()
+            ..KeyValue::default()
         };
         let mut out = Vec::new();
         encode_key_value(&mut out, &negative);

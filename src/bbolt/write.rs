@@ -27,7 +27,6 @@
 
 use std::collections::VecDeque;
 
-use super::proto::{EtcdKeyValue, encode_key_value};
 use super::{
     BUCKET_HEADER_BYTES, BUCKET_KEY, ELEMENT_BYTES, FLAG_BRANCH, FLAG_BUCKET, FLAG_LEAF, FLAG_META,
     INLINE_BUCKET_BYTES_MAX, MAGIC, NO_FREELIST, NODE_ELEMENTS_MAX, PAGE_BYTES, PAGE_HEADER_BYTES,
@@ -36,6 +35,7 @@ use super::{
 use crate::error::StorageError;
 use crate::mvcc::Revision;
 use crate::mvcc::record::Record;
+use crate::mvcc::wire::KeyValueFields;
 use crate::storage::RevisionKey;
 
 /// History records read per scan call of the sizing pass.
@@ -98,22 +98,26 @@ pub fn history_entry(key: &RevisionKey, record: &[u8]) -> Result<Entry, StorageE
     let etcd_key = etcd_revision_key(revision.main, revision.sub, head.tombstone);
     let kv = if head.tombstone {
         // etcd stores a tombstone as a KeyValue holding only the key.
-        EtcdKeyValue {
-            key: head.key.to_vec(),
-            ..EtcdKeyValue::default()
+        KeyValueFields {
+            key: head.key,
+            create_revision: 0,
+            mod_revision: 0,
+            version: 0,
+            value: &[],
+            lease: 0,
         }
     } else {
-        EtcdKeyValue {
-            key: head.key.to_vec(),
+        KeyValueFields {
+            key: head.key,
             create_revision: head.create_revision,
             mod_revision: revision.main,
             version: head.version,
-            value: record[record.len() - head.value_len..].to_vec(),
+            value: head.value_in(record),
             lease: head.lease,
         }
     };
     let mut value = Vec::with_capacity(kv.key.len() + kv.value.len() + 40);
-    encode_key_value(&mut value, &kv);
+    kv.put_message(&mut value);
     Ok((etcd_key, value))
 }
 

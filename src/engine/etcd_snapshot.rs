@@ -465,15 +465,15 @@ impl<S: Sink> Import<S> {
             return Err(invalid(format!("entry at revision {main} without a key")));
         }
         let record = if tombstone {
-            Record::tombstone(kv.key.into())
+            Record::tombstone(kv.key)
         } else {
             Record {
-                key: kv.key.into(),
+                key: kv.key,
                 tombstone: false,
                 create_revision: kv.create_revision,
                 version: kv.version,
                 lease: kv.lease,
-                value: kv.value.into(),
+                value: kv.value,
             }
         };
         let written = self

@@ -11,7 +11,7 @@
 //!   holding each key-value in turn, each an `mvccpb.KeyValue` encoded as protobuf encoders
 //!   write it: fields in number order, zero and empty fields left out, int64 as the
 //!   two's-complement varint. [`KeyValueFields`] is the one place that encoding is written:
-//!   `bbolt::proto` writes the KeyValues of etcd's files with it too.
+//!   `bbolt::write` and `bbolt::proto` write the KeyValues of etcd's files with it too.
 //! - WIRE-2: a `keys_only` key-value has no value field; everything else is the stored
 //!   record's, with the mod revision of the revision it was read at.
 //!
@@ -55,6 +55,19 @@ pub(crate) struct KeyValueFields<'a> {
     pub version: i64,
     pub value: &'a [u8],
     pub lease: i64,
+}
+
+impl<'a> From<&'a KeyValue> for KeyValueFields<'a> {
+    fn from(kv: &'a KeyValue) -> KeyValueFields<'a> {
+        KeyValueFields {
+            key: &kv.key,
+            create_revision: kv.create_revision,
+            mod_revision: kv.mod_revision,
+            version: kv.version,
+            value: &kv.value,
+            lease: kv.lease,
+        }
+    }
 }
 
 impl KeyValueFields<'_> {
@@ -115,15 +128,7 @@ pub fn put_record(
 
 /// Appends the `kvs` entry of `kv` (WIRE-1).
 pub fn put_key_value(out: &mut Vec<u8>, kv: &KeyValue) {
-    KeyValueFields {
-        key: &kv.key,
-        create_revision: kv.create_revision,
-        mod_revision: kv.mod_revision,
-        version: kv.version,
-        value: &kv.value,
-        lease: kv.lease,
-    }
-    .put(out, RANGE_RESPONSE_KVS_FIELD);
+    KeyValueFields::from(kv).put(out, RANGE_RESPONSE_KVS_FIELD);
 }
 
 #[cfg(test)]
