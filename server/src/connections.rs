@@ -68,6 +68,7 @@ use crate::http::{Answer, ClientPort};
 use crate::pong::PongHold;
 use crate::role_turns::{self, RoleTurns};
 use crate::tls::{ClientCertificate, Tls};
+use crate::write_gather::WriteGather;
 use kvd::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 
 /// Default of `--max-connections`.
@@ -472,7 +473,7 @@ async fn serve_connection<S>(
 {
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(AuthorityFix::watched(
-        PongHold::new(stream),
+        PongHold::new(WriteGather::new(stream)),
         activity.clone(),
     ));
     let service = Tracked {

@@ -64,6 +64,7 @@ pub mod snapshot_tool;
 mod status;
 mod tls;
 mod watch;
+mod write_gather;
 
 pub mod loadgen;
 

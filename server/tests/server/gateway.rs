@@ -836,3 +836,37 @@ fn auth_through_the_gateway_matches_etcd() {
         assert_eq!(ours, theirs, "step {i}");
     }
 }
+
+/// An answer of megabytes over HTTP/1 (the connection gathers large writes, GATHER-1..4 in
+/// `write_gather.rs`) arrives whole and in order.
+#[test]
+fn a_large_range_answer_arrives_whole() {
+    let kvd = common::start_kvd(&[]);
+    let ep = &kvd.endpoint;
+    let value = |i: usize| -> String {
+        (0..100_000)
+            .map(|j| char::from(b'a' + ((i * 7 + j) % 26) as u8))
+            .collect()
+    };
+    for i in 0..16 {
+        let put = format!(
+            r#"{{"key":"{}","value":"{}"}}"#,
+            b64(&format!("large/{i:02}")),
+            b64(&value(i))
+        );
+        assert_eq!(post(ep, "/v3/kv/put", &put).status, 200);
+    }
+    let range = format!(
+        r#"{{"key":"{}","range_end":"{}"}}"#,
+        b64("large/"),
+        b64("large0")
+    );
+    let answer = post(ep, "/v3/kv/range", &range);
+    assert_eq!(answer.status, 200);
+    let kvs = answer.body["kvs"].as_array().expect("kvs");
+    assert_eq!(kvs.len(), 16);
+    for (i, kv) in kvs.iter().enumerate() {
+        assert_eq!(kv["key"], json!(b64(&format!("large/{i:02}"))));
+        assert!(kv["value"] == json!(b64(&value(i))), "value {i} differs");
+    }
+}

@@ -450,3 +450,37 @@ async fn unknown_methods_are_unimplemented() {
         );
     }
 }
+
+/// Answers far larger than one HTTP/2 frame, than the client's flow-control window and than
+/// what the connection gathers into one write (GATHER-1..4 in `write_gather.rs`) arrive
+/// whole and in order, and small answers still follow on the same connection.
+#[tokio::test]
+async fn large_answers_arrive_whole_and_in_order() {
+    let server = common::start_kvd(&[]);
+    let mut kv = KvClient::new(connect(&server.endpoint).await).max_decoding_message_size(8 << 20);
+    // 24 values of 100,000 bytes: a 2.4 MB answer, each value's bytes telling it apart.
+    let value = |i: usize| -> Vec<u8> { (0..100_000).map(|j| ((i * 7 + j) % 251) as u8).collect() };
+    for i in 0..24 {
+        kv.put(put(&format!("large/{i:02}"), value(i)))
+            .await
+            .unwrap();
+    }
+    for _ in 0..3 {
+        let answer = kv
+            .range(RangeRequest {
+                key: Bytes::from_static(b"large/"),
+                range_end: Bytes::from_static(b"large0"),
+                ..RangeRequest::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(answer.count, 24);
+        assert_eq!(answer.kvs.len(), 24);
+        for (i, kv) in answer.kvs.iter().enumerate() {
+            assert_eq!(kv.key, Bytes::from(format!("large/{i:02}")));
+            assert!(kv.value == value(i), "value {i} differs");
+        }
+        assert_serving(&mut kv).await;
+    }
+}
