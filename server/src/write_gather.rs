@@ -14,11 +14,12 @@
 //! - GATHER-2: only large writes are held: a write of at least [`LARGE_WRITE`] bytes, or
 //!   any write while something is held (to keep GATHER-1). A small write with nothing held
 //!   passes at once, so answers of a few frames (Put, Txn, watch events) go out as before.
-//! - GATHER-3: a flush that follows a large write is put off by one turn of the
-//!   connection's task: it reports done and wakes the task, and the next flush with no write
-//!   since (h2 flushes at the end of every poll of the connection) passes everything on. So
-//!   nothing is held past the poll after the one that wrote it, and a flow-control pause
-//!   (h2 stops writing until the client's WINDOW_UPDATE) costs one more poll, never a wait.
+//! - GATHER-3: a flush that follows a large write while bytes are held is put off by one
+//!   turn of the connection's task: it reports done and wakes the task, and the next flush
+//!   with no write since (h2 flushes at the end of every poll of the connection) passes
+//!   everything on. So nothing is held past the poll after the one that wrote it, and a
+//!   flow-control pause (h2 stops writing until the client's WINDOW_UPDATE) costs one more
+//!   poll, never a wait. With nothing held, a flush neither waits nor wakes anyone.
 //! - GATHER-4: more than [`GATHER_MAX`] held bytes go out before another write is taken.
 //!
 //! Contact points: `server::connections` wraps every connection's stream (under TLS, the
@@ -121,7 +122,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteGather<S> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.large_since_flush && this.held.len() - this.sent <= GATHER_MAX {
+        let held = this.held.len() - this.sent;
+        if this.large_since_flush && held > 0 && held <= GATHER_MAX {
             // GATHER-3: put off by one turn of the task.
             this.large_since_flush = false;
             cx.waker().wake_by_ref();
@@ -324,6 +326,9 @@ mod tests {
         assert_eq!(gather.inner.writes.len(), 2);
         assert_eq!(gather.inner.writes[0].len(), frames * LARGE_WRITE);
         assert_eq!(gather.inner.writes[1], b"next");
+        // Nothing is held now: the flush is not put off, and nobody is woken.
+        poller.flush(&mut gather);
+        assert_eq!(poller.woken(), 0);
         // A flush with more than the bound held is not put off (GATHER-4).
         for n in 0..frames {
             poller.write(&mut gather, &frame(n as u8));
