@@ -13,7 +13,8 @@
 //! - GATHER-1: bytes pass on in the order they were written, unchanged.
 //! - GATHER-2: only large writes are held: a write of at least [`LARGE_WRITE`] bytes, or
 //!   any write while something is held (to keep GATHER-1). A small write with nothing held
-//!   passes at once, so answers of a few frames (Put, Txn, watch events) go out as before.
+//!   passes at once, so answers of a few frames (Put, Txn, most watch responses) go out as
+//!   before.
 //! - GATHER-3: a flush that follows a large write while bytes are held is put off by one
 //!   turn of the connection's task: it reports done and wakes the task, and the next flush
 //!   with no write since (h2 flushes at the end of every poll of the connection) passes
