@@ -123,6 +123,19 @@ pub fn start_kvd_with_env(
     start_kvd_command(command, data_dir, extra_args)
 }
 
+/// Starts kvd as [`start_kvd_in`] does, through `wrapper`: a program and its arguments that
+/// end by running the command that follows them (`setpriv ...`), with `binary` as kvd.
+pub fn start_kvd_wrapped(
+    wrapper: &[&str],
+    binary: &Path,
+    data_dir: &Path,
+    extra_args: &[&str],
+) -> Result<Server, String> {
+    let mut command = Command::new(wrapper[0]);
+    command.args(&wrapper[1..]).arg(binary);
+    start_kvd_command(command, data_dir, extra_args)
+}
+
 // The child is waited for by `Server`'s `Drop`, or before returning an error.
 #[allow(clippy::zombie_processes)]
 fn start_kvd_command(

@@ -154,6 +154,82 @@ fn a_pipeline_priority_outside_1_to_99_or_a_tiny_log_is_refused_at_startup() {
     );
 }
 
+/// The real-time policy and priority of each of `pid`'s threads named `kvd-apply` or
+/// `kvd-commit` (fields 41 and 40 of `/proc/PID/task/TID/stat`; policy 1 is `SCHED_FIFO`).
+fn pipeline_scheduling(pid: u32) -> Vec<(String, u64, u64)> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let Ok(stat) = std::fs::read_to_string(task.unwrap().path().join("stat")) else {
+            continue; // a thread may end between the listing and the read
+        };
+        let (open, close) = (stat.find('(').unwrap(), stat.rfind(')').unwrap());
+        let name = &stat[open + 1..close];
+        // After the name come the fields from the third (state) on.
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let field = |n: usize| fields[n - 3].parse::<u64>().unwrap();
+        if name == "kvd-apply" || name == "kvd-commit" {
+            found.push((name.to_owned(), field(41), field(40)));
+        }
+    }
+    found.sort();
+    found
+}
+
+/// RT-1 from outside, and the way `docs/operations.md` gives to grant it: an unprivileged user
+/// is refused `--pipeline-priority` at start with a message naming what it lacks, and the
+/// capability `CAP_SYS_NICE` alone, without root, is enough. Changing user needs root, as CI
+/// has (like the tmpfs test of `tests/space.rs`); `setpriv` is util-linux's.
+#[test]
+fn pipeline_priority_is_refused_to_an_unprivileged_user_and_needs_only_cap_sys_nice() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    // A copy the unprivileged user can run wherever the build directory lies.
+    let binary = dir.path().join("kvd");
+    std::fs::copy(common::kvd_binary(), &binary).unwrap();
+    let nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ];
+    let priority = ["--pipeline-priority", "10"];
+
+    let refused = common::start_kvd_wrapped(&nobody, &binary, &dir.path().join("plain"), &priority)
+        .err()
+        .expect("an unprivileged user was given real-time threads");
+    assert!(
+        refused.contains("cannot run the kvd-apply thread under SCHED_FIFO at priority 10")
+            && refused.contains("CAP_SYS_NICE"),
+        "{refused}"
+    );
+
+    let capable = [
+        &nobody[..],
+        &["--inh-caps=+sys_nice", "--ambient-caps=+sys_nice"],
+    ]
+    .concat();
+    let server =
+        common::start_kvd_wrapped(&capable, &binary, &dir.path().join("capable"), &priority)
+            .unwrap_or_else(|e| panic!("{e}"));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
+    let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(
+        uid.split_whitespace().skip(1).all(|id| id == "65534"),
+        "{uid}"
+    );
+    assert_eq!(
+        pipeline_scheduling(server.pid()),
+        vec![
+            ("kvd-apply".to_owned(), 1, 10),
+            ("kvd-commit".to_owned(), 1, 10)
+        ],
+        "both pipeline threads under SCHED_FIFO at priority 10"
+    );
+    let put = common::etcdctl(&server.endpoint, &["put", "k", "v"], None);
+    assert_eq!(put.stdout, "OK\n", "{put:?}");
+}
+
 #[test]
 fn every_flag_has_help() {
     let output = Command::new(common::kvd_binary())
