@@ -64,10 +64,17 @@ impl<S> WriteGather<S> {
     }
 }
 
+impl<S> WriteGather<S> {
+    /// The held bytes not yet passed on.
+    fn pending(&self) -> usize {
+        self.held.len() - self.sent
+    }
+}
+
 impl<S: AsyncWrite + Unpin> WriteGather<S> {
     /// Passes every held byte on.
     fn poll_release(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while self.sent < self.held.len() {
+        while self.pending() > 0 {
             let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.held[self.sent..]))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
@@ -98,13 +105,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteGather<S> {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if this.held.len() - this.sent > GATHER_MAX {
+        if this.pending() > GATHER_MAX {
             // GATHER-4.
             ready!(this.poll_release(cx))?;
         }
         let total: usize = bufs.iter().map(|b| b.len()).sum();
-        let holding = this.sent < this.held.len();
-        if !holding && total < LARGE_WRITE {
+        if this.pending() == 0 && total < LARGE_WRITE {
             // GATHER-2: a small write with nothing held passes at once.
             return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
         }
@@ -123,7 +129,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteGather<S> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let held = this.held.len() - this.sent;
+        let held = this.pending();
         if this.large_since_flush && held > 0 && held <= GATHER_MAX {
             // GATHER-3: put off by one turn of the task.
             this.large_since_flush = false;
