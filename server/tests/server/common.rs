@@ -100,13 +100,14 @@ pub fn start_kvd_in(data_dir: &Path, extra_args: &[&str]) -> Result<Server, Stri
 pub fn start_kvd_with_open_files(open_files: u32, extra_args: &[&str]) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
-    let mut command = Command::new("sh");
-    command
-        .arg("-c")
-        .arg(format!("ulimit -n {open_files} && exec \"$0\" \"$@\""))
-        .arg(kvd_binary());
-    let mut server =
-        start_kvd_command(command, &data_dir, extra_args).unwrap_or_else(|e| panic!("{e}"));
+    let script = format!("ulimit -n {open_files} && exec \"$0\" \"$@\"");
+    let mut server = start_kvd_wrapped(
+        &["sh", "-c", &script],
+        Path::new(kvd_binary()),
+        &data_dir,
+        extra_args,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     server._dir = Some(dir);
     server
 }
