@@ -40,6 +40,9 @@
 //! - CONN-9: each accepted connection is served, from its TLS handshake to its end, on one
 //!   of the server's connection threads (`server::connection_threads` THREAD-1..3), the one
 //!   with the fewest open connections; the accept loops run on the main runtime.
+//! - CONN-10: a streamed call (CONN-7's own task) refused before its first message answers
+//!   gRPC's Trailers-Only form, as a unary call does: the status in one HEADERS frame that
+//!   ends the stream, which is the only form grpc-go reads the status from.
 //!
 //! Contact points: `server::serve` runs one [`serve_listener`] per listener with a shared
 //! [`Connections`] and [`ConnectionThreads`] (and the listener's [`Tls`] for `https://`);
@@ -582,10 +585,14 @@ async fn streamed_call(
     tokio::spawn(async move {
         let Ok(response) = answer.await;
         let (parts, mut body) = response.into_parts();
-        if head_tx.send(parts).is_err() {
+        use http_body::Body as _;
+        // A call refused before its first message (tonic's Trailers-Only answer: the status
+        // in the head, an empty body) must leave as one HEADERS frame with END_STREAM, or
+        // grpc-go reports "server closed the stream without sending trailers" (CONN-10).
+        let ended = body.is_end_stream();
+        if head_tx.send((parts, ended)).is_err() || ended {
             return;
         }
-        use http_body::Body as _;
         loop {
             // A closed channel means the connection dropped the response (the client went
             // or reset the stream): the call ends at once, as it would in the connection.
@@ -601,13 +608,17 @@ async fn streamed_call(
             }
         }
     });
-    let Ok(parts) = head_rx.await else {
+    let Ok((parts, ended)) = head_rx.await else {
         // The call's task ended without an answer (its handler panicked).
         let mut failed = Response::new(Body::empty());
         *failed.status_mut() = axum::http::StatusCode::INTERNAL_SERVER_ERROR;
         return Ok(failed);
     };
-    let body = Body::new(ChannelBody { frames: frames_rx });
+    let body = if ended {
+        Body::empty()
+    } else {
+        Body::new(ChannelBody { frames: frames_rx })
+    };
     let counted = Body::new(CountedBody { inner: body, open });
     Ok(Response::from_parts(parts, counted))
 }

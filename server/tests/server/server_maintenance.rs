@@ -254,3 +254,48 @@ async fn hash_covers_the_logical_store_and_survives_defrag_and_restart() {
     assert_eq!(moved.0, 32);
     assert_ne!(moved.1, disarmed.1, "a write moves the hash");
 }
+
+/// CONN-10: a Snapshot refused before its first message (here: a user without role root)
+/// reaches grpc-go with its status. Before, its answer was a HEADERS frame without
+/// END_STREAM and an empty DATA frame, which etcdctl reported as `Internal: server closed
+/// the stream without sending trailers`.
+#[test]
+fn a_snapshot_refused_before_its_first_message_reaches_etcdctl_with_its_status() {
+    let server = common::start_kvd(&[]);
+    let setup = [
+        "user add root --new-user-password=rootpw --interactive=false",
+        "role add root",
+        "user grant-role root root",
+        "user add alice --new-user-password=alicepw --interactive=false",
+        "auth enable",
+    ];
+    for step in setup {
+        let args: Vec<&str> = step.split(' ').collect();
+        let run = common::etcdctl(&server.endpoint, &args, None);
+        assert_eq!(run.code, 0, "{step}: {}", run.stderr);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("snap.db");
+    let file = file.to_str().unwrap();
+    let refused = common::etcdctl(
+        &server.endpoint,
+        &["--user", "alice:alicepw", "snapshot", "save", file],
+        None,
+    );
+    assert_ne!(refused.code, 0, "{refused:?}");
+    assert!(
+        refused.stderr.contains("code = PermissionDenied")
+            && refused.stderr.contains("etcdserver: permission denied"),
+        "{}",
+        refused.stderr
+    );
+    assert!(!dir.path().join("snap.db").exists());
+    // The same call by root streams the snapshot.
+    let saved = common::etcdctl(
+        &server.endpoint,
+        &["--user", "root:rootpw", "snapshot", "save", file],
+        None,
+    );
+    assert_eq!(saved.code, 0, "{}", saved.stderr);
+    assert!(std::fs::metadata(file).unwrap().len() > 0);
+}
