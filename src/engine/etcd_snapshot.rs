@@ -148,7 +148,10 @@ impl EtcdSnapshotStream {
     /// Appends the next bytes to `out`, at least `chunk_bytes` of them unless the file
     /// ends; returns false once the whole file has been appended.
     pub fn next_chunk(&mut self, out: &mut Vec<u8>, chunk_bytes: usize) -> Result<bool> {
-        Ok(self.writer.fill(out, chunk_bytes)?)
+        // The writer fills `out` up to a length; the chunk counts from what it holds already.
+        Ok(self
+            .writer
+            .fill(out, out.len().saturating_add(chunk_bytes))?)
     }
 }
 

@@ -43,7 +43,8 @@ impl SnapshotStream {
     /// Appends the next bytes to `out`, at least `chunk_bytes` of them unless the stream
     /// ends; returns false once the whole image has been appended.
     pub fn next_chunk(&mut self, out: &mut Vec<u8>, chunk_bytes: usize) -> Result<bool> {
-        Ok(self.dump.fill(out, chunk_bytes)?)
+        // The dump fills `out` up to a length; the chunk counts from what it holds already.
+        Ok(self.dump.fill(out, out.len().saturating_add(chunk_bytes))?)
     }
 }
 
