@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use kvd::{
     AlarmAction, AlarmMember, AlarmRequest, AlarmType, CompactionRequest, Config, DefragFailpoint,
@@ -303,6 +304,128 @@ fn defrag_under_load_keeps_every_acknowledged_write_and_shrinks_the_file() {
         "file after defrag {} bytes",
         defrag.db_size_after
     );
+}
+
+/// DEFRAG-3 with the real swap: a snapshot stream opened before a defrag reads the rest of
+/// its image from the file it began on, after the swap and the writes that follow it, and
+/// the image restores to the state at its start.
+#[test]
+fn a_snapshot_begun_before_a_defrag_is_read_whole_from_the_file_it_began_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), config(-1)).unwrap();
+    for round in 0..5u8 {
+        for k in 0..200 {
+            engine
+                .put(PutRequest::new(format!("base/{k:03}"), vec![round; 1000]))
+                .unwrap();
+        }
+    }
+    let revision = engine.status().unwrap().header.revision;
+    engine
+        .compact(CompactionRequest {
+            revision,
+            physical: true,
+        })
+        .unwrap();
+    let hash_before = engine.hash_kv(0).unwrap().hash;
+
+    let mut stream = engine.snapshot_stream().unwrap();
+    assert_eq!(stream.revision(), revision);
+    let mut image = Vec::new();
+    assert!(
+        stream.next_chunk(&mut image, 4096).unwrap(),
+        "the image must not fit in the first chunk, or the test reads nothing after the swap"
+    );
+    let defrag = engine.defrag().unwrap();
+    assert!(defrag.db_size_after < defrag.db_size_before, "{defrag:?}");
+    // Writes after the swap go to the new file; the stream must not see them.
+    for k in 0..50 {
+        engine
+            .put(PutRequest::new(format!("base/{k:03}"), "after"))
+            .unwrap();
+    }
+    engine
+        .delete_range(DeleteRangeRequest::prefix("base/1"))
+        .unwrap();
+    while stream.next_chunk(&mut image, 4096).unwrap() {}
+    drop(stream);
+
+    let restored = tempfile::tempdir().unwrap();
+    kvd::restore_snapshot(&image, restored.path()).unwrap();
+    let copy = Engine::open(restored.path(), config(-1)).unwrap();
+    assert_eq!(copy.status().unwrap().header.revision, revision);
+    assert_eq!(copy.hash_kv(0).unwrap().hash, hash_before);
+    assert_eq!(
+        copy.range(&RangeRequest::prefix("base/")).unwrap().count,
+        200
+    );
+    copy.close().unwrap();
+    // The engine itself kept the writes made after the swap.
+    assert_eq!(
+        engine.range(&RangeRequest::prefix("base/")).unwrap().count,
+        100
+    );
+    engine.close().unwrap();
+}
+
+/// ALARM-3 with the real admission and apply: writers keep putting while NOSPACE is raised.
+/// Whatever admission saw, every acknowledged Put has a revision at or below the one the
+/// activation was applied at, and a Put submitted after the activation returned is refused.
+#[test]
+fn no_put_is_applied_after_the_nospace_activation_whatever_admission_saw() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Arc::new(Engine::open(dir.path(), config(-1)).unwrap());
+    let raised = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|t| {
+            let (engine, raised) = (engine.clone(), raised.clone());
+            std::thread::spawn(move || {
+                let (mut acked, mut refused) = (Vec::new(), 0);
+                for i in 0..20_000 {
+                    let after = raised.load(Ordering::SeqCst);
+                    match engine.put(PutRequest::new(format!("w{t}/{i}"), "v")) {
+                        Ok(put) => {
+                            assert!(!after, "a Put submitted after the activation was applied");
+                            acked.push(put.header.revision);
+                        }
+                        Err(Error::NoSpace) => refused += 1,
+                        Err(e) => panic!("unexpected {e}"),
+                    }
+                    if refused == 3 {
+                        break;
+                    }
+                }
+                (acked, refused)
+            })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while engine.status().unwrap().header.revision < 200 {
+        assert!(std::time::Instant::now() < deadline, "the writers stalled");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let activated_at = engine
+        .alarm(AlarmRequest {
+            action: AlarmAction::Activate,
+            member_id: 1,
+            alarm: AlarmType::NoSpace,
+        })
+        .unwrap()
+        .header
+        .revision;
+    raised.store(true, Ordering::SeqCst);
+    for writer in writers {
+        let (acked, refused) = writer.join().unwrap();
+        assert_eq!(refused, 3, "every writer ends on refusals");
+        assert!(!acked.is_empty());
+        for revision in acked {
+            assert!(
+                revision <= activated_at,
+                "a Put applied at {revision}, after the activation at {activated_at}"
+            );
+        }
+    }
+    assert_eq!(engine.status().unwrap().header.revision, activated_at);
 }
 
 #[test]
