@@ -11,21 +11,21 @@
 //! Owns: nothing; the encoder and decoder are prost's.
 //!
 //! Invariants:
-//! - CODEC-1: the bytes on the wire are prost's, unchanged: only where the codec's buffers
+//! - GRPC-CODEC-1: the bytes on the wire are prost's, unchanged: only where the codec's buffers
 //!   start differs. A message of a unary call starts in [`UNARY_START_BYTES`]; the
 //!   messages of the streams (`Watch`, `LeaseKeepAlive`, `Snapshot`) keep tonic's default,
 //!   because a stream's buffer is reused for message after message and grows in steps of
 //!   its starting size.
-//! - CODEC-2: the encoder reserves a message's encoded length before it writes it, so a
+//! - GRPC-CODEC-2: the encoder reserves a message's encoded length before it writes it, so a
 //!   large answer (a Range of many keys) is written into one allocation, not a buffer that
 //!   doubles.
-//! - CODEC-3: a Watch stream's encoder encodes an event once for all the responses that
+//! - GRPC-CODEC-3: a Watch stream's encoder encodes an event once for all the responses that
 //!   carry it in a row: it keeps the last event it wrote with its bytes, and writes those
 //!   bytes again for an event with the same numbers and the very same key and value buffers
 //!   (held by the kept event, so their memory cannot be reused for other bytes meanwhile).
 //!   With 1,000 watches of one key, the engine hands every watch's response the same shared
 //!   event (WATCH-6), and prost's encoding of it 1,000 times was a fifth of the server's work
-//!   under etcd's watch benchmark. The bytes are the ones prost writes (CODEC-1): events are
+//!   under etcd's watch benchmark. The bytes are the ones prost writes (GRPC-CODEC-1): events are
 //!   the response's last field, written in prost's order.
 //!
 //! Contact points: `build.rs` (`codec_path`), `server::pb`.
@@ -74,7 +74,7 @@ impl<T, U> Default for EtcdCodec<T, U> {
     }
 }
 
-/// Returns true if `M` is a message of one of etcd's streams (CODEC-1).
+/// Returns true if `M` is a message of one of etcd's streams (GRPC-CODEC-1).
 fn streamed<M: 'static>() -> bool {
     let id = TypeId::of::<M>();
     [
@@ -87,7 +87,7 @@ fn streamed<M: 'static>() -> bool {
     .contains(&id)
 }
 
-/// Returns the bytes a buffer for message type `M` starts with (CODEC-1).
+/// Returns the bytes a buffer for message type `M` starts with (GRPC-CODEC-1).
 fn start_bytes<M: 'static>() -> usize {
     if streamed::<M>() {
         STREAM_START_BYTES
@@ -96,7 +96,7 @@ fn start_bytes<M: 'static>() -> usize {
     }
 }
 
-/// Returns the buffer settings for message type `M` (CODEC-1).
+/// Returns the buffer settings for message type `M` (GRPC-CODEC-1).
 fn settings<M: 'static>() -> BufferSettings {
     BufferSettings::new(start_bytes::<M>(), STREAM_YIELD_BYTES)
 }
@@ -124,12 +124,12 @@ where
     }
 }
 
-/// prost's encoding of `T`, reserving the message's length first (CODEC-2), and for a
-/// Watch response, each event's bytes reused from the previous response (CODEC-3).
+/// prost's encoding of `T`, reserving the message's length first (GRPC-CODEC-2), and for a
+/// Watch response, each event's bytes reused from the previous response (GRPC-CODEC-3).
 #[derive(Debug, Clone)]
 pub struct EtcdEncoder<T> {
     settings: BufferSettings,
-    /// The last event a Watch stream wrote, and its encoding (CODEC-3).
+    /// The last event a Watch stream wrote, and its encoding (GRPC-CODEC-3).
     last_event: Option<(Event, Vec<u8>)>,
     _message: PhantomData<T>,
 }
@@ -186,7 +186,7 @@ impl<T> EtcdEncoder<T> {
     }
 
     /// Writes `event` as a field of a Watch response: the last event's bytes again if it is
-    /// the same event, else its encoding, which it then keeps (CODEC-3).
+    /// the same event, else its encoding, which it then keeps (GRPC-CODEC-3).
     fn write_event(&mut self, event: Event, buf: &mut impl BufMut) {
         let hit = self
             .last_event
@@ -209,7 +209,7 @@ fn encoding_failed(e: prost::EncodeError) -> Status {
 }
 
 /// True if `a` and `b` encode to the same bytes because they are the same event: equal
-/// numbers, and keys and values in the very same buffers (CODEC-3). An event with a
+/// numbers, and keys and values in the very same buffers (GRPC-CODEC-3). An event with a
 /// previous value never matches: those are resolved per watch.
 fn same_event(a: &Event, b: &Event) -> bool {
     a.r#type == b.r#type

@@ -14,7 +14,7 @@
 //! - HTTP-3: `/health` answers 200 only when the engine answers a status request and no
 //!   alarm is active other than those named by `?exclude=<TYPE>`; otherwise 503 with
 //!   `ALARM <TYPE>` or the engine's error as the reason (etcd 3.5+), or
-//!   `STORAGE POISONED: ...` while the store waits for its reopen (REC-1).
+//!   `STORAGE POISONED: ...` while the store waits for its reopen (RECOVERY-1).
 //! - HTTP-4: a path no route knows gets gRPC `Unimplemented` if the request is gRPC, else a
 //!   plain 404.
 //! - HTTP-5: the body of a gRPC request to a method that takes one message passes through
@@ -286,7 +286,7 @@ async fn health(State(shared): State<Shared>, RawQuery(query): RawQuery) -> Resp
         .map(str::to_owned)
         .collect();
     if let Some(refusal) = shared.node.engines.refusal() {
-        // REC-1: a poisoned store outranks the alarms; the reason says what kvd waits for.
+        // RECOVERY-1: a poisoned store outranks the alarms; the reason says what kvd waits for.
         let reason = json_escape(&format!("STORAGE POISONED: {refusal}"));
         return json(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -15,12 +15,10 @@
 //!   reading is slowed down rather than buffered without bound.
 //! - LEASE-SRV-4: a request that cannot be decoded ends the stream with the decoder's status
 //!   (`INTERNAL`, as gRPC-go), never with OK.
-//!
-//! - LEASE-SRV-4: LeaseGrant and LeaseRevoke take a `kvd-operation-id` as the KV writes do
-//!   (KV-2, OPID-1).
-//!
 //! - LEASE-SRV-5: while auth is enabled LeaseRevoke needs write on every key attached to
 //!   the lease (PERM-3); grant, keep-alive, time-to-live and list are unchecked (etcd 3.4).
+//! - LEASE-SRV-6: LeaseGrant and LeaseRevoke take a `kvd-operation-id` as the KV writes do
+//!   (KV-2, OPID-1).
 //!
 //! Contact points: `server::convert` (messages), `server::node` (engine calls, shutdown),
 //! `server::operation` (operation ids).

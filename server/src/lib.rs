@@ -22,12 +22,13 @@
 //! Module map: `authority` (repairs the HTTP/2 authority of etcd 3.4 clients), `pong` (a
 //! PING acknowledgement leaves with the answer it came with), `http`
 //! (router, metrics layer, HTTP routes), `gateway` (etcd's JSON gateway, `/v3/...`), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
-//! `auth` (answers "auth disabled"), `connections` (accept loop, connection limits),
+//! `auth` (etcd's Auth service: users, roles, permissions, tokens), `connections` (accept
+//! loop, connection limits),
 //! `connection_threads` (the threads connections are served on, one runtime per CPU),
 //! `tls` (`https://` listeners: etcd's TLS flags, handshakes, client certificates),
 //! `single_message` (one request message per unary call), `snapshot` (Snapshot streaming), `operator` (the quota operator API: `POST /api/v1`,
 //! `GET /roles`), `convert` (pb ↔ api), `status` (errors → gRPC),
-//! `cors` (`--cors`), `identity` (ids on disk), `hash` (Maintenance.Hash of the logical store), `metrics`, `node` (shared state), `bench` (the load generator
+//! `cors` (`--cors`), `identity` (ids on disk), `hash` (Maintenance.Hash of the logical store), `metrics`, `node` (shared state), `loadgen` (the load generator
 //! of `kvd bench`, a client of any etcd endpoint).
 
 mod auth;
@@ -314,7 +315,7 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
     closed
 }
 
-/// Returns the filesystem reserve (REC-4): the engine's default for the quota, capped at a
+/// Returns the filesystem reserve (RECOVERY-4): the engine's default for the quota, capped at a
 /// share of the data directory's filesystem, and logs it.
 fn fs_reserve(config: &ServerConfig) -> u64 {
     let engine_default =

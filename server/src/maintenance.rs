@@ -6,7 +6,7 @@
 //! Invariants:
 //! - MAINT-1: Status is the engine's status translated by `convert` (CONV-5), with the
 //!   version and quota of this server; `raftIndex` and `raftAppliedIndex` are both the
-//!   engine's applied index (one member commits what it applies).
+//!   engine's applied index + 4 (CONV-5; one member commits what it applies).
 //! - MAINT-2: Alarm is the engine's alarm store. ACTIVATE, GET and DEACTIVATE keep the
 //!   member id given, member 0 included, as etcd does. The engine raises its own alarms as
 //!   its member 0, which the wire shows as this member's id; so the wire and the engine swap
@@ -105,7 +105,7 @@ impl Maintenance for MaintenanceService {
             _ => api::AlarmAction::Get,
         };
         let alarm = alarm_type(req.alarm);
-        // REC-2: a disarm is also the operator's word that the cause of a poisoned store is
+        // RECOVERY-2: a disarm is also the operator's word that the cause of a poisoned store is
         // gone; the reopen comes first, and the disarm then goes to the new engine.
         if action == api::AlarmAction::Deactivate && !self.node.engines.reopen_for_disarm().await {
             let why = self.node.engines.refusal().unwrap_or_default();

@@ -297,7 +297,7 @@ pub struct StreamGauges {
     pub connections_open: usize,
     /// Client connections refused at the limit since start (CONN-1).
     pub connections_refused: u64,
-    /// The store is poisoned and waits for its reopen (REC-1).
+    /// The store is poisoned and waits for its reopen (RECOVERY-1).
     pub storage_poisoned: bool,
 }
 

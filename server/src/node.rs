@@ -110,7 +110,7 @@ impl Drop for StreamGuard {
 /// One running server's shared state.
 #[derive(Debug)]
 pub struct Node {
-    /// The engine in service, which recovery may replace (REC-2).
+    /// The engine in service, which recovery may replace (RECOVERY-2).
     pub engines: Arc<EngineSlot>,
     /// The identity that goes into every response header.
     pub ids: HeaderIds,
@@ -241,7 +241,7 @@ impl Node {
         }
     }
 
-    /// Returns the engine in service, or `Unavailable` while it is being reopened (REC-2).
+    /// Returns the engine in service, or `Unavailable` while it is being reopened (RECOVERY-2).
     fn engine(&self) -> std::result::Result<Arc<Engine>, Status> {
         self.engines.engine().ok_or_else(|| {
             let why = self.engines.refusal().unwrap_or_else(|| {
@@ -252,7 +252,7 @@ impl Node {
     }
 
     /// Maps an engine error (of a `write` or not) to its gRPC status; a poisoned store is
-    /// reported to recovery and answered with what kvd waits for (REC-1).
+    /// reported to recovery and answered with what kvd waits for (RECOVERY-1).
     fn engine_error(&self, err: &Error, write: bool) -> Status {
         self.engines.note_poisoned(err, write);
         match self.engines.refusal() {

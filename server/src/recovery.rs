@@ -9,22 +9,22 @@
 //! Owns: the engine slot, the storage state the surfaces report, the recovery task.
 //!
 //! Invariants:
-//! - REC-1: once an engine call reports a poisoned store, every write is refused with
+//! - RECOVERY-1: once an engine call reports a poisoned store, every write is refused with
 //!   `Unavailable` and a message naming the cause and what kvd waits for; `/health` answers
 //!   503 with `"reason":"STORAGE POISONED: ..."` and `/metrics` has `kvd_storage_poisoned 1`.
-//! - REC-2: the recovery task reopens the engine when the filesystem has its reserve free
+//! - RECOVERY-2: the recovery task reopens the engine when the filesystem has its reserve free
 //!   again, or at once when an operator disarms an alarm (`alarm disarm`). A reopen takes
 //!   the engine out of the slot (calls meanwhile get `Unavailable ... reopening`), waits for
 //!   the calls still holding it (at most [`REOPEN_DRAIN_MAX`]), closes it and opens the data
 //!   directory again with the same configuration. A failed open is retried on the next
 //!   look; the old engine is never put back.
-//! - REC-3: a reopen ends the Watch streams of the old engine (`Unavailable`, clients watch
+//! - RECOVERY-3: a reopen ends the Watch streams of the old engine (`Unavailable`, clients watch
 //!   again from their last revision); a Snapshot stream holds the old database open, so the
 //!   open is retried until it ends (at most the snapshot stall timeout for a stalled one).
-//! - REC-4: the filesystem reserve is the smaller of the engine's default (an eighth of the
+//! - RECOVERY-4: the filesystem reserve is the smaller of the engine's default (an eighth of the
 //!   quota, at least 64 MiB) and [`FS_RESERVE_PERCENT`] of the filesystem, so a small
 //!   filesystem is usable; the figure is logged at start.
-//! - REC-5: the first NOSPACE of an episode (until the alarm is gone) is logged once, with
+//! - RECOVERY-5: the first NOSPACE of an episode (until the alarm is gone) is logged once, with
 //!   the figures that explain it: the quota, the bytes in use, the free space and the
 //!   reserve.
 //!
@@ -42,16 +42,16 @@ use kvd::{AlarmType, Config, Engine};
 pub const RECOVERY_POLL: Duration = Duration::from_secs(1);
 /// Longest wait for engine calls still holding a poisoned engine before it is dropped.
 pub const REOPEN_DRAIN_MAX: Duration = Duration::from_secs(10);
-/// The filesystem share the reserve is capped at (REC-4).
+/// The filesystem share the reserve is capped at (RECOVERY-4).
 pub const FS_RESERVE_PERCENT: u64 = 5;
 /// How long a disarm waits for the reopen it asked for.
 pub const DISARM_REOPEN_WAIT: Duration = Duration::from_secs(30);
 
-/// The engine in service, which the recovery task may replace (REC-2).
+/// The engine in service, which the recovery task may replace (RECOVERY-2).
 #[derive(Debug)]
 pub struct EngineSlot {
     engine: RwLock<Option<Arc<Engine>>>,
-    /// Counts reopens; a Watch stream belongs to the generation it started in (REC-3).
+    /// Counts reopens; a Watch stream belongs to the generation it started in (RECOVERY-3).
     generation: AtomicU64,
     state: Mutex<StorageState>,
     /// Wakes the recovery task (a poisoned error seen, a disarm asked for).
@@ -61,7 +61,7 @@ pub struct EngineSlot {
     disarm_requested: AtomicBool,
 }
 
-/// What the surfaces say about the storage (REC-1).
+/// What the surfaces say about the storage (RECOVERY-1).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StorageState {
     /// The cause the engine gave, while the store is poisoned.
@@ -90,7 +90,7 @@ impl EngineSlot {
         read(&self.engine).clone()
     }
 
-    /// Returns the generation of the engine in service (REC-3).
+    /// Returns the generation of the engine in service (RECOVERY-3).
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
@@ -101,7 +101,7 @@ impl EngineSlot {
     }
 
     /// Returns the message a refused call carries while the store is poisoned or
-    /// reopening (REC-1), or `None` when the storage is fine.
+    /// reopening (RECOVERY-1), or `None` when the storage is fine.
     pub fn refusal(&self) -> Option<String> {
         let state = self.state();
         let cause = state.poisoned?;
@@ -116,7 +116,7 @@ impl EngineSlot {
         Some(message)
     }
 
-    /// Records that the engine reported a poisoned store (REC-1) and wakes the recovery task.
+    /// Records that the engine reported a poisoned store (RECOVERY-1) and wakes the recovery task.
     /// An I/O error of a write counts too: the write that failed poisoned the store
     /// (STORE-1), and the next call would say so.
     pub fn note_poisoned(&self, err: &kvd::Error, write: bool) {
@@ -145,7 +145,7 @@ impl EngineSlot {
         self.wake.notify_one();
     }
 
-    /// Asks the recovery task to reopen now (an operator's disarm, REC-2) and waits for the
+    /// Asks the recovery task to reopen now (an operator's disarm, RECOVERY-2) and waits for the
     /// attempt, at most [`DISARM_REOPEN_WAIT`]. Returns true if the store is fine afterwards.
     pub async fn reopen_for_disarm(&self) -> bool {
         if self.state().poisoned.is_none() {
@@ -158,7 +158,7 @@ impl EngineSlot {
         self.state().poisoned.is_none()
     }
 
-    /// Takes the engine out of service, for a reopen (REC-2) or at shutdown.
+    /// Takes the engine out of service, for a reopen (RECOVERY-2) or at shutdown.
     pub fn take(&self) -> Option<Arc<Engine>> {
         write(&self.engine).take()
     }
@@ -182,11 +182,11 @@ pub struct Recovery {
     pub data_dir: PathBuf,
     /// The engine configuration to reopen with.
     pub engine_config: Config,
-    /// The filesystem reserve in force (REC-4).
+    /// The filesystem reserve in force (RECOVERY-4).
     pub reserve_bytes: u64,
 }
 
-/// Returns the reserve for a filesystem of `fs_total_bytes` and an engine default (REC-4).
+/// Returns the reserve for a filesystem of `fs_total_bytes` and an engine default (RECOVERY-4).
 pub fn scaled_reserve_bytes(engine_default: u64, fs_total_bytes: Option<u64>) -> u64 {
     match fs_total_bytes {
         Some(total) => engine_default.min(total / 100 * FS_RESERVE_PERCENT),
@@ -210,7 +210,7 @@ fn fs_free_bytes(dir: &Path) -> Option<u64> {
 }
 
 /// Watches the storage until `stopping` resolves: reopens a poisoned engine when its cause
-/// is gone (REC-2) and logs the first NOSPACE of each episode (REC-5).
+/// is gone (RECOVERY-2) and logs the first NOSPACE of each episode (RECOVERY-5).
 pub async fn run(slot: Arc<EngineSlot>, recovery: Recovery, stopping: impl std::future::Future) {
     tokio::pin!(stopping);
     let mut nospace_logged = false;
@@ -254,7 +254,7 @@ pub async fn run(slot: Arc<EngineSlot>, recovery: Recovery, stopping: impl std::
     }
 }
 
-/// Replaces the engine in the slot by a fresh open of the data directory (REC-2).
+/// Replaces the engine in the slot by a fresh open of the data directory (RECOVERY-2).
 async fn reopen(slot: &EngineSlot, recovery: &Recovery, why: &'static str) {
     tracing::info!(
         why,
@@ -296,7 +296,7 @@ async fn reopen(slot: &EngineSlot, recovery: &Recovery, why: &'static str) {
     }
 }
 
-/// Logs the first NOSPACE of an episode with its figures (REC-5); returns whether one is
+/// Logs the first NOSPACE of an episode with its figures (RECOVERY-5); returns whether one is
 /// logged for the current episode.
 async fn log_nospace(slot: &EngineSlot, recovery: &Recovery, logged: bool) -> bool {
     let Some(engine) = slot.engine() else {

@@ -20,7 +20,7 @@
 //!   request task, its engine stream and what the engine buffers for it (WATCH-3).
 //! - WATCH-SRV-4: a stream ends as soon as the client goes away (tonic drops [`Responses`])
 //!   or the server shuts down (NODE-3), and within [`STREAM_POLL`] of the engine being
-//!   reopened (REC-3); dropping the engine's stream cancels its watches. The client closing
+//!   reopened (RECOVERY-3); dropping the engine's stream cancels its watches. The client closing
 //!   only its sending side ends nothing: watches keep delivering, as in etcd.
 //! - WATCH-SRV-5: a response is translated only when tonic asks for the next one, which it
 //!   does as the connection's flow control allows; a slow client leaves the responses in the
@@ -60,7 +60,7 @@ use kvd::sync::{Arc, Ordering};
 
 /// Default of `--max-watch-streams` (WATCH-SRV-3).
 pub const WATCH_STREAMS_MAX_DEFAULT: usize = 65_536;
-/// The status a stream ends with when recovery reopened the database (REC-3).
+/// The status a stream ends with when recovery reopened the database (RECOVERY-3).
 const DATABASE_REOPENED: &str =
     "kvd: the database was reopened after a storage error; watch again from your last revision";
 /// The server's own answers (refused creates, an ending status) buffered per stream beside
@@ -130,7 +130,7 @@ struct Responses {
     stream: Arc<WatchStream>,
     control: tokio::sync::mpsc::Receiver<Result<pb::WatchResponse, Status>>,
     stopping: Pin<Box<dyn Future<Output = ()> + Send>>,
-    /// Looks at the engine's generation every [`STREAM_POLL`] (REC-3).
+    /// Looks at the engine's generation every [`STREAM_POLL`] (RECOVERY-3).
     tick: tokio::time::Interval,
     generation: u64,
     ended: bool,
@@ -164,7 +164,7 @@ impl Responses {
         }
     }
 
-    /// The status to end with once the engine behind the stream is replaced (REC-3).
+    /// The status to end with once the engine behind the stream is replaced (RECOVERY-3).
     fn reopened(&self) -> Option<Status> {
         (self.node.engines.generation() != self.generation)
             .then(|| Status::unavailable(DATABASE_REOPENED))

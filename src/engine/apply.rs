@@ -29,8 +29,10 @@
 //!   history bytes never depend on it; the filesystem's free space comes from the injected
 //!   `FreeSpace`, read at most once per batch.
 //! - APPLY-4: the apply thread never waits for a disk sync except in a checkpoint batch, a
-//!   compaction step, a defrag step, and the size-in-use walk; it sleeps only when there is
-//!   no proposal and no compaction work, or while a batch gathers (APPLY-6).
+//!   compaction step, a defrag step, the size-in-use walk, and a batch it finishes itself
+//!   (`commit::finish_inline`) because the commit thread is idle and nothing is queued; it
+//!   sleeps only when there is no proposal and no compaction work, or while a batch gathers
+//!   (APPLY-6).
 //! - APPLY-6: under a real-time priority (`Config::pipeline_priority`, RT-2) the thread
 //!   would take each write as it arrives, since it runs the moment it is woken, and a busy
 //!   server would make one batch and one sync per write or two. So when its last batch

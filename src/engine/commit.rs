@@ -18,7 +18,8 @@
 //!   step, so those see a published revision equal to the applied one (APPLY-2).
 //!
 //! Contact points: `engine::apply` hands over [`Handover`]s through a [`Mailbox`];
-//! `Store::log` writes the records.
+//! `LogWriter::write` (`Store::log`) writes the records and `LogWriter::sync` makes them
+//! durable.
 
 use crossbeam_channel::Sender;
 

@@ -15,7 +15,8 @@
 //!
 //! Invariants:
 //! - ENG-1: a reader never sees a write before the commit that holds it is durable: readers
-//!   read at most the published revision, and the apply thread publishes only after commit.
+//!   read at most the published revision, and the thread that finishes a batch (normally the
+//!   commit thread) publishes it only once it is durable (COMMIT-1).
 //! - ENG-2: the published revision never goes backwards, also across a restart.
 //! - ENG-3: a reader opens its storage snapshot while holding the index read lock, so the
 //!   records the index named cannot have been deleted by compaction (which needs the index

@@ -1,14 +1,16 @@
 //! Watch: streams of the changes to a key or a range, from any revision not compacted.
 //!
 //! A watcher is either **synced** (it has seen every revision up to the published one and
-//! gets new revisions from the apply thread as they are published) or **unsynced** (it is
-//! behind and the sync thread feeds it from the history in short read transactions). A
-//! synced watcher whose buffer is full becomes unsynced, so a slow consumer never blocks
-//! apply; an unsynced one that has caught up rejoins the synced set.
+//! gets new revisions as they are published, from the thread that finishes each batch,
+//! normally the commit thread) or **unsynced** (it is behind and the sync thread feeds it
+//! from the history in short read transactions). A synced watcher whose buffer is full
+//! becomes unsynced, so a slow consumer never blocks apply; an unsynced one that has caught
+//! up rejoins the synced set.
 //!
-//! Why no event is lost or sent twice across the switch: the apply thread publishes a
-//! revision and hands its events to the synced watchers in one critical section of the hub
-//! lock ([`Hub::publish`]). The sync thread decides under the same lock: a watcher whose next
+//! Why no event is lost or sent twice across the switch: the thread that finishes a batch
+//! (normally the commit thread, after the batch's log sync) publishes a revision and hands
+//! its events to the synced watchers in one critical section of the hub lock
+//! ([`Hub::publish`]). The sync thread decides under the same lock: a watcher whose next
 //! revision is above the published one joins the synced set right there (so the next
 //! publish includes it); otherwise it reads history only up to that published revision. So
 //! every revision is delivered either from history (≤ the published revision seen under the
