@@ -990,3 +990,56 @@ fn a_ranges_wire_form_is_the_encoding_of_its_key_values() {
     };
     assert!(matches!(engine.prepare_range(&old), Err(Error::Compacted)));
 }
+
+/// STORE-6: a data directory with its database missing or empty beside a log, its log cut
+/// short, or its log missing after the first open, is refused as damaged and left as it
+/// was, never opened as a new, empty store.
+#[test]
+fn a_directory_missing_its_database_or_its_log_is_refused_not_taken_for_new() {
+    for damage in ["empty database", "no database", "no log", "cut log"] {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = open(&dir);
+        put(&engine, "k", "v");
+        engine.close().unwrap();
+        let db = dir.path().join("kvd.redb");
+        let log = dir.path().join("kvd.wal");
+        match damage {
+            "empty database" => std::fs::File::create(&db).map(drop).unwrap(),
+            "no database" => std::fs::remove_file(&db).unwrap(),
+            "no log" => std::fs::remove_file(&log).unwrap(),
+            _ => std::fs::File::options()
+                .write(true)
+                .open(&log)
+                .unwrap()
+                .set_len(10_000)
+                .unwrap(),
+        }
+        let listing = |dir: &std::path::Path| {
+            let mut names: Vec<(String, u64)> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|entry| {
+                    let entry = entry.unwrap();
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    (name, entry.metadata().unwrap().len())
+                })
+                .collect();
+            names.sort();
+            names
+        };
+        let before = listing(dir.path());
+        for attempt in ["first", "second"] {
+            let error = Engine::open(dir.path(), config()).unwrap_err();
+            assert!(error.is_corrupted(), "{damage}, {attempt} open: {error}");
+        }
+        // No file appears and the log is left as it was. (Opening redb on a database that
+        // is there may rewrite its header, which changes nothing the store holds.)
+        let after = listing(dir.path());
+        let names = |listing: &[(String, u64)]| -> Vec<String> {
+            listing.iter().map(|(name, _)| name.clone()).collect()
+        };
+        assert_eq!(names(&after), names(&before), "{damage}");
+        let log_entry =
+            |listing: &[(String, u64)]| listing.iter().find(|(name, _)| name == "kvd.wal").cloned();
+        assert_eq!(log_entry(&after), log_entry(&before), "{damage}");
+    }
+}

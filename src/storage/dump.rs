@@ -34,8 +34,8 @@ use std::ops::Bound;
 use std::path::Path;
 
 use super::{
-    DB_FILE_NAME, HISTORY, META, REVISION_KEY_BYTES, RevisionKey, RowTable, Snapshot, open_error,
-    storage_error,
+    DB_FILE_NAME, HISTORY, META, MetaKey, REVISION_KEY_BYTES, RevisionKey, RowTable, Snapshot,
+    open_error, storage_error,
 };
 use crate::error::StorageError;
 use redb::{ReadableTable, TableDefinition};
@@ -449,8 +449,15 @@ fn restore_into(image: &[u8], path: &Path) -> Result<(), StorageError> {
                 let key = std::str::from_utf8(input.bytes()?)
                     .map_err(|_| corrupted("meta key is not UTF-8"))?;
                 let value = input.bytes()?;
-                let mut meta = txn.open_table(META).map_err(storage_error)?;
-                meta.insert(key, value).map_err(storage_error)?;
+                // The log's position describes the source's log, which a snapshot does not
+                // carry: the restored directory starts one of its own (STORE-6).
+                let of_the_log = [MetaKey::WalEpoch, MetaKey::WalSeq, MetaKey::WalOffset]
+                    .iter()
+                    .any(|meta_key| meta_key.name() == key);
+                if !of_the_log {
+                    let mut meta = txn.open_table(META).map_err(storage_error)?;
+                    meta.insert(key, value).map_err(storage_error)?;
+                }
             }
             TAG_ROW => {
                 let len = u16::from_be_bytes(input.array()?);

@@ -22,6 +22,11 @@
 //!   and refuses every transaction, and reads return `Poisoned` too until reopen.
 //! - STORE-3: one [`Store`] per data directory: `LOCK` in the directory is held with an
 //!   exclusive file lock for the store's lifetime.
+//! - STORE-6: a data directory whose database is missing or empty beside a log, whose log is
+//!   shorter than any log kvd makes, or whose log is missing beside a database that was
+//!   opened before, is refused as damaged: no log
+//!   is made and nothing replayed, so it is never taken for a new one, which would drop every
+//!   acknowledged write.
 //! - STORE-4: decoders of stored bytes are total: bad bytes give `Corrupted`, never a panic.
 //! - STORE-5: a [`Snapshot`] is one redb read transaction; callers keep it for one request
 //!   only, because a long reader pins every page freed after it began.
@@ -215,19 +220,77 @@ struct WriteState {
     epoch: u64,
 }
 
+/// Whether a store was opened on `db` before: its durable state names a log epoch (WAL-2).
+fn logged_before(db: &Database) -> Result<bool, StorageError> {
+    let txn = db.begin_read().map_err(storage_error)?;
+    let meta = match txn.open_table(META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+        Err(e) => return Err(storage_error(e)),
+    };
+    match meta.get(MetaKey::WalEpoch.name()).map_err(storage_error)? {
+        Some(bytes) => Ok(decode_u64(bytes.value())? > 0),
+        None => Ok(false),
+    }
+}
+
 impl Store {
     /// Opens (or creates) the store in `dir`, taking the directory lock.
     pub fn open(dir: &Path, options: &StoreOptions) -> Result<Store, StorageError> {
         fs::create_dir_all(dir).map_err(|e| io_error("create data directory", dir, &e))?;
         let lock_file = lock_directory(dir)?;
-        // DEFRAG-2: a leftover copy is an unfinished defrag; kvd.redb is complete.
+        let path = dir.join(DB_FILE_NAME);
+        let log_path = dir.join(wal::WAL_FILE_NAME);
+        let log_bytes = match fs::metadata(&log_path) {
+            Ok(metadata) => Some(metadata.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_error("read the length of", &log_path, &e)),
+        };
+        let log_existed = log_bytes.is_some();
+        if let Some(bytes) = log_bytes.filter(|&bytes| bytes < wal::WAL_FILE_BYTES_MIN) {
+            // STORE-6: every log is made at least this long, so a shorter one was cut.
+            return Err(StorageError::Corrupted(format!(
+                "{} is {bytes} bytes, shorter than any log kvd makes ({}): it was truncated, \
+                 and the writes acknowledged since the last checkpoint may be lost (restore \
+                 the file, or the data directory from a snapshot or a backup)",
+                log_path.display(),
+                wal::WAL_FILE_BYTES_MIN
+            )));
+        }
+        // STORE-6: the first open makes the database before the log, so a log beside a
+        // missing or empty database is a damaged directory, not a new one.
+        let db_bytes = match fs::metadata(&path) {
+            Ok(metadata) => metadata.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(io_error("read the length of", &path, &e)),
+        };
+        if db_bytes == 0 && log_existed {
+            return Err(StorageError::Corrupted(format!(
+                "{} is missing or empty but {} exists: the data directory is damaged, not \
+                 new (restore it from a snapshot or a backup)",
+                path.display(),
+                log_path.display()
+            )));
+        }
+        let (db, retire) = db_file::open(&path, options.cache_size_bytes, options.faults.clone())?;
+        if !log_existed && logged_before(&db)? {
+            // STORE-6: every open since the first left a log; without it the writes
+            // acknowledged since the last checkpoint are gone.
+            return Err(StorageError::Corrupted(format!(
+                "{} is missing: the writes acknowledged since the last checkpoint may be in \
+                 it (restore the file, or the data directory from a snapshot or a backup)",
+                log_path.display()
+            )));
+        }
+        // DEFRAG-2: a leftover copy is an unfinished defrag; kvd.redb is complete. Removed
+        // only once redb holds kvd.redb's lock (STORE-3), so a second process that got past
+        // the directory lock (its file deleted and made again) never removes a running
+        // defrag's copy.
         let leftover = dir.join(defrag::DEFRAG_FILE_NAME);
         if leftover.exists() {
             fs::remove_file(&leftover)
                 .map_err(|e| io_error("remove unfinished defrag copy", &leftover, &e))?;
         }
-        let path = dir.join(DB_FILE_NAME);
-        let (db, retire) = db_file::open(&path, options.cache_size_bytes, options.faults.clone())?;
         let checkpoint_bytes = options.wal_file_bytes.max(wal::WAL_FILE_BYTES_MIN);
         let room = wal::log_file_bytes(checkpoint_bytes, options.wal_defrag_room_bytes);
         let sync = options.sync == CommitSync::Durable;
@@ -297,6 +360,8 @@ impl Store {
             (next_epoch, last_seq)
         };
         txn.commit().map_err(storage_error)?;
+        // WAL-7: redb now holds every batch up to `last_seq` durably.
+        self.log.set_durable(last_seq);
         let mut state = lock(&self.state);
         state.epoch = epoch;
         state.position = LogPosition {

@@ -12,9 +12,12 @@
 //! (allocated, [`log_file_bytes`] in all: 16 MiB by default) before a
 //! checkpoint, so no checkpoint's `fsync` competes with the copy's.
 //!
-//! Record layout (all integers big-endian): magic `KVDL` (u32), payload length (u32),
-//! CRC-32 of the sequence number and the payload (u32), sequence number (u64), payload. The
-//! payload is a run of operations, each a tag byte then its fields:
+//! Record layout (all integers big-endian): magic `KVDM` (u32), payload length (u32),
+//! CRC-32 of the epoch, the sequence number and the payload (u32), sequence number (u64), the
+//! durable mark (u64: the last sequence number a sync had made durable when the record was
+//! written, stamped by the writer) and its CRC-32 with the record's CRC and sequence number
+//! (u32), payload. Records of the layout before the mark (magic `KVDL`, no mark and its CRC)
+//! are still replayed. The payload is a run of operations, each a tag byte then its fields:
 //! - `1` put history: 16-byte revision key, value length (u32), value;
 //! - `2` delete history: 16-byte revision key;
 //! - `3` put meta: meta code (u8), value (u64);
@@ -45,6 +48,14 @@
 //!   records after it overwrite only records of batches the checkpoint made durable.
 //! - WAL-5: decoding is total: bad bytes end the log (tail) or give `Corrupted` (inside a
 //!   record whose CRC matched), never a panic.
+//! - WAL-7: a break in the chain is the log's end only if no later record of the epoch
+//!   carries a durable mark at or past the missing sequence number. Such a record was written
+//!   after the missing one had been synced, so that one was durable (and its batch possibly
+//!   answered) and is damaged since: replay refuses to open the log instead of dropping every
+//!   acknowledged batch from there on. A torn last write cannot look like that: the records
+//!   of one write carry the mark of the sync before it. The search past the break reads the
+//!   rest of the file when the break is not at zeros (zeros end every write); at zeros it
+//!   covers the bytes replay read already.
 //! - WAL-6: the log is written in whole [`LOG_BLOCK_BYTES`] blocks at block offsets: a
 //!   write rewrites the last, partly filled block with the bytes it already held (kept in
 //!   memory, or read from the file when a write does not follow on from the previous one),
@@ -100,10 +111,16 @@ const BLOCKS_KEPT_BYTES: usize = 1 << 20;
 /// The smallest log file accepted.
 pub const WAL_FILE_BYTES_MIN: u64 = 64 << 10;
 /// Bytes of a record before its payload.
-pub const RECORD_HEADER_BYTES: usize = 20;
+pub const RECORD_HEADER_BYTES: usize = 32;
+/// Bytes of a record header as kvd wrote it before the durable mark (WAL-7): replayed, never
+/// written.
+const LEGACY_HEADER_BYTES: usize = 20;
 /// Zeros written per call while the file is created.
 const FILL_CHUNK_BYTES: usize = 1 << 20;
-const RECORD_MAGIC: u32 = 0x4b56_444c;
+/// `KVDM`: a record with the durable mark (WAL-7).
+const RECORD_MAGIC: u32 = 0x4b56_444d;
+/// `KVDL`: a record of the layout before the durable mark.
+const LEGACY_RECORD_MAGIC: u32 = 0x4b56_444c;
 
 const OP_PUT_HISTORY: u8 = 1;
 const OP_DELETE_HISTORY: u8 = 2;
@@ -112,7 +129,8 @@ const OP_PUT_ROW: u8 = 4;
 const OP_DELETE_ROW: u8 = 5;
 
 const _: () = assert!(WAL_FILE_BYTES_DEFAULT >= WAL_FILE_BYTES_MIN);
-const _: () = assert!(RECORD_HEADER_BYTES == 4 + 4 + 4 + 8);
+const _: () = assert!(RECORD_HEADER_BYTES == 4 + 4 + 4 + 8 + 8 + 4);
+const _: () = assert!(LEGACY_HEADER_BYTES == 4 + 4 + 4 + 8);
 
 /// One batch's record, placed in the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,8 +201,12 @@ impl OpLog {
         let len = u32::try_from(self.payload.len()).unwrap_or(u32::MAX);
         bytes.extend_from_slice(&RECORD_MAGIC.to_be_bytes());
         bytes.extend_from_slice(&len.to_be_bytes());
-        bytes.extend_from_slice(&checksum(epoch, seq, &self.payload).to_be_bytes());
+        let crc = checksum(epoch, seq, &self.payload);
+        bytes.extend_from_slice(&crc.to_be_bytes());
         bytes.extend_from_slice(&seq.to_be_bytes());
+        // The durable mark, 0 until the writer stamps it (WAL-7).
+        bytes.extend_from_slice(&0u64.to_be_bytes());
+        bytes.extend_from_slice(&mark_checksum(crc, seq, 0).to_be_bytes());
         bytes.extend_from_slice(&self.payload);
         LogRecord { seq, offset, bytes }
     }
@@ -298,6 +320,7 @@ impl LogWriter {
                 blocks.load(&self.file, record.offset)?;
             }
             blocks.push(&record.bytes)?;
+            blocks.stamp_last(record.bytes.len());
         }
         blocks.flush(&self.file)
     }
@@ -315,8 +338,19 @@ impl LogWriter {
                 .sync_data()
                 .map_err(|e| StorageError::Io(format!("fdatasync {WAL_FILE_NAME}: {e}")))?;
             self.timings.wal_fsync.observe(started.elapsed());
+            if let Some(last) = records.last() {
+                let mut blocks = lock(&self.blocks);
+                blocks.durable = blocks.durable.max(last.seq);
+            }
         }
         Ok(())
+    }
+
+    /// Notes that every record up to `seq` is durable (in redb's durable state after replay),
+    /// for the durable mark of the records written next (WAL-7).
+    pub fn set_durable(&self, seq: u64) {
+        let mut blocks = lock(&self.blocks);
+        blocks.durable = blocks.durable.max(seq);
     }
 
     /// Returns true if the log is written with `O_DIRECT`, past the page cache (WAL-6).
@@ -349,6 +383,9 @@ struct Blocks {
     len: usize,
     /// True if bytes were pushed since the last write to the file.
     unwritten: bool,
+    /// The last sequence number whose record a sync made durable, stamped into the records
+    /// written after it (WAL-7); 0 without syncs (`unsafe_no_fsync`).
+    durable: u64,
 }
 
 impl Blocks {
@@ -359,6 +396,7 @@ impl Blocks {
             base: None,
             len: 0,
             unwritten: false,
+            durable: 0,
         }
     }
 
@@ -397,6 +435,24 @@ impl Blocks {
         self.len += bytes.len();
         self.unwritten = true;
         Ok(())
+    }
+
+    /// Stamps the durable mark into the record of `len` bytes just pushed (WAL-7).
+    fn stamp_last(&mut self, len: usize) {
+        let at = self.start + self.len - len;
+        let Some(header) = self.raw.get_mut(at..at + RECORD_HEADER_BYTES) else {
+            return;
+        };
+        let word = |h: &[u8], i: usize| u32::from_be_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+        if word(header, 0) != RECORD_MAGIC {
+            return;
+        }
+        let crc = word(header, 8);
+        let mut seq = [0u8; 8];
+        seq.copy_from_slice(&header[12..20]);
+        let seq = u64::from_be_bytes(seq);
+        header[20..28].copy_from_slice(&self.durable.to_be_bytes());
+        header[28..32].copy_from_slice(&mark_checksum(crc, seq, self.durable).to_be_bytes());
     }
 
     /// Writes the buffer's blocks whole (the first of them held bytes already written, the
@@ -619,10 +675,23 @@ pub fn read_records_after(
         available: usize::try_from(length.saturating_sub(offset)).unwrap_or(usize::MAX),
         bytes: Vec::new(),
     };
-    let records = scan(&mut source, last_seq, epoch)?;
+    let scanned = scan(&mut source, last_seq, epoch)?;
+    if let Some(damage) = scanned.damage {
+        let (seq, durable) = damage.witness;
+        return Err(StorageError::Corrupted(format!(
+            "{} is damaged: the record of batch {} at offset {} cannot be read, but the record \
+             of batch {seq} at offset {}, written once every batch up to {durable} was durable, \
+             follows it; replaying only what comes before would lose acknowledged writes. \
+             Restore the data directory from a snapshot or a backup",
+            path.display(),
+            damage.missing,
+            offset + damage.at as u64,
+            offset + damage.witness_at as u64,
+        )));
+    }
     Ok(Replayed {
         bytes: source.bytes,
-        records,
+        records: scanned.records,
     })
 }
 
@@ -672,80 +741,166 @@ impl LogSource for FileSource<'_> {
     }
 }
 
+/// What a scan of the log found.
+struct Scanned {
+    /// The records that follow on: sequence number and where the payload lies.
+    records: Vec<(u64, Range<usize>)>,
+    /// Set when the chain broke at a record a later one proves was durable (WAL-7).
+    damage: Option<Damage>,
+}
+
+/// A break in the chain that is damage, not the log's end (WAL-7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Damage {
+    /// Where, from the scan's start, the unreadable record begins.
+    pub at: usize,
+    /// The sequence number that record should carry.
+    pub missing: u64,
+    /// Where the later record that proves it durable begins.
+    pub witness_at: usize,
+    /// That record's sequence number, and its durable mark.
+    pub witness: (u64, u64),
+}
+
 /// The records from the start of `source` whose sequence numbers follow on from `last_seq`,
-/// each whole, of `epoch` and with a matching CRC; the first that is not ends the log.
-fn scan<S: LogSource>(
-    source: &mut S,
-    last_seq: u64,
-    epoch: u64,
-) -> Result<Vec<(u64, Range<usize>)>, S::Error> {
-    let mut found = Vec::new();
+/// each whole, of `epoch` and with a matching CRC; the first that is not ends the log, unless
+/// a later record of `epoch` was written after that one was durable (WAL-7). The search for
+/// such a record reads the rest of the source when the break is not at zeros (the end of a
+/// write); at zeros it covers only what was read already.
+fn scan<S: LogSource>(source: &mut S, last_seq: u64, epoch: u64) -> Result<Scanned, S::Error> {
+    let mut records = Vec::new();
     let mut at = 0usize;
     let mut expected = last_seq.wrapping_add(1);
-    while let Some(payload_at) = at.checked_add(RECORD_HEADER_BYTES) {
-        let Some(header) = header_at(source.up_to(payload_at)?, at) else {
+    while let Some(header_end) = at.checked_add(RECORD_HEADER_BYTES) {
+        let Some(header) = header_at(source.up_to(header_end)?, at) else {
             break;
         };
-        let Some(end) = payload_at.checked_add(header.len) else {
+        let Some(end) = (at + header.bytes).checked_add(header.len) else {
             break;
         };
         match record_at(source.up_to(end)?, at, epoch) {
-            Some((seq, _, next)) if seq == expected => {
-                found.push((seq, payload_at..next));
+            Some((seq, payload, next)) if seq == expected => {
+                records.push((seq, payload..next));
                 expected = expected.wrapping_add(1);
                 at = next;
             }
             _ => break,
         }
     }
-    Ok(found)
+    let at_zeros = {
+        let held = source.up_to(at.saturating_add(4))?;
+        held.get(at..at + 4).is_none_or(|word| word == [0; 4])
+    };
+    let rest = source.up_to(if at_zeros { 0 } else { usize::MAX })?;
+    let damage = witness_after(rest, at, expected, epoch).map(|(witness_at, witness)| Damage {
+        at,
+        missing: expected,
+        witness_at,
+        witness,
+    });
+    Ok(Scanned { records, damage })
+}
+
+/// Looks in `log` past `at` for a record of `epoch` whose durable mark is at least `missing`:
+/// one written after the record of batch `missing` had been made durable (WAL-7). Returns its
+/// offset, sequence number and mark.
+fn witness_after(log: &[u8], at: usize, missing: u64, epoch: u64) -> Option<(usize, (u64, u64))> {
+    let magic = RECORD_MAGIC.to_be_bytes();
+    let mut from = at.checked_add(1)?;
+    while let Some(found) = log.get(from..)?.windows(4).position(|w| w == magic) {
+        let candidate = from + found;
+        if let Some(header) = header_at(log, candidate)
+            && let Some(durable) = header.durable
+            && durable >= missing
+            && header.seq > missing
+            && record_at(log, candidate, epoch).is_some()
+        {
+            return Some((candidate, (header.seq, durable)));
+        }
+        from = candidate + 1;
+    }
+    None
 }
 
 /// Returns the records of `log` from `offset`, written in `epoch`, whose sequence numbers
 /// follow on from `last_seq` (WAL-2, WAL-5): the part of the log redb's durable state does
-/// not hold.
+/// not hold. Damage the scan found (WAL-7) is left to [`damage_after`].
 pub fn records_after(log: &[u8], offset: u64, last_seq: u64, epoch: u64) -> Vec<(u64, &[u8])> {
     let Some(mut from) = usize::try_from(offset).ok().and_then(|at| log.get(at..)) else {
         return Vec::new();
     };
     let Ok(found) = scan(&mut from, last_seq, epoch);
     found
+        .records
         .into_iter()
         .map(|(seq, range)| (seq, &from[range]))
         .collect()
 }
 
-/// A record's header: payload length, CRC and sequence number.
+/// The damage a replay of `log` from `offset` would stop at (WAL-7), offsets from `offset`.
+#[cfg(test)]
+fn damage_after(log: &[u8], offset: u64, last_seq: u64, epoch: u64) -> Option<Damage> {
+    let mut from = usize::try_from(offset).ok().and_then(|at| log.get(at..))?;
+    let Ok(found) = scan(&mut from, last_seq, epoch);
+    found.damage
+}
+
+/// A record's header: payload length, CRC, sequence number, the durable mark where the
+/// record has a valid one, and the header's length.
 struct Header {
     len: usize,
     crc: u32,
     seq: u64,
+    durable: Option<u64>,
+    bytes: usize,
 }
 
-/// Decodes the header starting at `at`, if a whole one with the record magic is there.
+/// Decodes the header starting at `at`, if a whole one with a record magic is there.
 fn header_at(log: &[u8], at: usize) -> Option<Header> {
-    let header = log.get(at..at.checked_add(RECORD_HEADER_BYTES)?)?;
-    let word =
-        |i: usize| u32::from_be_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
-    if word(0) != RECORD_MAGIC {
-        return None;
-    }
+    let word = |h: &[u8], i: usize| u32::from_be_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    let long = |h: &[u8], i: usize| {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&h[i..i + 8]);
+        u64::from_be_bytes(bytes)
+    };
+    let magic = word(log.get(at..at.checked_add(4)?)?, 0);
+    let bytes = match magic {
+        RECORD_MAGIC => RECORD_HEADER_BYTES,
+        LEGACY_RECORD_MAGIC => LEGACY_HEADER_BYTES,
+        _ => return None,
+    };
+    let header = log.get(at..at.checked_add(bytes)?)?;
+    let (crc, seq) = (word(header, 8), long(header, 12));
+    let durable = (magic == RECORD_MAGIC)
+        .then(|| long(header, 20))
+        .filter(|&mark| mark_checksum(crc, seq, mark) == word(header, 28));
     Some(Header {
-        len: usize::try_from(word(4)).ok()?,
-        crc: word(8),
-        seq: u64::from_be_bytes(header[12..20].try_into().ok()?),
+        len: usize::try_from(word(header, 4)).ok()?,
+        crc,
+        seq,
+        durable,
+        bytes,
     })
 }
 
 /// Decodes the record starting at `at`, if a whole one of `epoch` with a matching CRC is there
 /// (a record of another epoch fails the CRC, which folds the epoch in);
-/// returns its sequence number, payload and the offset after it.
-fn record_at(log: &[u8], at: usize, epoch: u64) -> Option<(u64, &[u8], usize)> {
+/// returns its sequence number, where its payload starts and the offset after it.
+fn record_at(log: &[u8], at: usize, epoch: u64) -> Option<(u64, usize, usize)> {
     let header = header_at(log, at)?;
-    let start = at + RECORD_HEADER_BYTES;
+    let start = at + header.bytes;
     let end = start.checked_add(header.len)?;
     let payload = log.get(start..end)?;
-    (checksum(epoch, header.seq, payload) == header.crc).then_some((header.seq, payload, end))
+    (checksum(epoch, header.seq, payload) == header.crc).then_some((header.seq, start, end))
+}
+
+/// The CRC-32 of a record's durable mark, bound to the record by its CRC and sequence number.
+fn mark_checksum(crc: u32, seq: u64, durable: u64) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&crc.to_be_bytes());
+    hasher.update(&seq.to_be_bytes());
+    hasher.update(&durable.to_be_bytes());
+    hasher.finalize()
 }
 
 fn checksum(epoch: u64, seq: u64, payload: &[u8]) -> u32 {
@@ -1035,10 +1190,11 @@ mod tests {
         // The large record runs past the zero-filled file, which the write extends.
         let large = BLOCKS_KEPT_BYTES + 20_000;
         let mut model = vec![0u8; round_up(5400 + 4096 + 60 + large).max(FILE as usize)];
-        let place = |model: &mut Vec<u8>, records: &[LogRecord]| {
+        // Each write stamps the durable mark of the sync before it (WAL-7).
+        let place = |model: &mut Vec<u8>, records: &[LogRecord], durable: u64| {
             for r in records {
                 let at = r.offset as usize;
-                model[at..at + r.bytes.len()].copy_from_slice(&r.bytes);
+                model[at..at + r.bytes.len()].copy_from_slice(&stamped(r, durable));
                 // The rest of the last record's block is zeros.
                 let end = at + r.bytes.len();
                 model[end..round_up(end)].fill(0);
@@ -1046,11 +1202,11 @@ mod tests {
         };
         let first = run_of(1, 0, &[100, 300, 5000]);
         write(&log, &first);
-        place(&mut model, &first);
+        place(&mut model, &first, 0);
         let at = first.iter().map(|r| r.bytes.len() as u64).sum::<u64>();
         let second = run_of(4, at, &[4096, 60, large]);
         write(&log, &second);
-        place(&mut model, &second);
+        place(&mut model, &second, 3);
         let read = fs::read(dir.path().join(WAL_FILE_NAME)).expect("read");
         assert_eq!(&read[..model.len()], &model[..], "first lap");
         assert_eq!(replayed(dir.path(), 0), (1..=6).collect::<Vec<u64>>());
@@ -1061,7 +1217,7 @@ mod tests {
         assert!(lock(&log.blocks).raw.len() <= 2 * LOG_BLOCK_BYTES);
         let lap = run_of(7, 0, &[200]);
         write(&log, &lap);
-        place(&mut model, &lap);
+        place(&mut model, &lap, 6);
         let read = fs::read(dir.path().join(WAL_FILE_NAME)).expect("read");
         assert_eq!(&read[..model.len()], &model[..], "second lap");
         assert_eq!(replayed(dir.path(), 6), vec![7]);
@@ -1158,6 +1314,103 @@ mod tests {
         let file = File::options().write(true).open(&path).expect("open");
         file.write_all_at(&header, 500).expect("write");
         assert_eq!(replayed(dir.path(), 0), vec![1]);
+    }
+
+    /// `record`'s bytes with the durable mark `durable` stamped in, as the writer writes them.
+    fn stamped(record: &LogRecord, durable: u64) -> Vec<u8> {
+        let mut bytes = record.bytes.clone();
+        let crc = u32::from_be_bytes(bytes[8..12].try_into().expect("crc"));
+        bytes[20..28].copy_from_slice(&durable.to_be_bytes());
+        bytes[28..32].copy_from_slice(&mark_checksum(crc, record.seq, durable).to_be_bytes());
+        bytes
+    }
+
+    /// Writes and syncs `records` one by one, each in a write of its own: every record then
+    /// carries the mark of the one before it (WAL-7).
+    fn write_each_synced(log: &LogWriter, records: &[LogRecord]) {
+        for record in records {
+            log.write(&[record]).expect("write");
+            log.sync(&[record]).expect("sync");
+        }
+    }
+
+    /// Flips a byte inside `record`'s payload in `dir`'s log.
+    fn damage(dir: &Path, record: &LogRecord) {
+        let path = dir.join(WAL_FILE_NAME);
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("open");
+        let at = record.offset + RECORD_HEADER_BYTES as u64 + 3;
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, at).expect("read");
+        file.write_all_at(&[byte[0] ^ 0xff], at).expect("write");
+    }
+
+    #[test]
+    fn a_damaged_record_that_a_later_record_proves_durable_refuses_replay() {
+        for broken in [0, 1, 2] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let (log, _) = open(dir.path(), FILE, FILE, true, None).expect("open");
+            let records = run_of(1, 0, &[500, 700, 600, 400]);
+            write_each_synced(&log, &records);
+            damage(dir.path(), &records[broken]);
+            let whole = fs::read(dir.path().join(WAL_FILE_NAME)).expect("read");
+            let missing = records[broken].seq;
+            let found = damage_after(&whole, 0, 0, EPOCH).expect("damage found");
+            assert_eq!((found.missing, found.witness.0), (missing, missing + 1));
+            assert_eq!(found.at as u64, records[broken].offset);
+            let error = read_records_after(dir.path(), 0, 0, EPOCH).expect_err("refused");
+            let StorageError::Corrupted(message) = error else {
+                panic!("{error:?}");
+            };
+            assert!(
+                message.contains(&format!("record of batch {missing} at offset")),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_torn_last_write_still_ends_the_log() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (log, _) = open(dir.path(), FILE, FILE, true, None).expect("open");
+        let records = run_of(1, 0, &[500, 700, 600, 400]);
+        write_each_synced(&log, &records[..2]);
+        // Records 3 and 4 go out in one write that never synced; a crash tore record 3.
+        write(&log, &records[2..]);
+        damage(dir.path(), &records[2]);
+        let whole = fs::read(dir.path().join(WAL_FILE_NAME)).expect("read");
+        assert_eq!(damage_after(&whole, 0, 0, EPOCH), None);
+        assert_eq!(replayed(dir.path(), 0), vec![1, 2]);
+        // A stale record of an earlier lap (lower sequence numbers, lower marks) after the
+        // break is no witness either.
+        assert_eq!(replayed(dir.path(), 2), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn records_of_the_layout_before_the_durable_mark_still_replay() {
+        let payload = {
+            let mut ops = OpLog::default();
+            ops.put_meta(MetaKey::CurrentRevision, 7);
+            ops.payload
+        };
+        let mut log = Vec::new();
+        for seq in [5u64, 6] {
+            log.extend_from_slice(&LEGACY_RECORD_MAGIC.to_be_bytes());
+            log.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+            log.extend_from_slice(&checksum(EPOCH, seq, &payload).to_be_bytes());
+            log.extend_from_slice(&seq.to_be_bytes());
+            log.extend_from_slice(&payload);
+        }
+        log.resize(4096, 0);
+        let found = records_after(&log, 0, 4, EPOCH);
+        assert_eq!(found.iter().map(|r| r.0).collect::<Vec<_>>(), vec![5, 6]);
+        assert_eq!(
+            decode_ops(found[1].1).expect("ops"),
+            vec![Op::PutMeta(MetaKey::CurrentRevision, 7)]
+        );
     }
 
     #[test]

@@ -143,3 +143,62 @@ fn offline_snapshot_save_writes_a_file_etcdctl_reads() {
     // The last write was the range delete; the compaction adds no revision.
     assert_eq!(status["revision"], serde_json::Value::from(revision));
 }
+
+/// WAL-7 and STORE-6 through the binary: after a SIGKILL, a flipped byte in a log record that
+/// later records prove was durable makes `kvd check` report damage (exit 2) and `kvd` refuse
+/// to start, instead of replaying the records before it and handing their revisions out
+/// again; a directory whose database file is gone is refused as well, not served as empty.
+#[test]
+fn a_damaged_log_or_a_lost_database_is_refused_not_served_as_less() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = common::start_kvd_in(&data, &[]).unwrap();
+    for i in 0..60 {
+        let run = common::etcdctl(&server.endpoint, &["put", &format!("k{i:02}"), "v"], None);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+    }
+    // No checkpoint since the start: the 60 puts live in the log (one record each).
+    let _ = server.signal_and_wait("-KILL");
+    let wal = data.join("kvd.wal");
+    let log = std::fs::read(&wal).unwrap();
+    let used = log.iter().rposition(|&b| b != 0).unwrap();
+    assert!(used > 3_000, "the log holds {used} bytes of records");
+    let sound = tempfile::tempdir().unwrap();
+    let copy = sound.path().join("data");
+    std::fs::create_dir(&copy).unwrap();
+    for name in ["kvd.redb", "kvd.wal"] {
+        std::fs::copy(data.join(name), copy.join(name)).unwrap();
+    }
+    let mut damaged = log.clone();
+    damaged[used / 2] ^= 0xff;
+    std::fs::write(&wal, &damaged).unwrap();
+
+    let out = kvd(&["check", "--data-dir", path(&data)]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("kvd.wal is damaged"),
+        "{out:?}"
+    );
+    let refused = common::start_kvd_in(&data, &[])
+        .err()
+        .expect("kvd served a damaged log");
+    assert!(refused.contains("kvd.wal is damaged"), "{refused}");
+
+    // The undamaged copy replays all 60 puts.
+    let out = kvd(&["check", "--data-dir", path(&copy)]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("\"keys\":60"),
+        "{out:?}"
+    );
+    // Without its database file the directory is damaged, not new.
+    std::fs::remove_file(copy.join("kvd.redb")).unwrap();
+    let refused = common::start_kvd_in(&copy, &[])
+        .err()
+        .expect("kvd served a lost database");
+    assert!(
+        refused.contains("kvd.redb is missing or empty"),
+        "{refused}"
+    );
+    assert!(!copy.join("kvd.redb").exists());
+}
