@@ -287,14 +287,25 @@ fn watch_from_the_past_switches_to_live_without_loss_or_duplicate() {
     for i in 0..200 {
         put(&engine, &format!("w/{}", i % 10), 0);
     }
+    // The writer says when it is under way, and holds its last 100 puts until the watches
+    // are created, so they are created while it runs and it writes after them.
+    let (under_way, wait_under_way) = std::sync::mpsc::channel();
+    let (watches_created, wait_watches) = std::sync::mpsc::channel::<()>();
     let writer = {
         let engine = engine.clone();
         std::thread::spawn(move || {
             for i in 0..400 {
+                if i == 100 {
+                    under_way.send(()).unwrap();
+                }
+                if i == 300 {
+                    wait_watches.recv_timeout(PATIENCE).unwrap();
+                }
                 put(&engine, &format!("w/{}", i % 10), 0);
             }
         })
     };
+    wait_under_way.recv_timeout(PATIENCE).unwrap();
     let stream = engine.watch_stream().unwrap();
     let starts = [2_i64, 50, 150, 201];
     for start in starts {
@@ -305,11 +316,12 @@ fn watch_from_the_past_switches_to_live_without_loss_or_duplicate() {
             })
             .unwrap();
     }
+    watches_created.send(()).unwrap();
     writer.join().unwrap();
     let last = engine.status().unwrap().header.revision;
     let mut seen: Vec<Vec<i64>> = vec![Vec::new(); starts.len()];
-    let mut created = 0;
-    while created < starts.len()
+    let mut created_at = Vec::new();
+    while created_at.len() < starts.len()
         || seen
             .iter()
             .zip(starts)
@@ -317,16 +329,29 @@ fn watch_from_the_past_switches_to_live_without_loss_or_duplicate() {
     {
         let r = next(&stream);
         if r.created {
-            created += 1;
+            created_at.push(r.header.revision);
             continue;
         }
         let watch = usize::try_from(r.watch_id).unwrap();
         seen[watch].extend(r.events.iter().map(|e| e.kv.mod_revision));
     }
+    // Nothing more comes: a duplicate would arrive after the expected events.
+    assert!(
+        stream
+            .recv_timeout(Duration::from_millis(50))
+            .unwrap()
+            .is_none()
+    );
     for (watch, start) in starts.iter().enumerate() {
         let want: Vec<i64> = (*start..=last).collect();
         assert_eq!(seen[watch], want, "watch from {start}");
     }
+    // Every watch was created before the writer's last writes: each switched from history
+    // to live events while the writer ran.
+    assert!(
+        created_at.iter().all(|&at| at < last),
+        "created at {created_at:?}, last revision {last}"
+    );
 }
 
 #[test]

@@ -32,6 +32,28 @@ fn fifo_threads() -> Vec<(String, u64)> {
     found
 }
 
+/// Whether this process may run threads under `SCHED_FIFO` at `priority`: it holds
+/// CAP_SYS_NICE (bit 23 of `CapEff` in `/proc/self/status`; CI runs as root, so there it
+/// does), or its soft `RLIMIT_RTPRIO` (`/proc/self/limits`) allows the priority.
+fn may_use_sched_fifo(priority: u64) -> bool {
+    const CAP_SYS_NICE: u32 = 23;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let effective = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap())
+        .expect("CapEff in /proc/self/status");
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap();
+    let rtprio = limits
+        .lines()
+        .find_map(|line| line.strip_prefix("Max realtime priority"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("Max realtime priority in /proc/self/limits");
+    effective & (1 << CAP_SYS_NICE) != 0
+        || rtprio == "unlimited"
+        || rtprio.parse::<u64>().unwrap() >= priority
+}
+
 #[test]
 fn the_pipeline_threads_run_under_sched_fifo_or_open_says_why() {
     let dir = tempfile::tempdir().unwrap();
@@ -39,8 +61,13 @@ fn the_pipeline_threads_run_under_sched_fifo_or_open_says_why() {
         pipeline_priority: Some(3),
         ..Config::default()
     };
+    let privileged = may_use_sched_fifo(3);
     match Engine::open(dir.path(), config) {
         Ok(engine) => {
+            assert!(
+                privileged,
+                "SCHED_FIFO granted without CAP_SYS_NICE or RLIMIT_RTPRIO"
+            );
             assert_eq!(
                 fifo_threads(),
                 vec![("kvd-apply".to_string(), 3), ("kvd-commit".to_string(), 3)],
@@ -70,8 +97,13 @@ fn the_pipeline_threads_run_under_sched_fifo_or_open_says_why() {
             assert_eq!(fifo_threads(), vec![], "closed: no thread left");
         }
         Err(err) => {
-            // Without the privilege (not root, no CAP_SYS_NICE): a clear refusal.
+            // Without the privilege (no CAP_SYS_NICE, RLIMIT_RTPRIO below 3): a clear
+            // refusal. With it, the open must succeed.
             let text = err.to_string();
+            assert!(
+                !privileged,
+                "refused although the process may use SCHED_FIFO: {text}"
+            );
             assert!(
                 text.contains("under SCHED_FIFO at priority 3") && text.contains("CAP_SYS_NICE"),
                 "{text}"

@@ -1094,6 +1094,39 @@ mod cli {
             assert_eq!(report_reconcile(clean, false), ExitCode::SUCCESS);
             assert_eq!(report_reconcile("not json", false), ExitCode::FAILURE);
         }
+
+        /// Every argument `--help` shows, of `kvd` and of each subcommand at any depth,
+        /// has a help text.
+        #[test]
+        fn every_flag_has_help() {
+            use clap::CommandFactory;
+            /// Adds `(path, has help)` for each argument of `command` and its subcommands
+            /// that is not hidden.
+            fn shown(command: &clap::Command, path: &str, found: &mut Vec<(String, bool)>) {
+                for arg in command.get_arguments().filter(|a| !a.is_hide_set()) {
+                    let name = format!("{path} {}", arg.get_id());
+                    found.push((name, arg.get_help().is_some()));
+                }
+                for sub in command.get_subcommands() {
+                    shown(sub, &format!("{path} {}", sub.get_name()), found);
+                }
+            }
+            let mut command = Cli::command();
+            // Adds clap's own --help and --version, as parsing does.
+            command.build();
+            let mut found = Vec::new();
+            shown(&command, "kvd", &mut found);
+            // The walk reaches the serving flags and the subcommands' flags.
+            for name in [
+                "kvd data_dir",
+                "kvd auth_token_ttl",
+                "kvd snapshot save endpoints",
+            ] {
+                assert!(found.iter().any(|(n, _)| n == name), "{name} not checked");
+            }
+            let missing: Vec<&String> = found.iter().filter(|(_, h)| !h).map(|(n, _)| n).collect();
+            assert!(missing.is_empty(), "arguments without help: {missing:?}");
+        }
     }
 }
 

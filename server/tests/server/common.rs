@@ -45,12 +45,29 @@ impl Server {
 
     /// Returns the server's resident memory in KiB (`VmRSS` of `/proc/PID/status`).
     pub fn rss_kib(&self) -> u64 {
+        self.status_kib("VmRSS:")
+    }
+
+    /// Returns the server's peak resident memory in KiB (`VmHWM` of `/proc/PID/status`),
+    /// since it started or since the last [`Server::reset_peak_rss`].
+    pub fn peak_rss_kib(&self) -> u64 {
+        self.status_kib("VmHWM:")
+    }
+
+    /// Resets the server's peak resident memory to its current one (writes 5 to
+    /// `/proc/PID/clear_refs`).
+    pub fn reset_peak_rss(&self) {
+        std::fs::write(format!("/proc/{}/clear_refs", self.pid()), "5")
+            .expect("reset the peak RSS through /proc/PID/clear_refs");
+    }
+
+    fn status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
         status
             .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .find_map(|line| line.strip_prefix(field))
             .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS in /proc/PID/status")
+            .unwrap_or_else(|| panic!("{field} in /proc/PID/status"))
     }
 
     /// Sends `signal` (e.g. "-INT", "-TERM") to the server and waits for it to exit,
@@ -167,12 +184,19 @@ fn start_kvd_command(
         for _ in lines {}
     });
     let endpoint = match rx.recv_timeout(START_TIMEOUT) {
-        Ok(Some(line)) => line
-            .rsplit(' ')
-            .next()
-            .filter(|url| url.starts_with("http://"))
-            .map(str::to_owned)
-            .ok_or_else(|| format!("unexpected kvd stdout line: {line}"))?,
+        Ok(Some(line)) => {
+            let url = line
+                .rsplit(' ')
+                .next()
+                .filter(|url| url.starts_with("http://"))
+                .map(str::to_owned);
+            let Some(url) = url else {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("unexpected kvd stdout line: {line}"));
+            };
+            url
+        }
         Ok(None) | Err(_) => {
             let code = wait_with_timeout(&mut child, Duration::from_secs(5)).and_then(|s| s.code());
             let _ = child.kill();
@@ -191,6 +215,28 @@ fn start_kvd_command(
         log,
         _dir: None,
     })
+}
+
+/// Runs `command`, a kvd expected to refuse to start, for at most [`START_TIMEOUT`] and
+/// returns its exit status and standard error. A kvd still running then has started instead
+/// of refusing: it is killed and the test fails.
+pub fn run_refused(mut command: Command) -> (std::process::ExitStatus, String) {
+    let mut stderr = tempfile::tempfile().unwrap();
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(stderr.try_clone().unwrap()))
+        .spawn()
+        .expect("start kvd");
+    let Some(status) = wait_with_timeout(&mut child, START_TIMEOUT) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("kvd still ran after {START_TIMEOUT:?} instead of refusing to start");
+    };
+    stderr.rewind().unwrap();
+    let mut text = String::new();
+    stderr.read_to_string(&mut text).unwrap();
+    (status, text)
 }
 
 /// How many times etcd is started on fresh ports before giving up (another process may take

@@ -178,8 +178,18 @@ fn metrics_follow_the_store() {
     let fsyncs = value(&after, "etcd_disk_wal_fsync_duration_seconds");
     assert!(fsyncs >= 3.0, "one fsync per put at least: {fsyncs}");
     assert!(value(&after, "etcd_disk_backend_commit_duration_seconds") >= 3.0);
-    // The process figures are this kvd's, read from /proc (CPU time may still round to 0).
-    assert!(value(&after, "process_cpu_seconds_total") >= 0.0);
+    // The process figures are this kvd's, read from /proc. The CPU time is the server's
+    // utime + stime in whole seconds (the collector rounds down), read from /proc just before
+    // and just after a scrape, and it never goes back.
+    let ticks_before = cpu_ticks(kvd.pid());
+    let cpu = value(&scrape(ep), "process_cpu_seconds_total");
+    let ticks_after = cpu_ticks(kvd.pid());
+    let per_second = clock_ticks_per_second();
+    assert!(
+        (ticks_before / per_second) as f64 <= cpu && cpu <= (ticks_after / per_second) as f64,
+        "process_cpu_seconds_total {cpu}, /proc says {ticks_before}..{ticks_after} ticks of 1/{per_second} s"
+    );
+    assert!(value(&before, "process_cpu_seconds_total") <= cpu);
     assert!(value(&after, "process_resident_memory_bytes") > 1e6);
     assert!(value(&after, "process_open_fds") > 3.0);
     let started_at = value(&after, "process_start_time_seconds");
@@ -220,6 +230,30 @@ fn metrics_follow_the_store() {
         ),
         Some(1.0)
     );
+}
+
+/// Returns the CPU time `pid` has used, user and system, in clock ticks (fields 14 and 15
+/// of `/proc/PID/stat`).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // After the name come the fields from the third (state) on.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let field = |n: usize| fields[n - 3].parse::<u64>().unwrap();
+    field(14) + field(15)
+}
+
+/// Returns the clock ticks per second of `/proc` figures (`getconf CLK_TCK`).
+fn clock_ticks_per_second() -> u64 {
+    let output = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .expect("run getconf");
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// Sends a POST with `body` and returns the status and body.

@@ -449,6 +449,15 @@ async fn a_stream_whose_client_went_away_releases_its_watches() {
     let mut session = WatchSession::open(channel.clone()).await;
     session.create(watch_key("gone")).await;
     assert!(session.next().await.created);
+    // The metrics count the watch and its stream while the client is there.
+    let (_, metrics) = common::http_get(&server.endpoint, "/metrics").unwrap();
+    assert!(
+        metrics.lines().any(|l| l == "kvd_watchers 1")
+            && metrics
+                .lines()
+                .any(|l| l == "kvd_grpc_streams_open{stream=\"watch\"} 1"),
+        "watch not counted:\n{metrics}"
+    );
     drop(session);
     let deadline = std::time::Instant::now() + PATIENCE;
     loop {

@@ -810,6 +810,11 @@ fn a_recovered_agent_becomes_unreachable_after_the_reregister_timeout() {
     let server = common::start_kvd_in(&data_dir, &[]).unwrap();
     register(&server.endpoint, "a1", 4);
     stop(server);
+    // With the default timeout (10 minutes) the restart leaves the agent recovered...
+    let server = common::start_kvd_in(&data_dir, &[]).unwrap();
+    assert_eq!(agents(&server.endpoint)["a1"]["state"], "RECOVERED");
+    stop(server);
+    // ... and with a 1 s timeout it becomes unreachable once the timeout has passed.
     let server = common::start_kvd_in(&data_dir, &["--agent-reregister-timeout", "1s"]).unwrap();
     let ep = server.endpoint.clone();
     let became = common::wait_until(PATIENCE, || agents(&ep)["a1"]["state"] == "UNREACHABLE");
@@ -865,16 +870,15 @@ fn invalid_values_are_refused_at_start_naming_the_flag() {
     ];
     for (args, env, named) in cases {
         let dir = tempfile::tempdir().unwrap();
-        let output = Command::new(common::kvd_binary())
+        let mut command = Command::new(common::kvd_binary());
+        command
             .envs(env.iter().copied())
             .arg("--data-dir")
             .arg(dir.path().join("data"))
             .args(["--listen-client-urls", "http://127.0.0.1:0"])
-            .args(args)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(!output.status.success(), "{args:?} {env:?} was accepted");
+            .args(args);
+        let (status, stderr) = common::run_refused(command);
+        assert!(!status.success(), "{args:?} {env:?} was accepted");
         assert!(stderr.contains(named), "{args:?}: {stderr}");
         assert!(
             !dir.path().join("data").join("kvd.redb").exists(),

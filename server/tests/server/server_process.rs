@@ -58,14 +58,13 @@ fn sigterm_and_sigint_shut_down_cleanly_and_data_and_identity_survive() {
 #[test]
 fn a_second_kvd_on_the_same_data_dir_exits_with_a_clear_message() {
     let first = common::start_kvd(&[]);
-    let output = Command::new(common::kvd_binary())
+    let mut second = Command::new(common::kvd_binary());
+    second
         .arg("--data-dir")
         .arg(&first.data_dir)
-        .args(["--listen-client-urls", "http://127.0.0.1:0"])
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+        .args(["--listen-client-urls", "http://127.0.0.1:0"]);
+    let (status, stderr) = common::run_refused(second);
+    assert!(!status.success());
     assert!(
         stderr.contains("is in use by another kvd process"),
         "{stderr}"
@@ -78,14 +77,13 @@ fn a_second_kvd_on_the_same_data_dir_exits_with_a_clear_message() {
 #[test]
 fn unsupported_urls_are_refused_at_startup() {
     let dir = tempfile::tempdir().unwrap();
-    let output = Command::new(common::kvd_binary())
+    let mut command = Command::new(common::kvd_binary());
+    command
         .arg("--data-dir")
         .arg(dir.path().join("data"))
-        .args(["--listen-client-urls", "unix:///tmp/kvd.sock"])
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+        .args(["--listen-client-urls", "unix:///tmp/kvd.sock"]);
+    let (status, stderr) = common::run_refused(command);
+    assert!(!status.success());
     assert!(
         stderr.contains("only http:// and https:// URLs are served"),
         "{stderr}"
@@ -96,18 +94,17 @@ fn unsupported_urls_are_refused_at_startup() {
 fn a_prepare_queue_of_no_slots_is_refused_at_startup() {
     for value in ["0", "-5"] {
         let dir = tempfile::tempdir().unwrap();
-        let output = Command::new(common::kvd_binary())
+        let mut command = Command::new(common::kvd_binary());
+        command
             .arg("--data-dir")
             .arg(dir.path().join("data"))
             .args(["--listen-client-urls", "http://127.0.0.1:0"])
-            .args(["--prepare-queue-length", value])
-            .output()
-            .unwrap();
+            .args(["--prepare-queue-length", value]);
+        let (status, stderr) = common::run_refused(command);
         assert!(
-            !output.status.success(),
+            !status.success(),
             "--prepare-queue-length {value} was accepted"
         );
-        let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
             stderr.contains(&format!(
                 "--prepare-queue-length must be at least 1, got {value}"
@@ -125,16 +122,16 @@ fn a_prepare_queue_of_no_slots_is_refused_at_startup() {
 /// error, and returns its standard error; asserts it opened nothing.
 fn refused_at_start(flag: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let output = Command::new(common::kvd_binary())
+    let mut command = Command::new(common::kvd_binary());
+    command
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .args(["--listen-client-urls", "http://127.0.0.1:0"])
-        .arg(flag)
-        .output()
-        .unwrap();
-    assert!(!output.status.success(), "{flag} was accepted");
+        .arg(flag);
+    let (status, stderr) = common::run_refused(command);
+    assert!(!status.success(), "{flag} was accepted");
     assert!(!dir.path().join("data").exists(), "{flag}: nothing opened");
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    stderr
 }
 
 #[test]
@@ -228,37 +225,6 @@ fn pipeline_priority_is_refused_to_an_unprivileged_user_and_needs_only_cap_sys_n
     );
     let put = common::etcdctl(&server.endpoint, &["put", "k", "v"], None);
     assert_eq!(put.stdout, "OK\n", "{put:?}");
-}
-
-#[test]
-fn every_flag_has_help() {
-    let output = Command::new(common::kvd_binary())
-        .arg("--help")
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    let help = String::from_utf8_lossy(&output.stdout);
-    for flag in [
-        "--data-dir",
-        "--listen-client-urls",
-        "--advertise-client-urls",
-        "--quota-backend-bytes",
-        "--auto-compaction-mode",
-        "--auto-compaction-retention",
-        "--max-request-bytes",
-        "--max-txn-ops",
-        "--prepare-queue-length",
-        "--pipeline-priority",
-        "--wal-file-bytes",
-        "--name",
-        "--log-level",
-        "--operation-retention-count",
-        "--operation-retention",
-        "--agent-reregister-timeout",
-        "--consumption-check-interval",
-    ] {
-        assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
-    }
 }
 
 #[test]
@@ -374,19 +340,19 @@ async fn watch_and_keep_alive_streams_end_at_shutdown_without_the_grace_period()
         .unwrap();
     assert_eq!(keep_alive.message().await.unwrap().unwrap().ttl, 60);
 
-    let started = std::time::Instant::now();
     let (code, server) = tokio::task::spawn_blocking(move || {
         let code = server.signal_and_wait("-TERM");
         (code, server)
     })
     .await
     .unwrap();
-    let took = started.elapsed();
-    assert_eq!(code, Some(0), "log:\n{}", server.log());
+    let log = server.log();
+    assert_eq!(code, Some(0), "log:\n{log}");
+    // The listener drained with the streams ended, not cut off when the grace period ran out.
+    assert!(log.contains("listener closed"), "log:\n{log}");
     assert!(
-        took < kvd_server::SHUTDOWN_GRACE / 2,
-        "shutdown took {took:?}: open streams held it up; log:\n{}",
-        server.log()
+        !log.contains("requests still in flight after the grace period"),
+        "open streams held the shutdown up for the grace period; log:\n{log}"
     );
     // Each stream ended with etcd's "server stopped".
     for ended in [
