@@ -23,6 +23,9 @@
 //! - AUTHN-5: every Auth RPC but Authenticate and AuthStatus needs an administrator (role
 //!   `root`) while auth is enabled, checked before the request's own validation; UserGet
 //!   of oneself and RoleGet of a role one holds need no more.
+//! - AUTHN-6: a call that needs no permission (Compact, LeaseGrant, an Alarm listing) still
+//!   refuses a token that is not live with `invalid auth token` while auth is enabled, as
+//!   etcd does for every request through raft, so a client learns to log in again.
 //!
 //! Contact points: `server::node` holds the [`Sessions`]; the KV, Watch, Lease and
 //! Maintenance services and the operator API call [`authenticated_user`] (or

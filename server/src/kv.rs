@@ -158,6 +158,8 @@ impl Kv for KvService {
         &self,
         request: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
+        // AUTHN-6: no permission needed, but a token presented must be live, as in etcd.
+        auth::authenticated_user(&self.node, &request)?;
         let options = operation::write_options(request.metadata())?;
         let req = convert::compaction_request(request.get_ref());
         let with = options.clone();

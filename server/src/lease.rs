@@ -59,6 +59,8 @@ impl Lease for LeaseService {
         &self,
         request: Request<pb::LeaseGrantRequest>,
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
+        // AUTHN-6: no permission needed, but a token presented must be live, as in etcd.
+        auth::authenticated_user(&self.node, &request)?;
         let options = operation::write_options(request.metadata())?;
         let req = request.into_inner();
         let req = api::LeaseGrantRequest {

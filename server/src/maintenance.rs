@@ -31,6 +31,7 @@
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
+use crate::auth;
 use crate::convert::ReportedStatus;
 use crate::hash;
 use crate::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, Node};
@@ -96,6 +97,9 @@ impl Maintenance for MaintenanceService {
         let is_change = matches!(request.get_ref().action, 1 | 2);
         if is_change {
             self.admin(&request)?;
+        } else {
+            // AUTHN-6: listing needs no permission, but a token presented must be live.
+            auth::authenticated_user(&self.node, &request)?;
         }
         let req = request.into_inner();
         let member = self.node.ids.member_id;

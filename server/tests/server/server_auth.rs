@@ -381,6 +381,39 @@ async fn bad_credentials_and_tokens_get_etcds_errors_and_change_nothing() {
             invalid,
         );
     }
+    // AUTHN-6: calls that need no permission still refuse a dead token, and change nothing.
+    let mut lease = LeaseClient::new(channel.clone());
+    let mut maintenance = MaintenanceClient::new(channel.clone());
+    let grant = pb::LeaseGrantRequest { ttl: 60, id: 77 };
+    let compact = pb::CompactionRequest {
+        revision: 1,
+        physical: false,
+    };
+    let listing = pb::AlarmRequest::default();
+    assert_status(
+        lease.lease_grant(with("garbage", grant)).await,
+        Code::Unauthenticated,
+        invalid,
+    );
+    assert_status(
+        kv.compact(with("garbage", compact)).await,
+        Code::Unauthenticated,
+        invalid,
+    );
+    assert_status(
+        maintenance.alarm(with("garbage", listing)).await,
+        Code::Unauthenticated,
+        invalid,
+    );
+    let leases = lease.lease_leases(pb::LeaseLeasesRequest {}).await.unwrap();
+    assert!(
+        leases.get_ref().leases.is_empty(),
+        "the refused grant granted nothing"
+    );
+    // Without a token they need no login, as in etcd; alice's live token works too.
+    lease.lease_grant(grant).await.unwrap();
+    kv.compact(with(&alice, compact)).await.unwrap();
+    maintenance.alarm(listing).await.unwrap();
     // A password-less user cannot log in with a password (etcd's unmapped error).
     let cert_only = pb::AuthUserAddRequest {
         name: "cert".into(),
