@@ -81,7 +81,7 @@ use crate::quota::{self, QuotaConfig, RawQuotaConfig, STAR_ROLE};
 use crate::space::{self, FreeSpace, SpaceTracker, StatvfsFreeSpace};
 use crate::storage::faults::Faults;
 pub use crate::storage::wal::{
-    WAL_DEFRAG_ROOM_BYTES_DEFAULT, WAL_FILE_BYTES_DEFAULT, WAL_FILE_BYTES_MIN,
+    WAL_DEFRAG_ROOM_BYTES_DEFAULT, WAL_FILE_BYTES_DEFAULT, WAL_FILE_BYTES_MAX, WAL_FILE_BYTES_MIN,
 };
 use crate::storage::{CommitSync, Store, StoreOptions};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Name, Ordering, RwLock, Wake, Weak};
@@ -173,7 +173,8 @@ pub struct Config {
     pub member_id: u64,
     /// Where the filesystem guard reads the free space (statvfs unless a test drives it).
     pub free_space: Arc<dyn FreeSpace>,
-    /// Length of the write-ahead log between checkpoints (at least 64 KiB): a record that
+    /// Length of the write-ahead log between checkpoints (64 KiB to 64 MiB; less is taken as
+    /// 64 KiB, more is refused at open): a record that
     /// would pass it makes its batch a checkpoint, except while a defrag copies. The file is
     /// eight times as long and at least `wal_defrag_room_bytes`, the rest used only during a
     /// defrag.
@@ -291,6 +292,12 @@ impl Config {
             if value == 0 {
                 return Err(Error::InvalidArgument(format!("{name} must be at least 1")));
             }
+        }
+        if self.wal_file_bytes > WAL_FILE_BYTES_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "wal_file_bytes must be at most {WAL_FILE_BYTES_MAX}, got {}",
+                self.wal_file_bytes
+            )));
         }
         realtime::validate(self.pipeline_priority)
     }

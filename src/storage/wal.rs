@@ -110,6 +110,10 @@ pub const LOG_BLOCK_BYTES: usize = 4096;
 const BLOCKS_KEPT_BYTES: usize = 1 << 20;
 /// The smallest log file accepted.
 pub const WAL_FILE_BYTES_MIN: u64 = 64 << 10;
+/// The largest log between checkpoints accepted: the file is eight times as long (512 MiB),
+/// made at the first open, and a checkpoint writes the pages of that much log at once.
+/// Larger values are refused rather than filling the disk with the file.
+pub const WAL_FILE_BYTES_MAX: u64 = 64 << 20;
 /// Bytes of a record before its payload.
 pub const RECORD_HEADER_BYTES: usize = 32;
 /// Bytes of a record header as kvd wrote it before the durable mark (WAL-7): replayed, never

@@ -10,8 +10,10 @@
 //!   one clear line on stderr when it cannot start (for example, the data directory is in
 //!   use by another kvd).
 //! - BIN-3: the listening URLs are printed on stdout, one line each, once every listener is
-//!   bound: `kvd: listening for client requests on http://HOST:PORT` (`https://` for a TLS
-//!   listener).
+//!   bound and the data directory is open: `kvd: listening for client requests on
+//!   http://HOST:PORT` (`https://` for a TLS listener). The listeners are bound before the
+//!   data directory is touched (`kvd_server` SRV-5), so a listen address kvd cannot use is
+//!   refused (BIN-2) with the data directory left as it was.
 //! - BIN-4: `kvd bench WORKLOAD [flags]` runs the load generator against any etcd endpoint
 //!   instead of serving; it prints its report on stdout (text, or one JSON line with
 //!   `--json`) and exits 0 if every request succeeded, 2 if some failed, 1 if the run could
@@ -234,14 +236,14 @@ mod cli {
         #[arg(long, value_name = "PRIORITY", value_parser = clap::value_parser!(u8).range(1..=99))]
         pipeline_priority: Option<u8>,
 
-        /// Bytes of write-ahead log between two checkpoints (at least 65536). A checkpoint
+        /// Bytes of write-ahead log between two checkpoints (65536 to 67108864). A checkpoint
         /// holds writes while it flushes the pages dirtied since the last one, so a shorter
         /// log makes shorter, more frequent stalls; it also bounds the replay at start.
         #[arg(
             long,
             value_name = "BYTES",
             default_value_t = kvd::WAL_FILE_BYTES_DEFAULT,
-            value_parser = clap::value_parser!(u64).range(kvd::WAL_FILE_BYTES_MIN..)
+            value_parser = clap::value_parser!(u64).range(kvd::WAL_FILE_BYTES_MIN..=kvd::WAL_FILE_BYTES_MAX)
         )]
         wal_file_bytes: u64,
 
@@ -314,7 +316,12 @@ mod cli {
         /// Most Watch streams open at once; a further Watch call gets Unavailable. A stream
         /// holds no thread: a small task, and up to 128 undelivered responses per watch for a
         /// slow client.
-        #[arg(long, value_name = "N", default_value_t = kvd_server::WATCH_STREAMS_MAX_DEFAULT)]
+        #[arg(
+            long,
+            value_name = "N",
+            default_value_t = kvd_server::WATCH_STREAMS_MAX_DEFAULT,
+            value_parser = positive_usize
+        )]
         max_watch_streams: usize,
 
         /// Seconds an auth token stays valid without use (etcd's flag and default); every
@@ -323,7 +330,12 @@ mod cli {
         auth_token_ttl: u64,
 
         /// Most Snapshot streams at once; a further Snapshot call gets ResourceExhausted.
-        #[arg(long, value_name = "N", default_value_t = kvd_server::snapshot::SNAPSHOTS_MAX_DEFAULT)]
+        #[arg(
+            long,
+            value_name = "N",
+            default_value_t = kvd_server::snapshot::SNAPSHOTS_MAX_DEFAULT,
+            value_parser = positive_usize
+        )]
         max_snapshots: usize,
 
         /// How long a Snapshot stream waits for a client that reads nothing before it is
@@ -471,6 +483,15 @@ mod cli {
         /// No progress line on stderr.
         #[arg(long)]
         quiet: bool,
+    }
+
+    /// Parses a count that must be at least 1 (zero would refuse every stream or snapshot).
+    fn positive_usize(text: &str) -> Result<usize, String> {
+        match text.parse::<usize>() {
+            Ok(0) => Err("must be at least 1".to_owned()),
+            Ok(n) => Ok(n),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     /// Parses a duration as etcd's flags (Go's `time.ParseDuration`) write it: `0`, or one

@@ -835,7 +835,15 @@ type StartCase = (
 
 #[test]
 fn invalid_values_are_refused_at_start_naming_the_flag() {
-    let cases: [StartCase; 6] = [
+    let cases: [StartCase; 9] = [
+        (&["--max-watch-streams", "0"], &[], "--max-watch-streams"),
+        (&["--max-snapshots", "0"], &[], "--max-snapshots"),
+        (
+            // The log file is eight times this: a huge value would fill the disk.
+            &["--wal-file-bytes", "99999999999999999"],
+            &[],
+            "--wal-file-bytes",
+        ),
         (
             &["--operation-retention-count", "0"],
             &[],
