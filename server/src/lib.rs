@@ -16,6 +16,12 @@
 //!   closes the database.
 //! - SRV-4: the member and cluster ids come from the data directory (ID-1) and are read only
 //!   after the engine holds its lock (ID-4).
+//! - SRV-5: every `--listen-client-urls` listener is bound (its host resolved, its port
+//!   taken) before anything under the data directory is created, opened or written (the
+//!   engine, the ids, `--auto-tls`'s files), as etcd binds its client listeners before it
+//!   opens its backend: a listen address kvd cannot use stops the start with `kvd: listen on
+//!   HOST:PORT: ...` and leaves the data directory as it was, or absent. The listening URLs
+//!   are announced (BIN-3) and the serving line logged only once the engine is open.
 //!
 //! Contact points: `server/src/bin/kvd.rs` parses flags into [`ServerConfig`] and calls [`run`];
 //! tests drive the server through the `kvd` binary and the generated clients in [`pb`].
@@ -220,7 +226,8 @@ impl fmt::Display for ServerError {
 impl std::error::Error for ServerError {}
 
 /// Runs the server until SIGINT or SIGTERM, then shuts down cleanly (SRV-3). `on_ready` is
-/// called once with the URLs the server listens on, after every listener is bound.
+/// called once with the URLs the server listens on, after every listener is bound (before
+/// the data directory is touched, SRV-5) and the engine is open.
 pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(), ServerError> {
     let listen = config
         .listen_client_urls
@@ -262,6 +269,17 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
     }
     let mut config = config;
     config.connections = connection_limits(config.connections)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(BLOCKING_THREADS_MAX)
+        .thread_name("kvd-server")
+        .event_interval(RUNTIME_POLL_INTERVAL)
+        .global_queue_interval(RUNTIME_POLL_INTERVAL)
+        .build()
+        .map_err(|e| ServerError::Io(format!("start the async runtime: {e}")))?;
+    // SRV-5: before anything under the data directory, so a listen address kvd cannot use
+    // leaves it as it was.
+    let listeners = runtime.block_on(bind_listeners(&listen))?;
     // Before the engine opens, so a bad TLS flag leaves no database behind (TLS-1);
     // --auto-tls only adds its certificate files under the data directory.
     let tls = tls::configure(&config.tls, &config.listen_client_urls, &config.data_dir)?;
@@ -276,14 +294,6 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
         engine_config,
     };
     let engines = Arc::new(EngineSlot::new(Arc::new(engine)));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .max_blocking_threads(BLOCKING_THREADS_MAX)
-        .thread_name("kvd-server")
-        .event_interval(RUNTIME_POLL_INTERVAL)
-        .global_queue_interval(RUNTIME_POLL_INTERVAL)
-        .build()
-        .map_err(|e| ServerError::Io(format!("start the async runtime: {e}")))?;
     let ids = HeaderIds {
         cluster_id: identity.cluster_id,
         member_id: identity.member_id,
@@ -297,7 +307,7 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
         recovery,
         ids,
         Listen {
-            addresses: listen,
+            listeners,
             tls,
             threads: threads.clone(),
         },
@@ -373,10 +383,10 @@ fn log_prepare_queue(engine: &Engine) {
     }
 }
 
-/// Where to listen: one address per `--listen-client-urls` entry, and the TLS of the
-/// `https://` ones; and where to serve what is accepted.
+/// What to serve: one bound listener per `--listen-client-urls` entry (SRV-5), and the TLS
+/// of the `https://` ones; and where to serve what is accepted.
 struct Listen {
-    addresses: Vec<ListenAddress>,
+    listeners: Vec<BoundListener>,
     tls: Option<Arc<tls::Tls>>,
     /// Where the accepted connections are served (CONN-9).
     threads: Arc<ConnectionThreads>,
@@ -415,6 +425,36 @@ fn listen_address(url: &str) -> Result<ListenAddress, ServerError> {
     })
 }
 
+/// A client listener, bound before the data directory is touched (SRV-5).
+struct BoundListener {
+    listener: TcpListener,
+    /// The URL clients reach it at (with the port the system chose for port 0).
+    url: String,
+    /// An `https://` URL: TLS on this listener.
+    https: bool,
+}
+
+/// Binds one listener per address, in the order given (SRV-5); the error names the
+/// `host:port` that could not be resolved or bound.
+async fn bind_listeners(addresses: &[ListenAddress]) -> Result<Vec<BoundListener>, ServerError> {
+    let mut bound = Vec::with_capacity(addresses.len());
+    for address in addresses {
+        let host_port = &address.host_port;
+        let listener = TcpListener::bind(host_port)
+            .await
+            .map_err(|e| ServerError::Io(format!("listen on {host_port}: {e}")))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| ServerError::Io(format!("listen on {host_port}: {e}")))?;
+        bound.push(BoundListener {
+            listener,
+            url: url_of(local, address.https),
+            https: address.https,
+        });
+    }
+    Ok(bound)
+}
+
 /// Returns the URL clients reach a listener bound to `addr` at.
 fn url_of(addr: SocketAddr, https: bool) -> String {
     let scheme = if https { "https" } else { "http" };
@@ -429,20 +469,13 @@ async fn serve(
     listen: Listen,
     on_ready: impl FnOnce(&[String]),
 ) -> Result<(), ServerError> {
-    let mut listeners = Vec::with_capacity(listen.addresses.len());
-    let mut urls = Vec::with_capacity(listen.addresses.len());
-    for address in &listen.addresses {
-        let host_port = &address.host_port;
-        let listener = TcpListener::bind(host_port)
-            .await
-            .map_err(|e| ServerError::Io(format!("listen on {host_port}: {e}")))?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| ServerError::Io(format!("listen on {host_port}: {e}")))?;
-        urls.push(url_of(local, address.https));
+    let mut listeners = Vec::with_capacity(listen.listeners.len());
+    let mut urls = Vec::with_capacity(listen.listeners.len());
+    for bound in listen.listeners {
+        urls.push(bound.url);
         // tls::configure gave a configuration whenever a URL is https:// (TLS-1).
-        let tls = listen.tls.clone().filter(|_| address.https);
-        listeners.push((listener, tls));
+        let tls = listen.tls.clone().filter(|_| bound.https);
+        listeners.push((bound.listener, tls));
     }
     let advertise = if config.advertise_client_urls.is_empty() {
         urls.clone()

@@ -118,6 +118,93 @@ fn a_prepare_queue_of_no_slots_is_refused_at_startup() {
     }
 }
 
+/// Runs kvd on `data_dir` listening on `url`, which it cannot use, and returns its standard
+/// error; asserts it exited with an error.
+fn refused_to_listen(data_dir: &std::path::Path, url: &str) -> String {
+    let mut command = Command::new(common::kvd_binary());
+    command
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--listen-client-urls", url]);
+    let (status, stderr) = common::run_refused(command);
+    assert!(!status.success(), "{url} was accepted");
+    stderr
+}
+
+/// Every file under `dir` (recursively), with its length and modification time.
+fn file_stamps(
+    dir: &std::path::Path,
+) -> std::collections::BTreeMap<std::path::PathBuf, (u64, std::time::SystemTime)> {
+    let mut stamps = std::collections::BTreeMap::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                pending.push(path.clone());
+            }
+            stamps.insert(path, (meta.len(), meta.modified().unwrap()));
+        }
+    }
+    stamps
+}
+
+/// SRV-5: the listeners are bound before the data directory is touched, so a listen address
+/// kvd cannot use is refused with a message naming it and changes nothing: a data directory
+/// that does not exist is not created, and one left by a killed kvd is neither replayed nor
+/// rewritten.
+#[test]
+fn a_listen_address_in_use_is_refused_before_the_data_directory_is_touched() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap();
+    let url = format!("http://{address}");
+    let dir = tempfile::tempdir().unwrap();
+
+    // (a) A data directory that does not exist stays so; also for addresses that cannot be
+    // bound at all.
+    let absent = dir.path().join("absent");
+    let in_use = format!("kvd: listen on {address}: Address already in use");
+    for (url, message) in [
+        (url.as_str(), in_use.as_str()),
+        ("http://127.0.0.1:99999", "kvd: listen on 127.0.0.1:99999: "),
+        ("http://127.0.0.1", "kvd: listen on 127.0.0.1: "),
+    ] {
+        let stderr = refused_to_listen(&absent, url);
+        assert!(stderr.contains(message), "{url}: {stderr}");
+        assert!(!absent.exists(), "{url}: the data directory was created");
+    }
+
+    // (b) A data directory left by a kvd killed after a few writes keeps every file as it was.
+    let data_dir = dir.path().join("data");
+    let mut killed = common::start_kvd_in(&data_dir, &[]).unwrap();
+    for n in 0..5 {
+        let put = common::etcdctl(&killed.endpoint, &["put", &format!("k{n}"), "v"], None);
+        assert_eq!(put.stdout, "OK\n", "{put:?}");
+    }
+    assert_eq!(
+        killed.signal_and_wait("-KILL"),
+        None,
+        "killed by the signal"
+    );
+    let before = file_stamps(&data_dir);
+    let redb = std::fs::read(data_dir.join("kvd.redb")).unwrap();
+    assert!(before.contains_key(&data_dir.join("kvd.wal")), "{before:?}");
+
+    let stderr = refused_to_listen(&data_dir, &url);
+    assert!(stderr.contains(&in_use), "{stderr}");
+    assert_eq!(file_stamps(&data_dir), before, "the data directory changed");
+    assert!(
+        std::fs::read(data_dir.join("kvd.redb")).unwrap() == redb,
+        "kvd.redb was rewritten"
+    );
+
+    // The directory is unharmed: a kvd on a free port replays it and serves the writes.
+    let server = common::start_kvd_in(&data_dir, &[]).unwrap();
+    let get = common::etcdctl(&server.endpoint, &["get", "k4"], None);
+    assert_eq!(get.stdout, "k4\nv\n", "{get:?}");
+}
+
 /// Starts kvd on a fresh data directory with `flag`, expects it to exit at once with an
 /// error, and returns its standard error; asserts it opened nothing.
 fn refused_at_start(flag: &str) -> String {
