@@ -15,7 +15,9 @@
 //!   no `Content-Type` is read as JSON; an empty body is the all-zero request; what follows
 //!   the first JSON value is ignored; a `null` field is absent; an enum number etcd does
 //!   not define reaches the service as that number, as etcd's gateway passes it on
-//!   (`enums.rs`).
+//!   (`enums.rs`); a base64 bytes field is read as etcd's gateway reads it (Go's
+//!   `StdEncoding`: `\r` and `\n` skipped, the last symbol's extra bits ignored), and also
+//!   unpadded or URL-safe (`base64.rs`).
 //! - GW-3: an error is `{"error":M,"message":M,"code":N}` with the gRPC code N and the HTTP
 //!   status etcd 3.4's gateway gives that code ([`http_status`]); a body that is not JSON
 //!   of the request type is code 3 (InvalidArgument), HTTP 400.
@@ -28,6 +30,7 @@
 //! Contact points: `server::http` merges [`router`] into the client port's router; the
 //! services in `kv.rs`, `lease.rs`, `watch.rs`, `maintenance.rs`, `cluster.rs`, `auth.rs`.
 
+mod base64;
 mod enums;
 mod stream;
 
@@ -402,9 +405,11 @@ fn decode<Req: DeserializeOwned + Default + RawEnums>(body: &[u8]) -> Result<Req
     decode_value(value).map_err(Status::invalid_argument)
 }
 
-/// Decodes one JSON value as a `Req` (GW-2, GW-ENUM-1), or returns the decoder's error.
+/// Decodes one JSON value as a `Req` (GW-2, GW-ENUM-1, GW-B64-1), or returns the decoder's
+/// error.
 fn decode_value<Req: DeserializeOwned + RawEnums>(value: serde_json::Value) -> Result<Req, String> {
-    let value = without_nulls(value);
+    let mut value = without_nulls(value);
+    base64::as_go_reads_bytes(&mut value);
     let mut request: Req =
         serde_json::from_value(enums::without_enum_numbers(&value)).map_err(|e| e.to_string())?;
     request.restore(&value);
