@@ -3,7 +3,8 @@
 //! through `restore_etcd_snapshot` with the same revisions, values and HashKV; an auth
 //! store comes back with the same users, roles, permissions, enabled flag and revision; the
 //! file's status equals what etcdctl 3.4.23 reports for it (this test fails without
-//! `etcdctl`).
+//! `etcdctl`). Both restores (etcd's format and kvd's dump) build aside and rename into
+//! place: no temporary stays, and what a killed restore left does not count.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -206,6 +207,85 @@ fn assert_etcdctl_status(dir: &std::path::Path, engine: &Engine, revision: i64) 
         status.hash, revision, status.total_keys, status.total_size
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want);
+}
+
+/// The names in `dir`, sorted.
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_restore_builds_aside_and_what_a_killed_one_left_does_not_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir.path().join("src"));
+    let (revision, _) = populate(&engine);
+    let etcd_file = export(&engine);
+    let mut dump = Vec::new();
+    let mut stream = engine.snapshot_stream().unwrap();
+    while stream.next_chunk(&mut dump, 32 * 1024).unwrap() {}
+    // Another store's whole database stands for what a killed restore left: a restore must
+    // neither take it for the data directory nor be stopped by it.
+    let other = open(&dir.path().join("other"));
+    other.put(PutRequest::new("other", "x")).unwrap();
+    let other_file = export(&other);
+    drop(other);
+    type Restore<'a> = Box<dyn Fn(&std::path::Path) -> kvd::Result<()> + 'a>;
+    let restores: [(&str, Restore<'_>); 2] = [
+        (
+            "etcd",
+            Box::new(|d| restore_etcd_snapshot(&etcd_file, d).map(|_| ())),
+        ),
+        ("kvd", Box::new(|d| kvd::restore_snapshot(&dump, d))),
+    ];
+    let pid = std::process::id();
+    for (format, restore) in &restores {
+        for existing in [false, true] {
+            let what = format!("{format}, existing directory: {existing}");
+            let parent = dir.path().join(format!("{format}-{existing}"));
+            std::fs::create_dir(&parent).unwrap();
+            let data = parent.join("data");
+            // Beside a missing directory, or inside an existing one; one under this
+            // process's id, the name this restore builds under.
+            let leftovers = if existing {
+                std::fs::create_dir(&data).unwrap();
+                [
+                    data.join(".restoring-1"),
+                    data.join(format!(".restoring-{pid}")),
+                ]
+            } else {
+                [
+                    parent.join("data.restoring-1"),
+                    parent.join(format!("data.restoring-{pid}")),
+                ]
+            };
+            for leftover in &leftovers {
+                restore_etcd_snapshot(&other_file, leftover).unwrap();
+            }
+            restore(&data).unwrap();
+            // The database and nothing else, and no temporary beside it.
+            assert_eq!(names(&data), ["kvd.redb"], "{what}");
+            assert_eq!(names(&parent), ["data"], "{what}");
+            let copy = open(&data);
+            assert_eq!(copy.status().unwrap().header.revision, revision, "{what}");
+            assert_eq!(
+                copy.range(&RangeRequest::key("other")).unwrap().count,
+                0,
+                "{what}"
+            );
+
+            // A failed restore leaves neither the directory nor a temporary.
+            let failed = parent.join("failed");
+            let truncated = &etcd_file[..etcd_file.len() / 2];
+            assert!(restore_etcd_snapshot(truncated, &failed).is_err(), "{what}");
+            assert!(kvd::restore_snapshot(&dump[..dump.len() / 2], &failed).is_err());
+            assert_eq!(names(&parent), ["data"], "{what}");
+        }
+    }
 }
 
 #[test]

@@ -6,10 +6,12 @@
 //! - SNAPTOOL-1: `save` writes `FILE.part`, checks the trailer against the bytes received,
 //!   fsyncs and only then renames to `FILE`; on any failure `FILE.part` is removed and
 //!   `FILE` is untouched.
-//! - SNAPTOOL-2: `restore` refuses a data directory that exists and is not empty, checks
-//!   the trailer unless told to skip it (a file without one is refused unless skipping, as
-//!   etcdctl does), reads the whole file before writing, and on any failure leaves no
-//!   directory it created.
+//! - SNAPTOOL-2: `restore` refuses a data directory that exists and is not empty (what
+//!   killed restores left in it, `.restoring-<pid>`, does not count), checks the trailer
+//!   unless told to skip it (a file without one is refused unless skipping, as etcdctl
+//!   does), reads the whole file before writing, and on any failure leaves no directory it
+//!   created. The engine's restore functions build the database under a temporary name and
+//!   rename it into place (SNAP-4), so this holds for a kill or a crash too.
 //! - SNAPTOOL-3: the format is recognised from the bytes (bbolt's magic at offset 16, or
 //!   kvd's `KVDDUMP1`), never from the file name.
 //!
@@ -240,7 +242,7 @@ pub fn restore(file: &Path, data_dir: &Path, skip_hash_check: bool) -> Result<Re
     if data_dir.exists() {
         let mut entries =
             std::fs::read_dir(data_dir).map_err(|e| format!("read {}: {e}", data_dir.display()))?;
-        if entries.next().is_some() {
+        if entries.any(|entry| !matches!(entry, Ok(ref e) if is_restore_leftover(e))) {
             return Err(format!("data-dir {:?} exists and is not empty", data_dir));
         }
     }
@@ -252,7 +254,7 @@ pub fn restore(file: &Path, data_dir: &Path, skip_hash_check: bool) -> Result<Re
             file.display()
         )
     })?;
-    let created = !data_dir.exists();
+    // The engine leaves nothing behind on an error, nor on a kill (SNAP-4).
     let result = match format {
         Format::Etcd => kvd::restore_etcd_snapshot(db, data_dir).map(|s| Restored {
             format,
@@ -269,19 +271,19 @@ pub fn restore(file: &Path, data_dir: &Path, skip_hash_check: bool) -> Result<Re
             })
         }),
     };
-    result.map_err(|e| {
-        if created {
-            let _ = std::fs::remove_dir_all(data_dir);
-        } else {
-            // The directory was empty before: empty it again.
-            if let Ok(entries) = std::fs::read_dir(data_dir) {
-                for entry in entries.flatten() {
-                    let _ = std::fs::remove_file(entry.path());
-                }
-            }
-        }
-        format!("restore {}: {e}", file.display())
-    })
+    result.map_err(|e| format!("restore {}: {e}", file.display()))
+}
+
+/// Whether `entry` of a data directory is the temporary directory of a killed restore into
+/// it (`.restoring-<pid>`, engine SNAP-4), which the next restore removes.
+fn is_restore_leftover(entry: &std::fs::DirEntry) -> bool {
+    let name = entry.file_name();
+    let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(".restoring-")) else {
+        return false;
+    };
+    !pid.is_empty()
+        && pid.bytes().all(|b| b.is_ascii_digit())
+        && entry.file_type().is_ok_and(|t| t.is_dir())
 }
 
 /// What `status` reports.

@@ -26,8 +26,10 @@
 //! - ETCDSNAP-1: one stream reads one snapshot, as SNAP-1: the file is the committed state
 //!   at [`EtcdSnapshotStream::revision`].
 //! - ETCDSNAP-2: [`restore_etcd_snapshot`] validates the metas before it creates anything,
-//!   then writes records as the walk reads them; on any error (a damaged page found part
-//!   way, a write failure) the database file is removed, and a directory it created too.
+//!   then writes records as the walk reads them into a temporary directory that is renamed
+//!   into place only when the database is whole and fsynced (SNAP-4), so a kill part way
+//!   leaves no partial database in the data directory; on any error it sees (a damaged page
+//!   found part way, a write failure) the temporary is removed.
 //!
 //! Contact points: `server::maintenance` streams it, `kvd snapshot restore|status` import
 //! and inspect.
@@ -543,27 +545,16 @@ pub fn import_etcd_snapshot(db: &[u8]) -> Result<(Vec<u8>, EtcdRestoreSummary)> 
 /// Creates a kvd database in `data_dir` from `db`, an etcd snapshot's bbolt file without
 /// its trailer (the caller checks it): the same history, compaction revision, current
 /// revision, leases, alarms and auth store (ETCDSNAP-2). `data_dir` must hold no database. Records go to the
-/// database as they are read, so memory holds the file and one commit's rows.
+/// database as they are read, so memory holds the file and one commit's rows. The database
+/// appears in `data_dir` whole or not at all, even if the process is killed part way (SNAP-4).
 pub fn restore_etcd_snapshot(db: &[u8], data_dir: &Path) -> Result<EtcdRestoreSummary> {
     let reader = Reader::open(db).map_err(StorageError::from)?;
-    let created = !data_dir.exists();
-    let db_file = data_dir.join(crate::storage::DB_FILE_NAME);
-    let result = std::fs::create_dir_all(data_dir)
-        .map_err(|e| StorageError::Io(format!("create {}: {e}", data_dir.display())).into())
-        .and_then(|()| Ok(RestoreWriter::create(data_dir)?))
-        .and_then(|writer| {
-            let mut import = Import::new(writer);
-            let summary = import.run(&reader)?;
-            import.sink.finish()?;
-            Ok(summary)
-        });
-    if result.is_err() {
-        // ETCDSNAP-2: nothing that could be mistaken for a database stays behind.
-        if created {
-            let _ = std::fs::remove_dir_all(data_dir);
-        } else {
-            let _ = std::fs::remove_file(&db_file);
-        }
-    }
-    result
+    // SNAP-4: built under a temporary name and renamed into place once whole and durable;
+    // on an error the temporary is removed with the database file in it (ETCDSNAP-2).
+    super::snapshot::restore_atomically(data_dir, |building| {
+        let mut import = Import::new(RestoreWriter::create(building)?);
+        let summary = import.run(&reader)?;
+        import.sink.finish()?;
+        Ok(summary)
+    })
 }

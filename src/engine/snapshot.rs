@@ -11,13 +11,23 @@
 //!
 //! - SNAP-3: [`restore_snapshot`] turns an image back into a data directory that
 //!   [`Engine::open`] opens with the image's state.
+//! - SNAP-4: a restore ([`restore_snapshot`], `restore_etcd_snapshot`) is atomic with respect
+//!   to a crash: the database is built under a temporary name that is not a data directory
+//!   (`<DIR>.restoring-<pid>` beside a missing `DIR`; `DIR/.restoring-<pid>/` inside an
+//!   existing one), fsynced, then renamed into place and the directory holding the new name
+//!   fsynced. A crash or a kill at any point leaves either `DIR` as it was (missing, or
+//!   without a database) or `DIR` with the whole database, never a part of one. Temporaries
+//!   that killed restores into `DIR` left are removed by the next restore into `DIR`.
 //!
-//! Contact points: `server::snapshot` drives it; `storage::dump` writes and reads the bytes.
+//! Contact points: `server::snapshot` drives it; `storage::dump` writes and reads the bytes;
+//! `etcd_snapshot` builds through `restore_atomically`.
 
-use std::path::Path;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 
 use super::Engine;
-use crate::error::Result;
+use crate::error::{Result, StorageError};
+use crate::storage::DB_FILE_NAME;
 use crate::storage::dump::{self, Dump};
 
 /// A snapshot being streamed (see the module documentation).
@@ -85,6 +95,8 @@ pub fn snapshot_summary(image: &[u8]) -> Result<dump::DumpSummary> {
 
 /// Creates a database in `data_dir` (created if missing; it must hold no database) from
 /// `image`, the bytes a [`SnapshotStream`] produced, without etcd's SHA-256 trailer (SNAP-3).
+/// The database appears in `data_dir` whole or not at all, even if the process is killed
+/// part way (SNAP-4).
 ///
 /// ```
 /// # let dir = tempfile::tempdir().unwrap();
@@ -99,8 +111,161 @@ pub fn snapshot_summary(image: &[u8]) -> Result<dump::DumpSummary> {
 /// assert_eq!(copy.range(&kvd::RangeRequest::key("k")).unwrap().count, 1);
 /// ```
 pub fn restore_snapshot(image: &[u8], data_dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(data_dir).map_err(|e| {
-        crate::error::StorageError::Io(format!("create {}: {e}", data_dir.display()))
-    })?;
-    Ok(dump::restore(image, data_dir)?)
+    restore_atomically(data_dir, |building| Ok(dump::restore(image, building)?))
+}
+
+/// The infix of a restore's temporary directory: `<DIR>.restoring-<pid>` beside `DIR`, or
+/// `.restoring-<pid>` inside it (SNAP-4).
+const RESTORING: &str = ".restoring-";
+
+/// Builds a data directory at `data_dir` through `build`, which writes [`DB_FILE_NAME`]
+/// into the (new, empty) directory it is given, and moves the result into place only once
+/// it is whole and durable (SNAP-4). On any error nothing of the attempt stays behind.
+///
+/// - `data_dir` missing: built in `<data_dir>.restoring-<pid>` beside it (its parent is
+///   created if need be), then that directory is renamed to `data_dir`.
+/// - `data_dir` an existing directory (it must hold no database): built in
+///   `data_dir/.restoring-<pid>/`, then the database file is renamed into `data_dir`; the
+///   directory itself is kept, so a mount point or a directory prepared with its own owner
+///   and mode can be restored into.
+pub(super) fn restore_atomically<T>(
+    data_dir: &Path,
+    build: impl FnOnce(&Path) -> Result<T>,
+) -> Result<T> {
+    match std::fs::metadata(data_dir) {
+        Ok(meta) if meta.is_dir() => restore_into_existing(data_dir, build),
+        Ok(_) => Err(io("restore", data_dir, "not a directory").into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => restore_into_new(data_dir, build),
+        Err(e) => Err(io("restore", data_dir, e).into()),
+    }
+}
+
+fn restore_into_new<T>(data_dir: &Path, build: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+    let name = data_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| {
+            io(
+                "restore",
+                data_dir,
+                "not a directory name kvd can restore to",
+            )
+        })?;
+    let parent = match data_dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(|e| io("create", &parent, e))?;
+    let prefix = format!("{name}{RESTORING}");
+    remove_stale_temporaries(&parent, &prefix);
+    let building = parent.join(format!("{prefix}{}", std::process::id()));
+    std::fs::create_dir(&building).map_err(|e| io("create", &building, e))?;
+    let built = build(&building).and_then(|value| {
+        sync_file(&building.join(DB_FILE_NAME))?;
+        sync_dir(&building)?;
+        // A directory created meanwhile is replaced only if it is empty.
+        std::fs::rename(&building, data_dir).map_err(|e| {
+            io(
+                "restore",
+                data_dir,
+                format!("rename {} to it: {e}", building.display()),
+            )
+        })?;
+        Ok(value)
+    });
+    let value = match built {
+        Ok(value) => value,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&building);
+            return Err(e);
+        }
+    };
+    if let Err(e) = sync_dir(&parent) {
+        // Not known to be durable: undo rather than report a restore that a crash may lose.
+        let _ = std::fs::remove_dir_all(data_dir);
+        return Err(e.into());
+    }
+    Ok(value)
+}
+
+fn restore_into_existing<T>(data_dir: &Path, build: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+    let target = data_dir.join(DB_FILE_NAME);
+    if target.exists() {
+        return Err(exists_already(&target).into());
+    }
+    remove_stale_temporaries(data_dir, RESTORING);
+    let building = data_dir.join(format!("{RESTORING}{}", std::process::id()));
+    std::fs::create_dir(&building).map_err(|e| io("create", &building, e))?;
+    let source = building.join(DB_FILE_NAME);
+    let built = build(&building).and_then(|value| {
+        sync_file(&source)?;
+        // The check above is repeated so that a database created meanwhile is not replaced.
+        if target.exists() {
+            return Err(exists_already(&target).into());
+        }
+        std::fs::rename(&source, &target).map_err(|e| {
+            io(
+                "restore",
+                &target,
+                format!("rename {} to it: {e}", source.display()),
+            )
+        })?;
+        Ok(value)
+    });
+    let _ = std::fs::remove_dir_all(&building);
+    let value = built?;
+    if let Err(e) = sync_dir(data_dir) {
+        let _ = std::fs::remove_file(&target);
+        return Err(e.into());
+    }
+    Ok(value)
+}
+
+/// Removes what killed restores left in `dir`: entries named `<prefix><digits>` (SNAP-4).
+/// Failures are ignored: a temporary that stays is not a data directory, and the one this
+/// restore needs is created afterwards, which reports its own error.
+fn remove_stale_temporaries(dir: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
+            continue;
+        };
+        if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let path = entry.path();
+        match entry.file_type() {
+            Ok(t) if t.is_dir() => {
+                let _ = std::fs::remove_dir_all(&path);
+            }
+            Ok(_) => {
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+fn sync_file(path: &Path) -> std::result::Result<(), StorageError> {
+    File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| io("sync", path, e))
+}
+
+fn sync_dir(dir: &Path) -> std::result::Result<(), StorageError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io("sync directory", dir, e))
+}
+
+/// The error `storage::dump` gives for a directory that holds a database already.
+fn exists_already(path: &Path) -> StorageError {
+    StorageError::Io(format!("restore: {} exists already", path.display()))
+}
+
+fn io(what: &str, path: &Path, e: impl std::fmt::Display) -> StorageError {
+    StorageError::Io(format!("{what} {}: {e}", path.display()))
 }

@@ -8,6 +8,8 @@
 //!   started on it serves the same;
 //! - `kvd snapshot save --format kvd|etcd` and `kvd snapshot status` for both formats;
 //!   damaged files are refused by `kvd snapshot restore` with no directory left behind;
+//!   a restore killed part way (SIGKILL, both formats, into a missing or an empty directory)
+//!   leaves no database in the data directory, and the next restore into it works;
 //! - both directions again with auth enabled (root, alice in role dev with readwrite on
 //!   /dev/): the restored server lets alice write /dev/x and refuses /other and a request
 //!   without a user, and root sees the same users, roles, permissions as on the source.
@@ -317,6 +319,137 @@ fn damaged_snapshots_are_refused_and_leave_no_directory() {
     ]);
     assert!(!out.status.success());
     assert!(busy.join("keep").exists());
+}
+
+/// Writes a stopped data directory with `keys` keys of 1 KiB, 1 000 to a txn.
+fn big_store(data: &Path, keys: usize) {
+    let config = kvd::Config {
+        max_txn_ops: 1000,
+        unsafe_no_fsync: true,
+        ..kvd::Config::default()
+    };
+    let engine = kvd::Engine::open(data, config).unwrap();
+    for chunk in 0..keys / 1000 {
+        let success = (0..1000)
+            .map(|i| {
+                let key = format!("big/{:07}", chunk * 1000 + i);
+                kvd::RequestOp::Put(kvd::PutRequest::new(key, "v".repeat(1024)))
+            })
+            .collect();
+        engine
+            .txn(kvd::TxnRequest {
+                success,
+                ..kvd::TxnRequest::default()
+            })
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_killed_restore_leaves_no_database_and_the_next_restore_works() {
+    const KEYS: usize = 20_000;
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("source");
+    big_store(&source, KEYS);
+    for format in ["kvd", "etcd"] {
+        let file = dir.path().join(format!("{format}.snap"));
+        let saved = kvd(&[
+            "snapshot",
+            "save",
+            path(&file),
+            "--data-dir",
+            path(&source),
+            "--format",
+            format,
+        ]);
+        assert!(saved.status.success(), "{saved:?}");
+        // The directory code is the same for both formats: an existing one is tried with one.
+        let modes: &[bool] = if format == "kvd" {
+            &[false]
+        } else {
+            &[false, true]
+        };
+        for &existing in modes {
+            let what = format!("{format}, existing directory: {existing}");
+            let data = dir.path().join(format!("{format}-{existing}-data"));
+            if existing {
+                std::fs::create_dir(&data).unwrap();
+            }
+            let mut child = Command::new(common::kvd_binary())
+                .args([
+                    "snapshot",
+                    "restore",
+                    path(&file),
+                    "--data-dir",
+                    path(&data),
+                ])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            // Where the restore builds (engine SNAP-4): beside a missing directory, inside an
+            // existing one.
+            let building = if existing {
+                data.join(format!(".restoring-{}", child.id()))
+            } else {
+                dir.path()
+                    .join(format!("{format}-{existing}-data.restoring-{}", child.id()))
+            };
+            let partial = building.join("kvd.redb");
+            let target = data.join("kvd.redb");
+            // Wait until the restore has committed rows (10 000 to a commit), then kill it.
+            loop {
+                if partial.metadata().is_ok_and(|m| m.len() > 4 << 20) {
+                    break;
+                }
+                if let Some(status) = child.try_wait().unwrap() {
+                    panic!("{what}: the restore ended ({status}) before it was seen writing");
+                }
+                assert!(!target.exists(), "{what}: a database appeared part way");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            assert!(!target.exists(), "{what}: a database appeared part way");
+            child.kill().unwrap();
+            child.wait().unwrap();
+            assert!(
+                !target.exists(),
+                "{what}: the killed restore left a database"
+            );
+            assert_eq!(data.exists(), existing, "{what}");
+            assert!(building.exists(), "{what}: the temporary is gone already");
+
+            // The next restore into the same directory works and removes the leftover.
+            let restore = kvd(&[
+                "snapshot",
+                "restore",
+                path(&file),
+                "--data-dir",
+                path(&data),
+            ]);
+            assert!(restore.status.success(), "{what}: {restore:?}");
+            assert!(!building.exists(), "{what}: the leftover stayed");
+            let mut left: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|name| name.contains(".restoring-"))
+                .collect();
+            left.extend(
+                std::fs::read_dir(&data)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().into_string().unwrap())
+                    .filter(|name| name != "kvd.redb"),
+            );
+            assert_eq!(left, Vec::<String>::new(), "{what}");
+            let check = kvd(&["check", "--data-dir", path(&data)]);
+            assert!(check.status.success(), "{what}: {check:?}");
+            let report: Value = serde_json::from_slice(&check.stdout).unwrap();
+            assert_eq!(
+                report["keys"].as_u64(),
+                Some(KEYS as u64),
+                "{what}: {report}"
+            );
+        }
+    }
 }
 
 const ROOT: &str = "--user=root:rootpw";
