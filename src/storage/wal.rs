@@ -892,6 +892,10 @@ fn header_at(log: &[u8], at: usize) -> Option<Header> {
 /// returns its sequence number, where its payload starts and the offset after it.
 fn record_at(log: &[u8], at: usize, epoch: u64) -> Option<(u64, usize, usize)> {
     let header = header_at(log, at)?;
+    // Every byte of a record is checked: a mark that fails its CRC makes the record damaged.
+    if header.bytes == RECORD_HEADER_BYTES && header.durable.is_none() {
+        return None;
+    }
     let start = at + header.bytes;
     let end = start.checked_add(header.len)?;
     let payload = log.get(start..end)?;
