@@ -22,11 +22,11 @@
 //!   and refuses every transaction, and reads return `Poisoned` too until reopen.
 //! - STORE-3: one [`Store`] per data directory: `LOCK` in the directory is held with an
 //!   exclusive file lock for the store's lifetime.
-//! - STORE-6: a data directory whose database is missing or empty beside a log, whose log is
-//!   shorter than any log kvd makes, or whose log is missing beside a database that was
-//!   opened before, is refused as damaged: no log
-//!   is made and nothing replayed, so it is never taken for a new one, which would drop every
-//!   acknowledged write.
+//! - STORE-6: a data directory whose database is missing or empty beside a log, or whose log
+//!   is shorter than any log kvd makes, is refused as damaged: no log is made and nothing
+//!   replayed, so it is never taken for a new one. A missing log is not refused: a cleanly
+//!   closed database needs none (a copy of it alone is whole), and nothing in the database
+//!   tells that apart from one whose log was deleted after a crash.
 //! - STORE-4: decoders of stored bytes are total: bad bytes give `Corrupted`, never a panic.
 //! - STORE-5: a [`Snapshot`] is one redb read transaction; callers keep it for one request
 //!   only, because a long reader pins every page freed after it began.
@@ -220,20 +220,6 @@ struct WriteState {
     epoch: u64,
 }
 
-/// Whether a store was opened on `db` before: its durable state names a log epoch (WAL-2).
-fn logged_before(db: &Database) -> Result<bool, StorageError> {
-    let txn = db.begin_read().map_err(storage_error)?;
-    let meta = match txn.open_table(META) {
-        Ok(meta) => meta,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
-        Err(e) => return Err(storage_error(e)),
-    };
-    match meta.get(MetaKey::WalEpoch.name()).map_err(storage_error)? {
-        Some(bytes) => Ok(decode_u64(bytes.value())? > 0),
-        None => Ok(false),
-    }
-}
-
 impl Store {
     /// Opens (or creates) the store in `dir`, taking the directory lock.
     pub fn open(dir: &Path, options: &StoreOptions) -> Result<Store, StorageError> {
@@ -273,15 +259,6 @@ impl Store {
             )));
         }
         let (db, retire) = db_file::open(&path, options.cache_size_bytes, options.faults.clone())?;
-        if !log_existed && logged_before(&db)? {
-            // STORE-6: every open since the first left a log; without it the writes
-            // acknowledged since the last checkpoint are gone.
-            return Err(StorageError::Corrupted(format!(
-                "{} is missing: the writes acknowledged since the last checkpoint may be in \
-                 it (restore the file, or the data directory from a snapshot or a backup)",
-                log_path.display()
-            )));
-        }
         // DEFRAG-2: a leftover copy is an unfinished defrag; kvd.redb is complete. Removed
         // only once redb holds kvd.redb's lock (STORE-3), so a second process that got past
         // the directory lock (its file deleted and made again) never removes a running
