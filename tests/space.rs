@@ -53,6 +53,18 @@ fn nospace_alarms(engine: &Engine) -> Vec<AlarmMember> {
         .alarms
 }
 
+/// Compacts the history at the current revision, physically; returns the revision.
+fn compact_to_current(engine: &Engine) -> i64 {
+    let revision = engine.status().unwrap().header.revision;
+    engine
+        .compact(CompactionRequest {
+            revision,
+            physical: true,
+        })
+        .unwrap();
+    revision
+}
+
 fn disarm(engine: &Engine, member: AlarmMember) {
     engine
         .alarm(AlarmRequest {
@@ -116,13 +128,7 @@ fn nospace_recovery_story_fill_read_delete_compact_defrag_disarm_write() {
     assert_eq!(deleted.deleted, written as i64 - 1);
 
     // Compact, defrag: space comes back, the alarm stays until disarmed (etcd).
-    let revision = engine.status().unwrap().header.revision;
-    engine
-        .compact(CompactionRequest {
-            revision,
-            physical: true,
-        })
-        .unwrap();
+    compact_to_current(&engine);
     let defrag = engine.defrag().unwrap();
     assert!(defrag.db_size_after < defrag.db_size_before, "{defrag:?}");
     assert!(
@@ -244,13 +250,7 @@ fn defrag_under_load_keeps_every_acknowledged_write_and_shrinks_the_file() {
             })
             .unwrap();
     }
-    let revision = engine.status().unwrap().header.revision;
-    engine
-        .compact(CompactionRequest {
-            revision,
-            physical: true,
-        })
-        .unwrap();
+    let revision = compact_to_current(&engine);
     let hash_at = engine.hash_kv(revision).unwrap();
 
     let writers: Vec<_> = (0..3)
@@ -320,13 +320,7 @@ fn a_snapshot_begun_before_a_defrag_is_read_whole_from_the_file_it_began_on() {
                 .unwrap();
         }
     }
-    let revision = engine.status().unwrap().header.revision;
-    engine
-        .compact(CompactionRequest {
-            revision,
-            physical: true,
-        })
-        .unwrap();
+    let revision = compact_to_current(&engine);
     let hash_before = engine.hash_kv(0).unwrap().hash;
 
     let mut stream = engine.snapshot_stream().unwrap();
