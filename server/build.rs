@@ -37,7 +37,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     // `rpc.proto` imports `mvccpb/kv.proto` and `authpb/auth.proto`, so one root pulls in all
     // three packages.
-    let descriptors = protox::compile(["etcdserverpb/rpc.proto"], ["proto"])?;
+    // The standard health service etcd registers beside its own (HEALTH-1).
+    let descriptors = protox::compile(
+        ["etcdserverpb/rpc.proto", "grpc/health/v1/health.proto"],
+        ["proto"],
+    )?;
     let encoded = descriptors.encode_to_vec();
     tonic_prost_build::configure()
         .build_server(true)

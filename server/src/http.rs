@@ -54,6 +54,7 @@ use crate::cluster::ClusterService;
 use crate::connections::Connections;
 use crate::cors::{self, Cors};
 use crate::gateway;
+use crate::health::HealthService;
 use crate::kv::KvService;
 use crate::lease::LeaseService;
 use crate::maintenance::MaintenanceService;
@@ -66,6 +67,7 @@ use crate::pb::etcdserverpb::kv_server::KvServer;
 use crate::pb::etcdserverpb::lease_server::LeaseServer;
 use crate::pb::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::pb::etcdserverpb::watch_server::WatchServer;
+use crate::pb::grpc_health_v1::health_server::HealthServer;
 use crate::single_message::{self, SingleMessage};
 use crate::snapshot::Snapshots;
 use crate::watch::WatchService;
@@ -113,6 +115,7 @@ struct GrpcServices {
     maintenance: MaintenanceServer<MaintenanceService>,
     cluster: ClusterServer<ClusterService>,
     auth: AuthServer<AuthService>,
+    health: HealthServer<HealthService>,
 }
 
 impl GrpcServices {
@@ -120,6 +123,9 @@ impl GrpcServices {
     /// path naming no service gets `Unimplemented` (HTTP-4), and a method its service does
     /// not have gets tonic's `Unimplemented`.
     fn call(&self, request: Request<GrpcBody>) -> GrpcAnswer {
+        if request.uri().path().starts_with("/grpc.health.v1.Health/") {
+            return self.health.clone().call(request);
+        }
         let service = request
             .uri()
             .path()
@@ -184,13 +190,15 @@ pub fn router(
             .max_decoding_message_size(max_receive_bytes),
         lease: LeaseServer::new(LeaseService::new(node))
             .max_decoding_message_size(max_receive_bytes),
+        health: HealthServer::new(HealthService),
     };
     let routes = Routes::new(grpc.kv.clone())
         .add_service(grpc.maintenance.clone())
         .add_service(grpc.cluster.clone())
         .add_service(grpc.auth.clone())
         .add_service(grpc.watch.clone())
-        .add_service(grpc.lease.clone());
+        .add_service(grpc.lease.clone())
+        .add_service(grpc.health.clone());
     let http = routes
         .into_axum_router()
         .route("/health", get(health).with_state(shared.clone()))

@@ -51,6 +51,7 @@ pub mod fuzzing;
 mod gateway;
 mod grpc_codec;
 mod hash;
+mod health;
 mod http;
 mod identity;
 mod kv;

@@ -299,3 +299,37 @@ fn a_snapshot_refused_before_its_first_message_reaches_etcdctl_with_its_status()
     assert_eq!(saved.code, 0, "{}", saved.stderr);
     assert!(std::fs::metadata(file).unwrap().len() > 0);
 }
+
+/// HEALTH-1, HEALTH-2: the standard gRPC health service answers as etcd 3.4.23's does:
+/// `SERVING` for the server, `NotFound "unknown service"` for another name.
+#[tokio::test]
+async fn the_grpc_health_service_answers_as_etcds() {
+    use kvd_server::pb::grpc_health_v1::HealthCheckRequest;
+    use kvd_server::pb::grpc_health_v1::health_check_response::ServingStatus;
+    use kvd_server::pb::grpc_health_v1::health_client::HealthClient;
+    let ask = |service: &str| HealthCheckRequest {
+        service: service.into(),
+    };
+    let kvd = common::start_kvd(&[]);
+    let etcd = common::start_etcd();
+    for endpoint in [&kvd.endpoint, &etcd.endpoint] {
+        let mut health = HealthClient::new(connect(endpoint).await);
+        let serving = health.check(ask("")).await.unwrap().into_inner();
+        assert_eq!(serving.status, ServingStatus::Serving as i32, "{endpoint}");
+        let unknown = health.check(ask("no.such.Service")).await.unwrap_err();
+        assert_eq!(
+            (unknown.code(), unknown.message()),
+            (Code::NotFound, "unknown service"),
+            "{endpoint}"
+        );
+    }
+    // kvd's Watch gives the status and ends the stream (HEALTH-2).
+    let mut health = HealthClient::new(connect(&kvd.endpoint).await);
+    let mut watched = health.watch(ask("")).await.unwrap().into_inner();
+    let first = watched.message().await.unwrap().expect("a status");
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+    assert!(
+        watched.message().await.unwrap().is_none(),
+        "the stream ends"
+    );
+}
