@@ -429,7 +429,7 @@ async fn unknown_methods_are_unimplemented() {
     // A path naming no service of etcd's gets kvd's own message.
     for path in [
         "/etcdserverpb.Nope/Range",
-        "/grpc.health.v1.Health/Check",
+        "/v3lockpb.Lock/Lock",
         "/etcdserverpb.KV",
     ] {
         grpc.ready().await.unwrap();
