@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use super::Engine;
 use crate::error::{Result, StorageError};
 use crate::storage::DB_FILE_NAME;
+use crate::storage::defrag::sync_dir;
 use crate::storage::dump::{self, Dump};
 
 /// A snapshot being streamed (see the module documentation).
@@ -253,12 +254,6 @@ fn sync_file(path: &Path) -> std::result::Result<(), StorageError> {
     File::open(path)
         .and_then(|f| f.sync_all())
         .map_err(|e| io("sync", path, e))
-}
-
-fn sync_dir(dir: &Path) -> std::result::Result<(), StorageError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io("sync directory", dir, e))
 }
 
 /// The error `storage::dump` gives for a directory that holds a database already.

@@ -319,7 +319,8 @@ fn remove_if_present(path: &Path) -> Result<(), StorageError> {
     }
 }
 
-pub(super) fn sync_dir(dir: &Path) -> Result<(), StorageError> {
+/// Makes the entries of `dir` (a rename, a new file) durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), StorageError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| io_error("sync directory", dir, &e))
