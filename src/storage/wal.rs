@@ -444,19 +444,15 @@ impl Blocks {
     /// Stamps the durable mark into the record of `len` bytes just pushed (WAL-7).
     fn stamp_last(&mut self, len: usize) {
         let at = self.start + self.len - len;
-        let Some(header) = self.raw.get_mut(at..at + RECORD_HEADER_BYTES) else {
+        let Some(Header { crc, seq, .. }) =
+            header_at(&self.raw, at).filter(|header| header.bytes == RECORD_HEADER_BYTES)
+        else {
             return;
         };
-        let word = |h: &[u8], i: usize| u32::from_be_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
-        if word(header, 0) != RECORD_MAGIC {
-            return;
-        }
-        let crc = word(header, 8);
-        let mut seq = [0u8; 8];
-        seq.copy_from_slice(&header[12..20]);
-        let seq = u64::from_be_bytes(seq);
-        header[20..28].copy_from_slice(&self.durable.to_be_bytes());
-        header[28..32].copy_from_slice(&mark_checksum(crc, seq, self.durable).to_be_bytes());
+        let mark = at + 20;
+        self.raw[mark..mark + 8].copy_from_slice(&self.durable.to_be_bytes());
+        self.raw[mark + 8..mark + 12]
+            .copy_from_slice(&mark_checksum(crc, seq, self.durable).to_be_bytes());
     }
 
     /// Writes the buffer's blocks whole (the first of them held bytes already written, the
