@@ -569,29 +569,18 @@ fn auto_tls_serves_a_self_signed_certificate_kept_in_the_data_dir() {
 fn refused_start(flags: &[String]) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
-    let mut child = Command::new(common::kvd_binary())
+    let mut command = Command::new(common::kvd_binary());
+    command
         .arg("--data-dir")
         .arg(&data_dir)
         .arg("--listen-client-urls=https://127.0.0.1:0")
-        .args(flags)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = common::wait_with_timeout(&mut child, common::START_TIMEOUT);
-    if status.is_none() {
-        let _ = child.kill();
-    }
-    let output = child.wait_with_output().unwrap();
+        .args(flags);
+    let (status, stderr) = common::run_refused(command);
     assert!(
         !data_dir.join("kvd.redb").exists(),
         "a refused start opened a database"
     );
-    (
-        status.and_then(|s| s.code()),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    (status.code(), stderr)
 }
 
 #[test]

@@ -119,6 +119,21 @@ fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// Runs `kvd snapshot save FILE` from `source` (`--endpoints URL` or `--data-dir DIR`) in
+/// `format`, which must succeed.
+fn kvd_save(file: &Path, source: [&str; 2], format: &str) {
+    let saved = kvd(&[
+        "snapshot",
+        "save",
+        path(file),
+        source[0],
+        source[1],
+        "--format",
+        format,
+    ]);
+    assert!(saved.status.success(), "{saved:?}");
+}
+
 #[test]
 fn a_kvd_snapshot_restores_into_etcd_with_its_history() {
     let source = common::start_kvd(&[]);
@@ -219,16 +234,7 @@ fn kvd_snapshot_save_writes_either_format_and_restores_it() {
     let dir = tempfile::tempdir().unwrap();
     for format in ["kvd", "etcd"] {
         let file = dir.path().join(format!("{format}.snap"));
-        let saved = kvd(&[
-            "snapshot",
-            "save",
-            path(&file),
-            "--endpoints",
-            ep,
-            "--format",
-            format,
-        ]);
-        assert!(saved.status.success(), "{saved:?}");
+        kvd_save(&file, ["--endpoints", ep], format);
         let status = kvd(&["snapshot", "status", path(&file), "-w", "json"]);
         assert!(status.status.success(), "{status:?}");
         let status: Value = serde_json::from_slice(&status.stdout).unwrap();
@@ -353,16 +359,7 @@ fn a_killed_restore_leaves_no_database_and_the_next_restore_works() {
     big_store(&source, KEYS);
     for format in ["kvd", "etcd"] {
         let file = dir.path().join(format!("{format}.snap"));
-        let saved = kvd(&[
-            "snapshot",
-            "save",
-            path(&file),
-            "--data-dir",
-            path(&source),
-            "--format",
-            format,
-        ]);
-        assert!(saved.status.success(), "{saved:?}");
+        kvd_save(&file, ["--data-dir", path(&source)], format);
         // The directory code is the same for both formats: an existing one is tried with one.
         let modes: &[bool] = if format == "kvd" {
             &[false]
