@@ -17,7 +17,7 @@
 //! These tests fail when etcd or etcdctl is missing.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 
 use serde_json::Value;
 
@@ -119,6 +119,14 @@ fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// Runs `kvd snapshot restore FILE --data-dir DATA`, which must succeed (`what` names the
+/// case in the failure message); returns its output.
+fn kvd_restore(file: &Path, data: &Path, what: &str) -> Output {
+    let restore = kvd(&["snapshot", "restore", path(file), "--data-dir", path(data)]);
+    assert!(restore.status.success(), "{what}: {restore:?}");
+    restore
+}
+
 /// Runs `kvd snapshot save FILE` from `source` (`--endpoints URL` or `--data-dir DIR`) in
 /// `format`, which must succeed.
 fn kvd_save(file: &Path, source: [&str; 2], format: &str) {
@@ -196,14 +204,7 @@ fn an_etcd_snapshot_restores_into_kvd_with_its_history() {
     let file = dir.path().join("etcd.snap");
     ok(ep, &["snapshot", "save", path(&file)]);
     let data = dir.path().join("kvd-data");
-    let restore = kvd(&[
-        "snapshot",
-        "restore",
-        path(&file),
-        "--data-dir",
-        path(&data),
-    ]);
-    assert!(restore.status.success(), "{restore:?}");
+    let restore = kvd_restore(&file, &data, "");
     let stdout = String::from_utf8_lossy(&restore.stdout);
     assert!(
         stdout.contains(&format!("revision {}", revision(ep))),
@@ -242,14 +243,7 @@ fn kvd_snapshot_save_writes_either_format_and_restores_it() {
         assert_eq!(status["revision"].as_i64(), Some(revision(ep)), "{status}");
         assert_eq!(status["sha256Ok"], Value::Bool(true));
         let data = dir.path().join(format!("{format}-data"));
-        let restore = kvd(&[
-            "snapshot",
-            "restore",
-            path(&file),
-            "--data-dir",
-            path(&data),
-        ]);
-        assert!(restore.status.success(), "{restore:?}");
+        kvd_restore(&file, &data, "");
         let server = common::start_kvd_in(&data, &[]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             observe(&server.endpoint, &lease, compact, old),
@@ -416,14 +410,7 @@ fn a_killed_restore_leaves_no_database_and_the_next_restore_works() {
             assert!(building.exists(), "{what}: the temporary is gone already");
 
             // The next restore into the same directory works and removes the leftover.
-            let restore = kvd(&[
-                "snapshot",
-                "restore",
-                path(&file),
-                "--data-dir",
-                path(&data),
-            ]);
-            assert!(restore.status.success(), "{what}: {restore:?}");
+            kvd_restore(&file, &data, &what);
             assert!(!building.exists(), "{what}: the leftover stayed");
             let mut left: Vec<_> = std::fs::read_dir(dir.path())
                 .unwrap()
@@ -535,14 +522,7 @@ fn an_etcd_snapshot_with_auth_restores_into_kvd_that_enforces_it() {
     let file = dir.path().join("etcd.snap");
     ok(ep, &[ROOT, "snapshot", "save", path(&file)]);
     let data = dir.path().join("kvd-data");
-    let restore = kvd(&[
-        "snapshot",
-        "restore",
-        path(&file),
-        "--data-dir",
-        path(&data),
-    ]);
-    assert!(restore.status.success(), "{restore:?}");
+    let restore = kvd_restore(&file, &data, "");
     let stdout = String::from_utf8_lossy(&restore.stdout);
     assert!(
         stdout.contains("auth enabled with 2 users and 2 roles"),
