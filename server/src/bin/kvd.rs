@@ -87,6 +87,11 @@ mod cli {
             /// The data directory.
             #[arg(long, value_name = "DIR")]
             data_dir: PathBuf,
+            /// Open a database that was not closed cleanly although its log (kvd.wal) is
+            /// missing: the writes acknowledged since its last checkpoint are lost. The check
+            /// then closes it cleanly, so kvd starts on it again.
+            #[arg(long)]
+            accept_missing_log: bool,
         },
         /// Defragments a stopped data directory (rewrites its database file to give free
         /// space back), keeping HashKV.
@@ -210,11 +215,11 @@ mod cli {
 
         /// Largest client request the server accepts, in bytes. gRPC messages up to this
         /// plus 512 KiB are read; larger ones are refused before decoding.
-        #[arg(long, value_name = "BYTES", default_value_t = MAX_REQUEST_BYTES_DEFAULT)]
+        #[arg(long, value_name = "BYTES", default_value_t = MAX_REQUEST_BYTES_DEFAULT, allow_hyphen_values = true)]
         max_request_bytes: usize,
 
         /// Largest number of operations in one transaction.
-        #[arg(long, value_name = "N", default_value_t = MAX_TXN_OPS_DEFAULT)]
+        #[arg(long, value_name = "N", default_value_t = MAX_TXN_OPS_DEFAULT, allow_hyphen_values = true)]
         max_txn_ops: usize,
 
         /// Writes admitted and not yet committed, at most, shared fairly between the roles
@@ -233,7 +238,7 @@ mod cli {
         /// threads' time slices at each hand-off (a steadier tail when one tenant floods the
         /// server). Needs root, CAP_SYS_NICE or an RLIMIT_RTPRIO at least this high; kvd
         /// refuses to start without it. Unset: the normal scheduler.
-        #[arg(long, value_name = "PRIORITY", value_parser = clap::value_parser!(u8).range(1..=99))]
+        #[arg(long, value_name = "PRIORITY", value_parser = clap::value_parser!(u8).range(1..=99), allow_hyphen_values = true)]
         pipeline_priority: Option<u8>,
 
         /// Bytes of write-ahead log between two checkpoints (65536 to 67108864). A checkpoint
@@ -243,7 +248,8 @@ mod cli {
             long,
             value_name = "BYTES",
             default_value_t = kvd::WAL_FILE_BYTES_DEFAULT,
-            value_parser = clap::value_parser!(u64).range(kvd::WAL_FILE_BYTES_MIN..=kvd::WAL_FILE_BYTES_MAX)
+            value_parser = clap::value_parser!(u64).range(kvd::WAL_FILE_BYTES_MIN..=kvd::WAL_FILE_BYTES_MAX),
+            allow_hyphen_values = true
         )]
         wal_file_bytes: u64,
 
@@ -254,7 +260,12 @@ mod cli {
         auto_compaction_mode: String,
 
         /// Automatic compaction retention ('0' disables; e.g. '1h', '30m' or '1000').
-        #[arg(long, value_name = "RETENTION", default_value = "0")]
+        #[arg(
+            long,
+            value_name = "RETENTION",
+            default_value = "0",
+            allow_hyphen_values = true
+        )]
         auto_compaction_retention: String,
 
         /// Most allocations preparing at once (ALLOCATE with "prepare"), across all roles,
@@ -269,48 +280,49 @@ mod cli {
             long,
             value_name = "N",
             default_value_t = kvd::OPERATION_RETENTION_COUNT_DEFAULT,
-            value_parser = parse_retention_count
+            value_parser = parse_retention_count,
+            allow_hyphen_values = true
         )]
         operation_retention_count: u64,
 
         /// How long outcomes of writes with an operation id are kept (engine clock), a
         /// duration like '1h' or '30m'.
-        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_positive_duration)]
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_positive_duration, allow_hyphen_values = true)]
         operation_retention: Duration,
 
         /// How long an agent known from before a restart may take to register again
         /// before it is marked unreachable, a duration like '10m'.
-        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_positive_duration)]
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_positive_duration, allow_hyphen_values = true)]
         agent_reregister_timeout: Duration,
 
         /// How often the consumption counters are checked against a recount (metric
         /// kvd_consumption_drift_rows; drift is logged, never repaired); '0' disables.
-        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_go_duration)]
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_go_duration, allow_hyphen_values = true)]
         consumption_check_interval: Duration,
         /// Most client connections served at once; a connection beyond it gets an HTTP/2
         /// GOAWAY (ENHANCE_YOUR_CALM, "kvd: too many open connections") and is closed. Lowered
         /// at start to fit the open-file limit (which kvd raises to its hard limit first).
-        #[arg(long, value_name = "N", default_value_t = kvd_server::connections::MAX_CONNECTIONS_DEFAULT)]
+        #[arg(long, value_name = "N", default_value_t = kvd_server::connections::MAX_CONNECTIONS_DEFAULT, allow_hyphen_values = true)]
         max_connections: usize,
 
         /// How long a connection may take to send its HTTP/2 preface, any one frame or
         /// header block, or an HTTP/1 request head before it is closed.
-        #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_go_duration)]
+        #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_positive_duration, allow_hyphen_values = true)]
         connection_header_timeout: Duration,
 
         /// How long a connection may stay with no request open (a Watch or LeaseKeepAlive
         /// stream is an open request) before it is shut down gracefully.
-        #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_go_duration)]
+        #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_positive_duration, allow_hyphen_values = true)]
         connection_idle_timeout: Duration,
 
         /// Time without frames after which the server pings an HTTP/2 client (etcd's flag
         /// and default).
-        #[arg(long, value_name = "DURATION", default_value = "2h", value_parser = parse_go_duration)]
+        #[arg(long, value_name = "DURATION", default_value = "2h", value_parser = parse_positive_duration, allow_hyphen_values = true)]
         grpc_keepalive_interval: Duration,
 
         /// How long a ping may go unanswered before the connection is dropped (etcd's flag
         /// and default).
-        #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_go_duration)]
+        #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_positive_duration, allow_hyphen_values = true)]
         grpc_keepalive_timeout: Duration,
 
         /// Most Watch streams open at once; a further Watch call gets Unavailable. A stream
@@ -320,13 +332,20 @@ mod cli {
             long,
             value_name = "N",
             default_value_t = kvd_server::WATCH_STREAMS_MAX_DEFAULT,
-            value_parser = positive_usize
+            value_parser = positive::<usize>,
+            allow_hyphen_values = true
         )]
         max_watch_streams: usize,
 
         /// Seconds an auth token stays valid without use (etcd's flag and default); every
         /// use pushes its expiry.
-        #[arg(long, value_name = "SECONDS", default_value_t = kvd_server::AUTH_TOKEN_TTL_DEFAULT.as_secs())]
+        #[arg(
+            long,
+            value_name = "SECONDS",
+            default_value_t = kvd_server::AUTH_TOKEN_TTL_DEFAULT.as_secs(),
+            value_parser = positive::<u64>,
+            allow_hyphen_values = true
+        )]
         auth_token_ttl: u64,
 
         /// Most Snapshot streams at once; a further Snapshot call gets ResourceExhausted.
@@ -334,13 +353,14 @@ mod cli {
             long,
             value_name = "N",
             default_value_t = kvd_server::snapshot::SNAPSHOTS_MAX_DEFAULT,
-            value_parser = positive_usize
+            value_parser = positive::<usize>,
+            allow_hyphen_values = true
         )]
         max_snapshots: usize,
 
         /// How long a Snapshot stream waits for a client that reads nothing before it is
         /// abandoned (the client then gets Aborted).
-        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_go_duration)]
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_positive_duration, allow_hyphen_values = true)]
         snapshot_stall_timeout: Duration,
 
         /// Comma-separated origins allowed by CORS on the HTTP answers (the JSON gateway,
@@ -485,10 +505,14 @@ mod cli {
         quiet: bool,
     }
 
-    /// Parses a count that must be at least 1 (zero would refuse every stream or snapshot).
-    fn positive_usize(text: &str) -> Result<usize, String> {
-        match text.parse::<usize>() {
-            Ok(0) => Err("must be at least 1".to_owned()),
+    /// Parses a count that must be at least 1 (zero would refuse every stream or snapshot, or
+    /// expire every token at once).
+    fn positive<T>(text: &str) -> Result<T, String>
+    where
+        T: std::str::FromStr<Err = std::num::ParseIntError> + Default + PartialEq,
+    {
+        match text.parse::<T>() {
+            Ok(n) if n == T::default() => Err("must be at least 1".to_owned()),
             Ok(n) => Ok(n),
             Err(e) => Err(e.to_string()),
         }
@@ -691,11 +715,13 @@ mod cli {
     }
 
     /// Runs `kvd check` and returns its exit code (BIN-8).
-    fn check_main(data_dir: &std::path::Path) -> ExitCode {
+    fn check_main(data_dir: &std::path::Path, accept_missing_log: bool) -> ExitCode {
         eprintln!("kvd check: checking {}", data_dir.display());
-        let checked = with_progress("kvd check", || {
-            kvd::check_data_dir(data_dir, kvd::Config::default())
-        });
+        let config = kvd::Config {
+            accept_missing_log,
+            ..kvd::Config::default()
+        };
+        let checked = with_progress("kvd check", || kvd::check_data_dir(data_dir, config));
         match checked {
             Ok(report) => {
                 println!(
@@ -824,7 +850,10 @@ mod cli {
             Some(Command::Bench(flags)) => return bench_main(flags),
             Some(Command::Reconcile(flags)) => return reconcile_main(&flags),
             Some(Command::Snapshot(command)) => return snapshot_main(command),
-            Some(Command::Check { data_dir }) => return check_main(&data_dir),
+            Some(Command::Check {
+                data_dir,
+                accept_missing_log,
+            }) => return check_main(&data_dir, accept_missing_log),
             Some(Command::Defrag { data_dir }) => return defrag_main(&data_dir),
             None => {}
         }

@@ -205,37 +205,68 @@ fn a_listen_address_in_use_is_refused_before_the_data_directory_is_touched() {
     assert_eq!(get.stdout, "k4\nv\n", "{get:?}");
 }
 
-/// Starts kvd on a fresh data directory with `flag`, expects it to exit at once with an
+/// Starts kvd on a fresh data directory with `flags`, expects it to exit at once with an
 /// error, and returns its standard error; asserts it opened nothing.
-fn refused_at_start(flag: &str) -> String {
+fn refused_at_start(flags: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let mut command = Command::new(common::kvd_binary());
     command
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .args(["--listen-client-urls", "http://127.0.0.1:0"])
-        .arg(flag);
+        .args(flags);
     let (status, stderr) = common::run_refused(command);
-    assert!(!status.success(), "{flag} was accepted");
-    assert!(!dir.path().join("data").exists(), "{flag}: nothing opened");
+    assert!(!status.success(), "{flags:?} was accepted");
+    assert!(
+        !dir.path().join("data").exists(),
+        "{flags:?}: nothing opened"
+    );
     stderr
 }
 
 #[test]
 fn a_pipeline_priority_outside_1_to_99_or_a_tiny_log_is_refused_at_startup() {
     for value in ["0", "100", "-1"] {
-        let stderr = refused_at_start(&format!("--pipeline-priority={value}"));
+        let stderr = refused_at_start(&[&format!("--pipeline-priority={value}")]);
         assert!(
             stderr.contains(&format!("invalid value '{value}' for '--pipeline-priority")),
             "{stderr}"
         );
     }
     // The log between checkpoints has a floor too.
-    let stderr = refused_at_start("--wal-file-bytes=1000");
+    let stderr = refused_at_start(&["--wal-file-bytes=1000"]);
     assert!(
         stderr.contains("invalid value '1000' for '--wal-file-bytes"),
         "{stderr}"
     );
+}
+
+/// BIN-6: a negative count or duration given as a separate argument is the flag's value,
+/// refused with a message naming the flag (not taken for an unknown option), and a zero
+/// timeout or token lifetime, which would close every connection or expire every token at
+/// once, is refused too.
+#[test]
+fn negative_and_zero_values_are_refused_naming_their_flag() {
+    for (flag, value) in [
+        ("--max-txn-ops", "-3"),
+        ("--max-request-bytes", "-1"),
+        ("--auth-token-ttl", "-1"),
+        ("--auto-compaction-retention", "-1"),
+        ("--connection-idle-timeout", "-5s"),
+        ("--auth-token-ttl", "0"),
+        ("--connection-header-timeout", "0"),
+        ("--connection-idle-timeout", "0"),
+        ("--grpc-keepalive-interval", "0"),
+        ("--grpc-keepalive-timeout", "0"),
+        ("--snapshot-stall-timeout", "0"),
+    ] {
+        let stderr = refused_at_start(&[flag, value]);
+        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
+        assert!(
+            !stderr.contains("unexpected argument"),
+            "{flag} {value}: {stderr}"
+        );
+    }
 }
 
 /// The real-time policy and priority of each of `pid`'s threads named `kvd-apply` or
