@@ -58,6 +58,8 @@ fn main() -> ExitCode {
             println!(
                 "test a_lone_writers_acknowledged_writes_survive_a_crash_at_every_commit_step ... ok ({crashes} crashes, {acked} acknowledged writes checked)"
             );
+            a_crashed_database_without_its_log_is_refused_until_accepted();
+            println!("test a_crashed_database_without_its_log_is_refused_until_accepted ... ok");
             interrupted_compaction_resumes_and_equals_uninterrupted(rounds.min(4));
             println!("test interrupted_compaction_resumes_and_equals_uninterrupted ... ok");
             ExitCode::SUCCESS
@@ -268,6 +270,41 @@ fn acknowledged_writes_survive_a_crash_at_every_commit_step(
     }
     assert!(!acked.writes.is_empty(), "no write was ever acknowledged");
     (crashes, acked.writes.len())
+}
+
+/// STORE-7: after a crash the log holds acknowledged writes redb's durable state lacks, so
+/// a directory whose log was then lost is refused as damaged, and left so, until the caller
+/// accepts the loss; the clean close after that open makes it whole on its own.
+fn a_crashed_database_without_its_log_is_refused_until_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = run_and_kill("writer", dir.path(), Duration::from_millis(200));
+    assert!(!lines.is_empty(), "the child acknowledged nothing");
+    let log = dir.path().join("kvd.wal");
+    std::fs::remove_file(&log).unwrap();
+    for attempt in ["first", "second"] {
+        let error = Engine::open(dir.path(), config()).unwrap_err();
+        assert!(error.is_corrupted(), "{attempt} open: {error}");
+        assert!(
+            error.to_string().contains("kvd.wal is missing"),
+            "{attempt} open: {error}"
+        );
+        assert!(!log.exists(), "{attempt} open made a log");
+    }
+    let accepting = Config {
+        accept_missing_log: true,
+        ..config()
+    };
+    let engine = Engine::open(dir.path(), accepting).unwrap();
+    // Whatever the last checkpoint held is served, and writes go on.
+    let revision = engine.status().unwrap().header.revision;
+    let put = PutRequest::new("after-the-loss", "v");
+    assert_eq!(engine.put(put).unwrap().header.revision, revision + 1);
+    engine.close().unwrap();
+    std::fs::remove_file(&log).unwrap();
+    let engine = Engine::open(dir.path(), config()).unwrap();
+    let got = engine.range(&RangeRequest::key("after-the-loss")).unwrap();
+    assert_eq!(got.kvs.len(), 1, "the write after the loss");
+    engine.close().unwrap();
 }
 
 /// Every write the children acknowledged so far, and the highest revision acknowledged.

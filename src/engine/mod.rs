@@ -184,6 +184,10 @@ pub struct Config {
     /// `fsync` queues behind the copy's. Size it by how long a defrag lasts; tests that open
     /// many engines and never defrag can set 0 (each open allocates and reads the file).
     pub wal_defrag_room_bytes: u64,
+    /// Opens a data directory whose database was not closed cleanly although its log is
+    /// missing, losing the writes acknowledged since the last checkpoint; without it such a
+    /// directory is refused as damaged (STORE-7). For `kvd check --accept-missing-log`.
+    pub accept_missing_log: bool,
     /// Makes a defrag stop at a step as if the process died there (tests only).
     pub defrag_failpoint: Option<DefragFailpoint>,
     /// Makes the process abort at a step of the commit protocol (crash tests only).
@@ -264,6 +268,7 @@ impl Default for Config {
             free_space: Arc::new(StatvfsFreeSpace),
             wal_file_bytes: WAL_FILE_BYTES_DEFAULT,
             wal_defrag_room_bytes: WAL_DEFRAG_ROOM_BYTES_DEFAULT,
+            accept_missing_log: false,
             defrag_failpoint: None,
             commit_failpoint: None,
             auto_compaction: None,
@@ -634,6 +639,7 @@ impl Engine {
             faults: config.faults.clone(),
             wal_file_bytes: config.wal_file_bytes,
             wal_defrag_room_bytes: config.wal_defrag_room_bytes,
+            accept_missing_log: config.accept_missing_log,
         };
         let store = Store::open(dir.as_ref(), &options)?;
         let recovered = recover::recover(&store, config.clock.now(), config.lease_ttl_min_seconds)?;

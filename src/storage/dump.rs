@@ -451,9 +451,14 @@ fn restore_into(image: &[u8], path: &Path) -> Result<(), StorageError> {
                 let value = input.bytes()?;
                 // The log's position describes the source's log, which a snapshot does not
                 // carry: the restored directory starts one of its own (STORE-6).
-                let of_the_log = [MetaKey::WalEpoch, MetaKey::WalSeq, MetaKey::WalOffset]
-                    .iter()
-                    .any(|meta_key| meta_key.name() == key);
+                let of_the_log = [
+                    MetaKey::WalEpoch,
+                    MetaKey::WalSeq,
+                    MetaKey::WalOffset,
+                    MetaKey::WalInUse,
+                ]
+                .iter()
+                .any(|meta_key| meta_key.name() == key);
                 if !of_the_log {
                     let mut meta = txn.open_table(META).map_err(storage_error)?;
                     meta.insert(key, value).map_err(storage_error)?;

@@ -26,7 +26,12 @@
 //!   is shorter than any log kvd makes, is refused as damaged: no log is made and nothing
 //!   replayed, so it is never taken for a new one. A missing log is not refused: a cleanly
 //!   closed database needs none (a copy of it alone is whole), and nothing in the database
-//!   tells that apart from one whose log was deleted after a crash.
+//!   tells that apart from one whose log was deleted after a crash (STORE-7 does).
+//! - STORE-7: from each open until the clean close after it, the database's durable state
+//!   says it needs its log (`wal_in_use`); an open that finds that mark and no log is
+//!   refused as damaged before anything is changed, unless the caller accepts losing the
+//!   writes since the last checkpoint (`StoreOptions::accept_missing_log`). A clean close
+//!   clears the mark in a durable commit; a close after a poisoning error leaves it.
 //! - STORE-4: decoders of stored bytes are total: bad bytes give `Corrupted`, never a panic.
 //! - STORE-5: a [`Snapshot`] is one redb read transaction; callers keep it for one request
 //!   only, because a long reader pins every page freed after it began.
@@ -94,10 +99,13 @@ pub enum MetaKey {
     WalOffset,
     /// The log epoch: one per open (WAL-2).
     WalEpoch,
+    /// 1 from an open until the clean close after it: the durable state then needs the log
+    /// (STORE-7).
+    WalInUse,
 }
 
 /// Every meta key, in code order (`MetaKey::code` is the index).
-const META_KEYS: [MetaKey; 8] = [
+const META_KEYS: [MetaKey; 9] = [
     MetaKey::SchemaVersion,
     MetaKey::CurrentRevision,
     MetaKey::ScheduledCompactRevision,
@@ -106,6 +114,7 @@ const META_KEYS: [MetaKey; 8] = [
     MetaKey::WalSeq,
     MetaKey::WalOffset,
     MetaKey::WalEpoch,
+    MetaKey::WalInUse,
 ];
 
 impl MetaKey {
@@ -119,6 +128,7 @@ impl MetaKey {
             MetaKey::WalSeq => "wal_seq",
             MetaKey::WalOffset => "wal_offset",
             MetaKey::WalEpoch => "wal_epoch",
+            MetaKey::WalInUse => "wal_in_use",
         }
     }
 
@@ -133,6 +143,7 @@ impl MetaKey {
             MetaKey::WalSeq => 5,
             MetaKey::WalOffset => 6,
             MetaKey::WalEpoch => 7,
+            MetaKey::WalInUse => 8,
         }
     }
 
@@ -185,6 +196,9 @@ pub struct StoreOptions {
     pub wal_file_bytes: u64,
     /// The log file's least length (`wal::log_file_bytes`).
     pub wal_defrag_room_bytes: u64,
+    /// Opens a database that was not closed cleanly even though its log is missing, losing
+    /// the writes acknowledged since its last checkpoint (STORE-7).
+    pub accept_missing_log: bool,
 }
 
 /// The open database of one data directory.
@@ -223,6 +237,12 @@ struct WriteState {
 impl Store {
     /// Opens (or creates) the store in `dir`, taking the directory lock.
     pub fn open(dir: &Path, options: &StoreOptions) -> Result<Store, StorageError> {
+        if dir.exists() && !dir.is_dir() {
+            return Err(StorageError::Io(format!(
+                "data directory {} is not a directory",
+                dir.display()
+            )));
+        }
         fs::create_dir_all(dir).map_err(|e| io_error("create data directory", dir, &e))?;
         let lock_file = lock_directory(dir)?;
         let path = dir.join(DB_FILE_NAME);
@@ -267,6 +287,16 @@ impl Store {
         if leftover.exists() {
             fs::remove_file(&leftover)
                 .map_err(|e| io_error("remove unfinished defrag copy", &leftover, &e))?;
+        }
+        if !log_existed && !options.accept_missing_log && needs_log(&db)? {
+            // STORE-7: the log held what redb's durable state lacks.
+            return Err(StorageError::Corrupted(format!(
+                "{} is missing, but {} was not closed cleanly: the writes acknowledged since \
+                 its last checkpoint were only in the log (put the log back; if it is lost, \
+                 `kvd check --accept-missing-log` opens the database without them)",
+                log_path.display(),
+                path.display()
+            )));
         }
         let checkpoint_bytes = options.wal_file_bytes.max(wal::WAL_FILE_BYTES_MIN);
         let room = wal::log_file_bytes(checkpoint_bytes, options.wal_defrag_room_bytes);
@@ -330,6 +360,7 @@ impl Store {
                 (MetaKey::WalEpoch, next_epoch),
                 (MetaKey::WalSeq, last_seq),
                 (MetaKey::WalOffset, 0),
+                (MetaKey::WalInUse, 1),
             ] {
                 meta.insert(key.name(), &value.to_be_bytes()[..])
                     .map_err(storage_error)?;
@@ -532,17 +563,34 @@ impl Store {
         Ok(bytes)
     }
 
-    /// Closes the database, returning any error redb reports on the way.
+    /// Closes the database, returning any error redb reports on the way. Unless a write
+    /// failed (STORE-2), first clears the mark that the database needs its log, in a durable
+    /// commit that holds every batch before it (STORE-7).
     pub fn close(self) -> Result<(), StorageError> {
+        let poisoned = lock(&self.state).poisoned.is_some();
+        let unmarked = if poisoned {
+            Ok(())
+        } else {
+            self.guarded(|_| {
+                let txn = self.database().begin_write().map_err(storage_error)?;
+                {
+                    let mut meta = txn.open_table(META).map_err(storage_error)?;
+                    meta.insert(MetaKey::WalInUse.name(), &0_u64.to_be_bytes()[..])
+                        .map_err(storage_error)?;
+                }
+                txn.commit().map_err(storage_error)
+            })
+        };
         let in_service = self
             .db
             .into_inner()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match Arc::try_unwrap(in_service.db) {
+        let closed = match Arc::try_unwrap(in_service.db) {
             Ok(db) => db.close().map_err(storage_error),
             // A reader still holds it: redb closes it when that reader drops it.
             Err(_) => Ok(()),
-        }
+        };
+        unmarked.and(closed)
     }
 }
 
@@ -868,6 +916,21 @@ pub(crate) fn decode_u64(bytes: &[u8]) -> Result<u64, StorageError> {
     Ok(u64::from_be_bytes(array))
 }
 
+/// Returns true if `db`'s durable state needs its log (STORE-7); false for a new database,
+/// and for one written before the mark existed, which cannot tell.
+fn needs_log(db: &Database) -> Result<bool, StorageError> {
+    let txn = db.begin_read().map_err(storage_error)?;
+    let meta = match txn.open_table(META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+        Err(e) => return Err(storage_error(e)),
+    };
+    match meta.get(MetaKey::WalInUse.name()).map_err(storage_error)? {
+        Some(bytes) => Ok(decode_u64(bytes.value())? != 0),
+        None => Ok(false),
+    }
+}
+
 /// Takes the directory lock of `dir` (STORE-3): returns the locked file, held until dropped.
 pub(crate) fn lock_directory(dir: &Path) -> Result<File, StorageError> {
     let lock_path = dir.join(LOCK_FILE_NAME);
@@ -905,6 +968,11 @@ fn open_error(path: &Path, e: redb::Error) -> StorageError {
     match e {
         redb::Error::Corrupted(what) => {
             StorageError::Corrupted(format!("{}: {what}", path.display()))
+        }
+        // redb reports a file that holds no redb database (a wrong magic number) as an I/O
+        // error of this kind: it is damage to the data directory, not a failed read.
+        redb::Error::Io(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            StorageError::Corrupted(format!("{}: {e}", path.display()))
         }
         redb::Error::DatabaseAlreadyOpen => StorageError::Locked {
             dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
@@ -954,6 +1022,7 @@ mod tests {
             faults: None,
             wal_file_bytes: wal::WAL_FILE_BYTES_MIN,
             wal_defrag_room_bytes: 0,
+            accept_missing_log: false,
         }
     }
 

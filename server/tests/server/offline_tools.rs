@@ -169,6 +169,10 @@ fn a_damaged_log_or_a_lost_database_is_refused_not_served_as_less() {
     for name in ["kvd.redb", "kvd.wal"] {
         std::fs::copy(data.join(name), copy.join(name)).unwrap();
     }
+    // STORE-7: a copy whose log is lost is refused too, until the loss is accepted.
+    let lost = sound.path().join("lost");
+    std::fs::create_dir(&lost).unwrap();
+    std::fs::copy(data.join("kvd.redb"), lost.join("kvd.redb")).unwrap();
     let mut damaged = log.clone();
     damaged[used / 2] ^= 0xff;
     std::fs::write(&wal, &damaged).unwrap();
@@ -201,4 +205,37 @@ fn a_damaged_log_or_a_lost_database_is_refused_not_served_as_less() {
         "{refused}"
     );
     assert!(!copy.join("kvd.redb").exists());
+
+    let refused = common::start_kvd_in(&lost, &[])
+        .err()
+        .expect("kvd served a crashed database without its log");
+    assert!(refused.contains("kvd.wal is missing"), "{refused}");
+    let out = kvd(&["check", "--data-dir", path(&lost)]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(!lost.join("kvd.wal").exists());
+    let out = kvd(&["check", "--accept-missing-log", "--data-dir", path(&lost)]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // The 60 puts were only in the log.
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("\"keys\":0"),
+        "{out:?}"
+    );
+    let server = common::start_kvd_in(&lost, &[]).expect("kvd after the accepted loss");
+    let run = common::etcdctl(&server.endpoint, &["put", "k", "v"], None);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+}
+
+/// A database file that is not a redb database is damage: `kvd check` exits 2, not 1.
+#[test]
+fn check_finds_damage_in_a_file_that_is_not_a_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    stopped_store(&data);
+    std::fs::write(data.join("kvd.redb"), b"not a database").unwrap();
+    let out = kvd(&["check", "--data-dir", path(&data)]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("damage found"),
+        "{out:?}"
+    );
 }
