@@ -27,6 +27,12 @@
 //!   type is refused by tonic as before. (axum's middleware on every gRPC call cost about
 //!   7 % of the server's CPU per put under etcd's 64-client benchmark:
 //!   docs/benchmarks-server.md.)
+//! - HTTP-7: a gRPC request's `grpc-timeout` is its deadline, counted from the arrival of its
+//!   headers: a call still running then is dropped and answered `DeadlineExceeded "context
+//!   deadline exceeded"`, and one whose deadline has passed before it is called (a timeout
+//!   of zero, or a few nanoseconds) is not called at all, so it changes nothing. A write the engine has already
+//!   taken in is applied all the same, as etcd applies a proposal whose caller gave up. A
+//!   malformed `grpc-timeout` gets `Internal` and nothing runs.
 //!
 //! Contact points: `server::run` serves this router; the gRPC services live in `kv.rs`,
 //! `lease.rs`, `watch.rs`, `maintenance.rs`, `cluster.rs` and `auth.rs`.
@@ -34,7 +40,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{RawQuery, Request, State};
@@ -242,7 +248,22 @@ async fn track(shared: &Shared, grpc: &GrpcServices, request: Request<Incoming>)
     };
     shared.metrics.start(&path);
     let started = Instant::now();
-    let response = match grpc.call(request).await {
+    // HTTP-7.
+    let answered = match grpc_timeout(request.headers()) {
+        Err(malformed) => Ok(malformed.into_http()),
+        Ok(None) => grpc.call(request).await,
+        Ok(Some(timeout)) => {
+            let deadline = tokio::time::Instant::from_std(started) + timeout;
+            if tokio::time::Instant::now() >= deadline {
+                Ok(deadline_exceeded().into_http())
+            } else {
+                tokio::time::timeout_at(deadline, grpc.call(request))
+                    .await
+                    .unwrap_or_else(|_| Ok(deadline_exceeded().into_http()))
+            }
+        }
+    };
+    let response = match answered {
         Ok(response) => response.map(Body::new),
         Err(never) => match never {},
     };
@@ -266,6 +287,36 @@ async fn track(shared: &Shared, grpc: &GrpcServices, request: Request<Incoming>)
         _ => tracing::debug!(method = %path, code = ?code, elapsed_us, "grpc request"),
     }
     response
+}
+
+/// The status of a call whose deadline passed (HTTP-7): gRPC-go's, which etcd passes on.
+fn deadline_exceeded() -> Status {
+    Status::deadline_exceeded("context deadline exceeded")
+}
+
+/// Reads a request's `grpc-timeout` (HTTP-7): at most eight digits and a unit (`H`, `M`,
+/// `S`, `m`, `u`, `n`); `None` when the header is absent.
+fn grpc_timeout(headers: &axum::http::HeaderMap) -> Result<Option<Duration>, Status> {
+    let Some(value) = headers.get("grpc-timeout") else {
+        return Ok(None);
+    };
+    let malformed = || Status::internal(format!("malformed grpc-timeout: {value:?}"));
+    let text = value.to_str().map_err(|_| malformed())?;
+    let (digits, unit) = text.split_at(text.len().saturating_sub(1));
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(malformed());
+    }
+    let amount: u64 = digits.parse().map_err(|_| malformed())?;
+    let timeout = match unit {
+        "H" => Duration::from_secs(amount * 3_600),
+        "M" => Duration::from_secs(amount * 60),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return Err(malformed()),
+    };
+    Ok(Some(timeout))
 }
 
 /// Returns etcd's status for tonic's "message too large" status, or `None` for any other

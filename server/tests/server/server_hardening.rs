@@ -53,13 +53,24 @@ struct RawCall {
 impl RawCall {
     /// Starts a call to `path`; the response head is awaited on the first read.
     async fn start(send: &mut h2::client::SendRequest<Bytes>, path: &str) -> RawCall {
-        let request = http::Request::builder()
+        RawCall::start_with(send, path, &[]).await
+    }
+
+    /// Starts a call to `path` with `headers` besides gRPC's own.
+    async fn start_with(
+        send: &mut h2::client::SendRequest<Bytes>,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> RawCall {
+        let mut request = http::Request::builder()
             .method("POST")
             .uri(format!("http://127.0.0.1{path}"))
             .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .unwrap();
+            .header("te", "trailers");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(()).unwrap();
         let mut send = send.clone().ready().await.unwrap();
         let (response, body) = send.send_request(request, false).unwrap();
         RawCall {
@@ -708,4 +719,65 @@ async fn stalled_snapshots_hold_no_disk_bounded_memory_and_raise_no_alarm() {
         .into_inner()
         .alarms;
     assert!(alarms.is_empty(), "{alarms:?}");
+}
+
+/// HTTP-7: a `grpc-timeout` that has run out before the call runs refuses it with
+/// `DeadlineExceeded` and writes nothing; a call still waiting (here for its request body)
+/// when its deadline passes is answered the same way; a malformed `grpc-timeout` gets
+/// `Internal` and writes nothing; a deadline with room to spare changes nothing. (Raw
+/// calls: tonic's client enforces a deadline itself, and could not show the server's.)
+#[tokio::test]
+async fn grpc_timeout_is_the_calls_deadline() {
+    const GRPC_DEADLINE_EXCEEDED: &str = "4";
+    let server = common::start_kvd(&[]);
+    let mut send = h2_connect(&server.endpoint).await;
+    let put = |key: &str| {
+        grpc_message(
+            &pb::PutRequest {
+                key: Bytes::from(key.to_owned()),
+                value: Bytes::from_static(b"v"),
+                ..pb::PutRequest::default()
+            }
+            .encode_to_vec(),
+        )
+    };
+    let path = "/etcdserverpb.KV/Put";
+    let mut late = RawCall::start_with(&mut send, path, &[("grpc-timeout", "1n")]).await;
+    late.send(put("late"), true);
+    let (code, message, _) = late.status::<pb::PutResponse>().await;
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        (GRPC_DEADLINE_EXCEEDED, "context deadline exceeded")
+    );
+    let started = Instant::now();
+    let mut waiting = RawCall::start_with(&mut send, path, &[("grpc-timeout", "300m")]).await;
+    let (code, message, _) = waiting.status::<pb::PutResponse>().await;
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        (GRPC_DEADLINE_EXCEEDED, "context deadline exceeded")
+    );
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    for bad in ["xyz", "10", "123456789S", "5x"] {
+        let mut call = RawCall::start_with(&mut send, path, &[("grpc-timeout", bad)]).await;
+        call.send(put("malformed"), true);
+        let (code, message, _) = call.status::<pb::PutResponse>().await;
+        assert_eq!(code, GRPC_INTERNAL, "{bad}: {message}");
+        assert!(
+            message.contains("malformed grpc-timeout"),
+            "{bad}: {message}"
+        );
+    }
+    let mut in_time = RawCall::start_with(&mut send, path, &[("grpc-timeout", "30S")]).await;
+    in_time.send(put("in-time"), true);
+    assert!(in_time.message::<pb::PutResponse>().await.is_some());
+    for (key, found) in [("late", 0), ("malformed", 0), ("in-time", 1)] {
+        let mut call = RawCall::start(&mut send, "/etcdserverpb.KV/Range").await;
+        let range = pb::RangeRequest {
+            key: Bytes::from(key.to_owned()),
+            ..pb::RangeRequest::default()
+        };
+        call.send(grpc_message(&range.encode_to_vec()), true);
+        let got = call.message::<pb::RangeResponse>().await.unwrap();
+        assert_eq!(got.kvs.len(), found, "{key}");
+    }
 }
