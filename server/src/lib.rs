@@ -163,6 +163,9 @@ pub struct ServerConfig {
     /// Bytes of write-ahead log between checkpoints (`--wal-file-bytes`,
     /// `Config::wal_file_bytes`).
     pub wal_file_bytes: u64,
+    /// How often an idle watch with `progress_notify` gets a progress response
+    /// (`--experimental-watch-progress-notify-interval`, etcd's default 10 minutes).
+    pub watch_progress_notify_interval: Duration,
     /// The allocation prepare queue length (`--allocation-prepare-queue-length`): `Some`
     /// replaces the persisted one, `None` keeps it.
     pub allocation_prepare_queue_length: Option<u64>,
@@ -259,6 +262,7 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
         fs_reserve_bytes: Some(fs_reserve(&config)),
         pipeline_priority: config.pipeline_priority,
         wal_file_bytes: config.wal_file_bytes,
+        watch_progress_notify_interval: config.watch_progress_notify_interval,
         ..Config::default()
     };
     if kvd::space_quota_bytes(config.quota_backend_bytes).is_some_and(|q| q > QUOTA_BYTES_WARN) {

@@ -348,6 +348,11 @@ mod cli {
         )]
         auth_token_ttl: u64,
 
+        /// How often an idle watch created with progress_notify gets a progress response
+        /// (etcd's flag and default).
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_positive_duration, allow_hyphen_values = true)]
+        experimental_watch_progress_notify_interval: Duration,
+
         /// Most Snapshot streams at once; a further Snapshot call gets ResourceExhausted.
         #[arg(
             long,
@@ -913,6 +918,7 @@ mod cli {
             prepare_queue_length: flags.prepare_queue_length,
             pipeline_priority: flags.pipeline_priority,
             wal_file_bytes: flags.wal_file_bytes,
+            watch_progress_notify_interval: flags.experimental_watch_progress_notify_interval,
             max_watch_streams: flags.max_watch_streams,
             auth_token_ttl: Duration::from_secs(flags.auth_token_ttl),
             max_snapshots: flags.max_snapshots,

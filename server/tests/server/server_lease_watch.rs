@@ -582,3 +582,32 @@ async fn two_thousand_watch_streams_hold_no_thread_each() {
         );
     }
 }
+
+/// `--experimental-watch-progress-notify-interval` sets how often an idle watch created
+/// with `progress_notify` hears the current revision (etcd's flag; the default is 10
+/// minutes, too long for a test to see).
+#[tokio::test]
+async fn the_progress_notify_interval_is_a_flag() {
+    let server = common::start_kvd(&["--experimental-watch-progress-notify-interval", "1s"]);
+    let channel = connect(&server.endpoint).await;
+    KvClient::new(channel.clone())
+        .put(put("a", "1", 0))
+        .await
+        .unwrap(); // revision 2
+    let mut session = WatchSession::open(channel).await;
+    session
+        .create(WatchCreateRequest {
+            progress_notify: true,
+            ..watch_key("idle")
+        })
+        .await;
+    let created = session.next().await;
+    assert!(created.created, "{created:?}");
+    // No event comes for the idle key, so the next response is a progress notification.
+    for _ in 0..2 {
+        let progress = session.next().await;
+        assert!(progress.events.is_empty(), "{progress:?}");
+        assert!(!progress.created && !progress.canceled, "{progress:?}");
+        assert_full_header(progress.header, 2);
+    }
+}
