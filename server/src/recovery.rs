@@ -26,7 +26,8 @@
 //!   filesystem is usable; the figure is logged at start.
 //! - RECOVERY-5: the first NOSPACE of an episode (until the alarm is gone) is logged once, with
 //!   the figures that explain it: the quota, the bytes in use, the free space and the
-//!   reserve.
+//!   reserve. An alarm kvd finds at its start is logged as kept from before, with the same
+//!   figures and no guessed cause.
 //!
 //! Contact points: `server::node` routes every engine call through [`EngineSlot`] and
 //! reports poisoned errors; `server::http` (`/health`, `/metrics`), `server::maintenance`
@@ -213,7 +214,8 @@ fn fs_free_bytes(dir: &Path) -> Option<u64> {
 /// is gone (RECOVERY-2) and logs the first NOSPACE of each episode (RECOVERY-5).
 pub async fn run(slot: Arc<EngineSlot>, recovery: Recovery, stopping: impl std::future::Future) {
     tokio::pin!(stopping);
-    let mut nospace_logged = false;
+    // Before the first client request: an alarm found now was raised before the start.
+    let mut nospace_logged = log_nospace(&slot, &recovery, false, true).await;
     let mut waiting_logged = false;
     loop {
         tokio::select! {
@@ -221,7 +223,7 @@ pub async fn run(slot: Arc<EngineSlot>, recovery: Recovery, stopping: impl std::
             () = slot.wake.notified() => {}
             () = tokio::time::sleep(RECOVERY_POLL) => {}
         }
-        nospace_logged = log_nospace(&slot, &recovery, nospace_logged).await;
+        nospace_logged = log_nospace(&slot, &recovery, nospace_logged, false).await;
         if slot.state().poisoned.is_none() {
             waiting_logged = false;
             continue;
@@ -297,8 +299,9 @@ async fn reopen(slot: &EngineSlot, recovery: &Recovery, why: &'static str) {
 }
 
 /// Logs the first NOSPACE of an episode with its figures (RECOVERY-5); returns whether one is
-/// logged for the current episode.
-async fn log_nospace(slot: &EngineSlot, recovery: &Recovery, logged: bool) -> bool {
+/// logged for the current episode. At the `first` check after the start an alarm found was
+/// raised before it, by a cause kvd no longer knows, and is logged as kept.
+async fn log_nospace(slot: &EngineSlot, recovery: &Recovery, logged: bool, first: bool) -> bool {
     let Some(engine) = slot.engine() else {
         return logged;
     };
@@ -314,6 +317,18 @@ async fn log_nospace(slot: &EngineSlot, recovery: &Recovery, logged: bool) -> bo
         return true;
     }
     let free = fs_free_bytes(&recovery.data_dir);
+    if first {
+        tracing::warn!(
+            quota_bytes = status.db_size_quota,
+            db_size_in_use_bytes = status.db_size_in_use,
+            db_size_bytes = status.db_size,
+            fs_free_bytes = ?free,
+            fs_reserve_bytes = recovery.reserve_bytes,
+            "NOSPACE alarm kept from before the start: writes that need space are refused \
+             until `alarm disarm`"
+        );
+        return true;
+    }
     let below_reserve = free.is_some_and(|f| f < recovery.reserve_bytes);
     let reason = if below_reserve {
         "the filesystem has less than the reserve free"

@@ -1,12 +1,14 @@
 //! The NOSPACE story through etcdctl 3.4 against a kvd with a small `--quota-backend-bytes`:
 //! fill until refused, the alarm is listed and `/health` turns 503 (200 with
 //! `?exclude=NOSPACE`), reads and deletes work, compact, defrag, disarm, writes work again;
-//! and `snapshot save` produces etcd's format (a database image plus a SHA-256 trailer).
+//! and `snapshot save` produces etcd's format (a database image plus a SHA-256 trailer); an
+//! alarm kept across a restart is logged as kept.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common;
+use std::time::Duration;
 
+use crate::common;
 use crate::common::etcdctl;
 
 #[test]
@@ -115,4 +117,48 @@ fn snapshot_save_writes_an_image_with_a_sha256_trailer() {
         engine.range(&kvd::RangeRequest::prefix("s")).unwrap().count,
         50
     );
+}
+
+/// RECOVERY-5: a NOSPACE alarm persisted from before a restart is logged as kept, with the
+/// figures and no guessed cause, not as raised anew.
+#[test]
+fn an_alarm_from_before_a_restart_is_logged_as_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let flags = ["--quota-backend-bytes", "400000"];
+    let mut server = common::start_kvd_in(&data, &flags).unwrap();
+    let value = "x".repeat(8000);
+    let mut written = 0;
+    while etcdctl(
+        &server.endpoint,
+        &["put", &format!("k{written:03}"), &value],
+        None,
+    )
+    .code
+        == 0
+    {
+        written += 1;
+        assert!(written < 500, "the quota never filled");
+    }
+    assert!(
+        common::wait_until(Duration::from_secs(20), || server
+            .log()
+            .contains("NOSPACE alarm raised")),
+        "{}",
+        server.log()
+    );
+    assert_eq!(server.signal_and_wait("-TERM"), Some(0));
+    let server = common::start_kvd_in(&data, &flags).unwrap();
+    let alarms = etcdctl(&server.endpoint, &["alarm", "list"], None);
+    assert!(alarms.stdout.ends_with("alarm:NOSPACE \n"), "{alarms:?}");
+    assert!(
+        common::wait_until(Duration::from_secs(20), || server
+            .log()
+            .contains("NOSPACE alarm kept from before the start")),
+        "{}",
+        server.log()
+    );
+    let log = server.log();
+    assert!(!log.contains("NOSPACE alarm raised"), "{log}");
+    assert!(log.contains("quota_bytes=400000"), "{log}");
 }
