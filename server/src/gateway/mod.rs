@@ -12,7 +12,7 @@
 //!   (BUILD-3): proto field names, bytes as base64, 64-bit integers as strings, enum names,
 //!   zero values left out. Requests may send 64-bit integers as strings or numbers, enums as
 //!   names or numbers, and leave fields out (zero); unknown fields are ignored; a body with
-//!   no `Content-Type` is read as JSON; an empty body is the all-zero request; what follows
+//!   no `Content-Type` is read as JSON; an empty or `null` body is the all-zero request; what follows
 //!   the first JSON value is ignored; a `null` field is absent; an enum number etcd does
 //!   not define reaches the service as that number, as etcd's gateway passes it on
 //!   (`enums.rs`); a base64 bytes field is read as etcd's gateway reads it (Go's
@@ -398,9 +398,10 @@ fn decode<Req: DeserializeOwned + Default + RawEnums>(body: &[u8]) -> Result<Req
         .into_iter::<serde_json::Value>()
         .next()
     {
+        // A `null` body leaves every field at zero, as Go's JSON decoding of it does.
+        Some(Ok(serde_json::Value::Null)) | None => return Ok(Req::default()),
         Some(Ok(value)) => value,
         Some(Err(e)) => return Err(Status::invalid_argument(e.to_string())),
-        None => return Ok(Req::default()),
     };
     decode_value(value).map_err(Status::invalid_argument)
 }
@@ -515,6 +516,8 @@ mod tests {
         assert_eq!(trailing.key.as_ref(), b"a");
         let null: pb::RangeRequest = decode(br#"{"key":"YQ==","limit":null}"#).unwrap();
         assert_eq!(null.limit, 0);
+        let null_body: pb::RangeRequest = decode(b" null ").unwrap();
+        assert_eq!(null_body, pb::RangeRequest::default());
         let bad = decode::<pb::RangeRequest>(b"{bad").unwrap_err();
         assert_eq!(bad.code(), Code::InvalidArgument);
     }
