@@ -1,6 +1,7 @@
-//! Build script: compiles etcd's v3 API protos in `proto/` into prost messages and tonic
-//! server and client code, and serde impls in the JSON gateway's mapping, included by
-//! `server/src/pb.rs`.
+//! Build script: compiles etcd's v3 API protos in `proto/` (the `etcdserverpb` services,
+//! and the Lock and Election services of `v3lockpb` and `v3electionpb`) into prost messages
+//! and tonic server and client code, and serde impls in the JSON gateway's mapping,
+//! included by `server/src/pb.rs`.
 //!
 //! Invariants:
 //! - BUILD-1: no `protoc` is involved: `protox` parses the files in pure Rust, so a fresh
@@ -37,9 +38,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     // `rpc.proto` imports `mvccpb/kv.proto` and `authpb/auth.proto`, so one root pulls in all
     // three packages.
-    // The standard health service etcd registers beside its own (HEALTH-1).
+    // The standard health service etcd registers beside its own (HEALTH-1), and etcd's
+    // Lock and Election services, which import `rpc.proto` and `kv.proto`.
     let descriptors = protox::compile(
-        ["etcdserverpb/rpc.proto", "grpc/health/v1/health.proto"],
+        [
+            "etcdserverpb/rpc.proto",
+            "grpc/health/v1/health.proto",
+            "v3lockpb/v3lock.proto",
+            "v3electionpb/v3election.proto",
+        ],
         ["proto"],
     )?;
     let encoded = descriptors.encode_to_vec();
@@ -58,7 +65,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .preserve_proto_field_names()
         .ignore_unknown_fields()
         .exclude([RANGE_RESPONSE])
-        .build(&[".etcdserverpb", ".mvccpb", ".authpb"])?;
+        .build(&[
+            ".etcdserverpb",
+            ".mvccpb",
+            ".authpb",
+            ".v3lockpb",
+            ".v3electionpb",
+        ])?;
     git_commit();
     Ok(())
 }

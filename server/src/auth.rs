@@ -29,7 +29,8 @@
 //!
 //! Contact points: `server::node` holds the [`Sessions`]; the KV, Watch, Lease and
 //! Maintenance services and the operator API call [`authenticated_user`] (or
-//! [`authenticated_http_user`]) and the engine's `auth_check_*`.
+//! [`authenticated_http_user`]) and the engine's `auth_check_*`; the Watch, Lock and
+//! Election services keep a request's [`Caller`].
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -297,6 +298,48 @@ pub fn authenticated_http_user(
             .map(Some)
             .ok_or(Error::Auth(AuthError::InvalidAuthToken)),
         None => Ok(None),
+    }
+}
+
+/// What names a request's caller, kept beyond the request: its token metadata (the keys of
+/// [`TOKEN_METADATA`] only) and its verified client certificate, if any. A Watch stream
+/// resolves it again at each create; the Lock and Election services make their KV requests
+/// as it (CONC-1).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    metadata: MetadataMap,
+    certificate: Option<ClientCertificate>,
+}
+
+impl Caller {
+    /// Returns the caller of `request`.
+    pub fn of<T>(request: &Request<T>) -> Caller {
+        let mut metadata = MetadataMap::new();
+        for key in TOKEN_METADATA {
+            if let Some(value) = request.metadata().get(key) {
+                metadata.insert(key, value.clone());
+            }
+        }
+        Caller {
+            metadata,
+            certificate: request.extensions().get::<ClientCertificate>().cloned(),
+        }
+    }
+
+    /// Returns the caller's user, as [`authenticated_user`] resolves it now.
+    pub fn user(&self, node: &Node) -> Result<Option<String>, Status> {
+        authenticated_user_of(node, &self.metadata, self.certificate.as_ref())
+    }
+
+    /// Returns a request of `message` made by this caller: its token and client certificate,
+    /// and nothing else of the request it came from (no operation id).
+    pub fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        *request.metadata_mut() = self.metadata.clone();
+        if let Some(certificate) = &self.certificate {
+            request.extensions_mut().insert(certificate.clone());
+        }
+        request
     }
 }
 

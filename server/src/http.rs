@@ -35,7 +35,8 @@
 //!   malformed `grpc-timeout` gets `Internal` and nothing runs.
 //!
 //! Contact points: `server::run` serves this router; the gRPC services live in `kv.rs`,
-//! `lease.rs`, `watch.rs`, `maintenance.rs`, `cluster.rs` and `auth.rs`.
+//! `lease.rs`, `watch.rs`, `maintenance.rs`, `cluster.rs`, `auth.rs`, `health.rs`, `lock.rs`
+//! and `election.rs`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -59,10 +60,12 @@ use crate::auth::AuthService;
 use crate::cluster::ClusterService;
 use crate::connections::Connections;
 use crate::cors::{self, Cors};
+use crate::election::ElectionService;
 use crate::gateway;
 use crate::health::HealthService;
 use crate::kv::KvService;
 use crate::lease::LeaseService;
+use crate::lock::LockService;
 use crate::maintenance::MaintenanceService;
 use crate::metrics::{EngineGauges, Metrics, ServerGauges, StreamGauges};
 use crate::node::{ETCD_CLUSTER_VERSION, ETCD_SERVER_VERSION, Node};
@@ -74,6 +77,8 @@ use crate::pb::etcdserverpb::lease_server::LeaseServer;
 use crate::pb::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::pb::etcdserverpb::watch_server::WatchServer;
 use crate::pb::grpc_health_v1::health_server::HealthServer;
+use crate::pb::v3electionpb::election_server::ElectionServer;
+use crate::pb::v3lockpb::lock_server::LockServer;
 use crate::single_message::{self, SingleMessage};
 use crate::snapshot::Snapshots;
 use crate::watch::WatchService;
@@ -110,7 +115,8 @@ type GrpcAnswer = Pin<
     Box<dyn Future<Output = Result<axum::http::Response<tonic::body::Body>, Infallible>> + Send>,
 >;
 
-/// etcd's six gRPC services, called by the service name in the request's path (HTTP-6).
+/// etcd's gRPC services (the six of `etcdserverpb`, Lock, Election) and the standard health
+/// service, called by the service name in the request's path (HTTP-6).
 /// tonic's generated services are always ready (their `poll_ready` returns `Ready`), so
 /// `call` goes to them without asking.
 #[derive(Debug, Clone)]
@@ -122,15 +128,25 @@ struct GrpcServices {
     cluster: ClusterServer<ClusterService>,
     auth: AuthServer<AuthService>,
     health: HealthServer<HealthService>,
+    lock: LockServer<LockService>,
+    election: ElectionServer<ElectionService>,
 }
 
 impl GrpcServices {
-    /// Calls the service `request`'s path names (`/etcdserverpb.<Service>/<Method>`); a
+    /// Calls the service `request`'s path names (`/etcdserverpb.<Service>/<Method>`,
+    /// `/v3lockpb.Lock/...`, `/v3electionpb.Election/...`, `/grpc.health.v1.Health/...`); a
     /// path naming no service gets `Unimplemented` (HTTP-4), and a method its service does
     /// not have gets tonic's `Unimplemented`.
     fn call(&self, request: Request<GrpcBody>) -> GrpcAnswer {
-        if request.uri().path().starts_with("/grpc.health.v1.Health/") {
+        let path = request.uri().path();
+        if path.starts_with("/grpc.health.v1.Health/") {
             return self.health.clone().call(request);
+        }
+        if path.starts_with("/v3lockpb.Lock/") {
+            return self.lock.clone().call(request);
+        }
+        if path.starts_with("/v3electionpb.Election/") {
+            return self.election.clone().call(request);
         }
         let service = request
             .uri()
@@ -194,9 +210,13 @@ pub fn router(
             .max_decoding_message_size(max_receive_bytes),
         watch: WatchServer::new(WatchService::new(node.clone()))
             .max_decoding_message_size(max_receive_bytes),
-        lease: LeaseServer::new(LeaseService::new(node))
+        lease: LeaseServer::new(LeaseService::new(node.clone()))
             .max_decoding_message_size(max_receive_bytes),
         health: HealthServer::new(HealthService),
+        lock: LockServer::new(LockService::new(node.clone()))
+            .max_decoding_message_size(max_receive_bytes),
+        election: ElectionServer::new(ElectionService::new(node))
+            .max_decoding_message_size(max_receive_bytes),
     };
     let routes = Routes::new(grpc.kv.clone())
         .add_service(grpc.maintenance.clone())
@@ -204,7 +224,9 @@ pub fn router(
         .add_service(grpc.auth.clone())
         .add_service(grpc.watch.clone())
         .add_service(grpc.lease.clone())
-        .add_service(grpc.health.clone());
+        .add_service(grpc.health.clone())
+        .add_service(grpc.lock.clone())
+        .add_service(grpc.election.clone());
     let http = routes
         .into_axum_router()
         .route("/health", get(health).with_state(shared.clone()))

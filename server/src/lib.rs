@@ -28,6 +28,8 @@
 //! Module map: `authority` (repairs the HTTP/2 authority of etcd 3.4 clients), `pong` (a
 //! PING acknowledgement leaves with the answer it came with), `http`
 //! (router, metrics layer, HTTP routes), `gateway` (etcd's JSON gateway, `/v3/...`), `kv`, `lease`, `watch`, `maintenance`, `cluster`,
+//! `lock` and `election` (etcd's Lock and Election services, over `concurrency`: etcd's
+//! client-side lock and election recipes run as the caller),
 //! `auth` (etcd's Auth service: users, roles, permissions, tokens), `connections` (accept
 //! loop, connection limits),
 //! `connection_threads` (the threads connections are served on, one runtime per CPU),
@@ -40,11 +42,13 @@
 mod auth;
 mod authority;
 mod cluster;
+mod concurrency;
 mod connection_threads;
 pub mod connections;
 mod convert;
 mod cors;
 mod drift;
+mod election;
 mod fair_streams;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -56,6 +60,7 @@ mod http;
 mod identity;
 mod kv;
 mod lease;
+mod lock;
 mod maintenance;
 mod metrics;
 mod node;

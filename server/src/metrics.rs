@@ -12,7 +12,9 @@
 //!   further method paths are counted under `grpc_method="other"`, so a client inventing
 //!   method names cannot grow the server's memory. The `grpc_server_*` families show only
 //!   the methods of etcd's API ([`ETCD_METHODS`]), each from the start (at 0), as etcd's
-//!   go-grpc-prometheus does.
+//!   go-grpc-prometheus does, and the Lock and Election methods ([`RECIPE_METHODS`]) once
+//!   called, as etcd 3.4 shows them (it registers those services after go-grpc-prometheus
+//!   has set up the others).
 //! - MET-2: histogram buckets are cumulative in the output and `_count` equals the `+Inf`
 //!   bucket. Disk histograms have etcd's buckets (1 ms doubling to 8.192 s), so dashboards'
 //!   quantiles over etcd's series work on kvd's.
@@ -55,7 +57,7 @@ pub const LATENCY_BUCKETS_MICROS: [u64; 11] = [
 /// Most distinct method paths tracked (MET-1). etcd's API has 41 methods.
 pub const METHOD_SERIES_MAX: usize = 64;
 
-const _: () = assert!(METHOD_SERIES_MAX >= ETCD_METHODS.len());
+const _: () = assert!(METHOD_SERIES_MAX >= ETCD_METHODS.len() + RECIPE_METHODS.len());
 
 /// The methods of etcd's API with their go-grpc-prometheus `grpc_type` (MET-1).
 pub const ETCD_METHODS: [(&str, &str, &str); 41] = [
@@ -100,6 +102,17 @@ pub const ETCD_METHODS: [(&str, &str, &str); 41] = [
     ("etcdserverpb.Auth", "RoleDelete", "unary"),
     ("etcdserverpb.Auth", "RoleGrantPermission", "unary"),
     ("etcdserverpb.Auth", "RoleRevokePermission", "unary"),
+];
+
+/// The methods of etcd's Lock and Election services, shown once called (MET-1).
+pub const RECIPE_METHODS: [(&str, &str, &str); 7] = [
+    ("v3lockpb.Lock", "Lock", "unary"),
+    ("v3lockpb.Lock", "Unlock", "unary"),
+    ("v3electionpb.Election", "Campaign", "unary"),
+    ("v3electionpb.Election", "Proclaim", "unary"),
+    ("v3electionpb.Election", "Leader", "unary"),
+    ("v3electionpb.Election", "Observe", "server_stream"),
+    ("v3electionpb.Election", "Resign", "unary"),
 ];
 
 /// The key requests beyond [`METHOD_SERIES_MAX`] paths are counted under (MET-1).
@@ -896,7 +909,13 @@ fn etcd_engine(families: &mut Vec<MetricFamily>, engine: &EngineGauges, streams:
 fn grpc_server(families: &mut Vec<MetricFamily>, methods: &BTreeMap<String, MethodStats>) {
     let mut started = Vec::new();
     let mut handled = Vec::new();
-    for (service, method, kind) in ETCD_METHODS {
+    let called = |(service, method, _): &(&str, &str, &str)| {
+        methods.contains_key(&format!("/{service}/{method}"))
+    };
+    let shown = ETCD_METHODS
+        .iter()
+        .chain(RECIPE_METHODS.iter().filter(|m| called(m)));
+    for &(service, method, kind) in shown {
         let stats = methods.get(&format!("/{service}/{method}"));
         started.push(counter(
             &[
@@ -1169,6 +1188,28 @@ mod tests {
             .filter(|l| l.starts_with("grpc_server_started_total{"))
             .count();
         assert_eq!(started, ETCD_METHODS.len());
+    }
+
+    #[test]
+    fn lock_and_election_series_appear_once_called() {
+        let metrics = Metrics::new();
+        let server = ServerGauges {
+            member_id: 1,
+            server_version: "3.6.0",
+            cluster_version: "3.6",
+            quota_bytes: 0,
+        };
+        let before = metrics.render(None, &StreamGauges::default(), &server);
+        assert!(!before.contains("v3lockpb"), "MET-1: not before a call");
+        metrics.start("/v3electionpb.Election/Observe");
+        metrics.record("/v3electionpb.Election/Observe", Code::Ok, Duration::ZERO);
+        let after = metrics.render(None, &StreamGauges::default(), &server);
+        let line = "grpc_server_started_total{grpc_method=\"Observe\",grpc_service=\"v3electionpb.Election\",grpc_type=\"server_stream\"} 1";
+        assert!(
+            after.lines().any(|l| l == line),
+            "{line} missing in\n{after}"
+        );
+        assert!(!after.contains("v3lockpb"), "only the methods called");
     }
 
     #[test]

@@ -13,6 +13,12 @@
 //!   variant does not compile until someone decides its code.
 //! - STATUS-3: RPCs kvd does not serve answer `Unimplemented` with a message that starts with
 //!   `kvd:` and says what is missing, never a bare "not implemented".
+//! - STATUS-4: the Election service's own refusals ([`election`]) are etcd's plain Go errors
+//!   with their text verbatim (`election: not leader`, `election: no leader`, `"leader"
+//!   field must be provided`), so their code is `Unknown`, as gRPC-go answers them. The KV
+//!   errors of the operations the Lock and Election services make keep their KV codes
+//!   (`etcdserver: requested lease not found` is `NotFound`), where etcd 3.4 passes them on
+//!   as `Unknown`: the text is the same, and etcd's Go client recognises them by it.
 //!
 //! Contact points: every service in `server/` maps its `Err` through [`from_error`].
 
@@ -122,6 +128,18 @@ pub fn from_join_error(err: &tokio::task::JoinError) -> Status {
 pub fn unimplemented(message: &'static str) -> Status {
     Status::unimplemented(message)
 }
+
+/// A refusal of the Election service's own (STATUS-4), with one of the messages below.
+pub fn election(message: &'static str) -> Status {
+    Status::unknown(message)
+}
+
+/// etcd's `ErrElectionNotLeader`: the leader key given is gone or is another generation.
+pub const ELECTION_NOT_LEADER: &str = "election: not leader";
+/// etcd's `ErrElectionNoLeader`: no candidate holds a key under the election's name.
+pub const ELECTION_NO_LEADER: &str = "election: no leader";
+/// etcd's `ErrMissingLeaderKey`: Proclaim or Resign without its `leader`.
+pub const MISSING_LEADER_KEY: &str = "\"leader\" field must be provided";
 
 /// The message of cluster reconfiguration RPCs.
 pub const MEMBERSHIP_NOT_SUPPORTED: &str =

@@ -16,7 +16,8 @@
 //!   created (or refused) response of a watch precedes its events because the engine puts
 //!   both on the same stream in that order.
 //! - WATCH-SRV-3: at most `--max-watch-streams` ([`WATCH_STREAMS_MAX_DEFAULT`]) streams are
-//!   open at once; a further Watch call is refused with `Unavailable`. A stream costs its
+//!   open at once, the engine streams the Lock and Election services wait on included
+//!   ([`open_stream`]); a further Watch call is refused with `Unavailable`. A stream costs its
 //!   request task, its engine stream and what the engine buffers for it (WATCH-3).
 //! - WATCH-SRV-4: a stream ends as soon as the client goes away (tonic drops [`Responses`])
 //!   or the server shuts down (NODE-3), and within [`STREAM_POLL`] of the engine being
@@ -35,7 +36,8 @@
 //!   watch id -1, `created` and `canceled` set and etcd's reason text, and the stream goes on.
 //!
 //! Contact points: `server::convert` (messages), `server::node` (engine, shutdown, gauges);
-//! the engine's [`WatchStream`].
+//! the engine's [`WatchStream`]; `server::concurrency` opens its in-process watches with
+//! [`open_stream`] and checks them with [`authorize`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -43,12 +45,9 @@ use std::task::{Context, Poll};
 
 use tonic::codegen::BoxStream;
 use tonic::codegen::tokio_stream::Stream;
-use tonic::metadata::MetadataMap;
-
-use crate::tls::ClientCertificate;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::auth;
+use crate::auth::Caller;
 use crate::convert;
 use crate::node::{self, Node, SERVER_STOPPED, STREAM_POLL, StreamGuard};
 use crate::pb::etcdserverpb as pb;
@@ -90,36 +89,56 @@ impl Watch for WatchService {
         &self,
         request: Request<Streaming<pb::WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let guard = StreamGuard::new(self.node.clone(), |streams| &streams.watch);
-        // WATCH-SRV-3: the guard has counted this stream already.
-        let most = self.node.settings.max_watch_streams;
-        if self.node.streams.watch.load(Ordering::Relaxed) > most {
-            return Err(Status::unavailable(format!(
-                "kvd: too many watch streams (at most {most}, --max-watch-streams); retry later"
-            )));
-        }
-        let generation = self.node.engines.generation();
-        let stream = Arc::new(self.node.call(|engine| engine.watch_stream()).await?);
+        let opened = open_stream(&self.node).await?;
+        let stream = Arc::new(opened.stream);
         let (sender, control) = tokio::sync::mpsc::channel(WATCH_CONTROL_BUFFERED);
         let responses = Responses::new(
             self.node.clone(),
             stream.clone(),
             control,
-            generation,
-            guard,
+            opened.generation,
+            opened.guard,
         );
         let node = self.node.clone();
         // The caller is resolved again at each create, so a dropped token stops new watches.
-        let caller = Caller {
-            metadata: request.metadata().clone(),
-            certificate: request.extensions().get::<ClientCertificate>().cloned(),
-        };
+        let caller = Caller::of(&request);
         let requests = request.into_inner();
         tokio::spawn(async move {
             read_requests(&node, &caller, requests, stream, &sender).await;
         });
         Ok(Response::new(Box::pin(responses)))
     }
+}
+
+/// An engine watch stream, counted in the open streams while it lives (WATCH-SRV-3).
+pub struct OpenStream {
+    /// The engine's stream.
+    pub stream: WatchStream,
+    /// The engine's generation when the stream was opened (RECOVERY-3).
+    pub generation: u64,
+    /// Counts the stream until dropped.
+    pub guard: StreamGuard,
+}
+
+/// Opens an engine watch stream, or refuses with `Unavailable` when `--max-watch-streams`
+/// are open already (WATCH-SRV-3): a Watch RPC's, or one the Lock and Election services
+/// wait on (CONC-1).
+pub async fn open_stream(node: &Arc<Node>) -> Result<OpenStream, Status> {
+    let guard = StreamGuard::new(node.clone(), |streams| &streams.watch);
+    // The guard has counted this stream already.
+    let most = node.settings.max_watch_streams;
+    if node.streams.watch.load(Ordering::Relaxed) > most {
+        return Err(Status::unavailable(format!(
+            "kvd: too many watch streams (at most {most}, --max-watch-streams); retry later"
+        )));
+    }
+    let generation = node.engines.generation();
+    let stream = node.call(|engine| engine.watch_stream()).await?;
+    Ok(OpenStream {
+        stream,
+        generation,
+        guard,
+    })
 }
 
 /// The responses of one stream, as tonic sends them: the server's own answers first, then
@@ -225,13 +244,6 @@ impl Stream for Responses {
     }
 }
 
-/// What names a Watch stream's caller, kept for the stream's life: its metadata (a token)
-/// and its verified client certificate, if any.
-struct Caller {
-    metadata: MetadataMap,
-    certificate: Option<ClientCertificate>,
-}
-
 /// Applies the client's requests to the engine's stream, one at a time and in order, until
 /// the client closes its side or goes away, or the server stops.
 async fn read_requests(
@@ -281,8 +293,12 @@ async fn read_requests(
 }
 
 /// Checks that the caller may read the whole range of a watch (WATCH-SRV-7).
-fn authorize(node: &Node, caller: &Caller, create: &pb::WatchCreateRequest) -> Result<(), Status> {
-    let user = auth::authenticated_user_of(node, &caller.metadata, caller.certificate.as_ref())?;
+pub fn authorize(
+    node: &Node,
+    caller: &Caller,
+    create: &pb::WatchCreateRequest,
+) -> Result<(), Status> {
+    let user = caller.user(node)?;
     node.quick(|e| {
         e.auth_check(
             user.as_deref(),

@@ -20,6 +20,7 @@ use serde_json::Value;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::request_op::Request;
 use crate::pb::etcdserverpb::watch_request::RequestUnion;
+use crate::pb::{v3electionpb, v3lockpb};
 
 /// The JSON names (proto and lowerCamelCase) of the enum fields carried (GW-ENUM-2).
 pub const ENUM_FIELDS: [&str; 9] = [
@@ -198,6 +199,12 @@ no_raw_enums!(
     pb::AuthRoleDeleteRequest,
     pb::AuthRoleGrantPermissionRequest,
     pb::AuthRoleRevokePermissionRequest,
+    v3lockpb::LockRequest,
+    v3lockpb::UnlockRequest,
+    v3electionpb::CampaignRequest,
+    v3electionpb::ProclaimRequest,
+    v3electionpb::LeaderRequest,
+    v3electionpb::ResignRequest,
 );
 
 #[cfg(test)]

@@ -24,11 +24,12 @@
 //! - GW-4: every gateway call is counted in the gRPC metrics under its gRPC method, as
 //!   etcd's gateway calls are (etcd's gateway is a gRPC client of its own server).
 //! - GW-5: the streaming methods (`/v3/watch`, `/v3/lease/keepalive`,
-//!   `/v3/maintenance/snapshot`) answer one JSON object per message, each followed by a
+//!   `/v3/maintenance/snapshot`, `/v3/election/observe`) answer one JSON object per message, each followed by a
 //!   newline, wrapped as `{"result":{...}}` (`stream.rs`).
 //!
 //! Contact points: `server::http` merges [`router`] into the client port's router; the
-//! services in `kv.rs`, `lease.rs`, `watch.rs`, `maintenance.rs`, `cluster.rs`, `auth.rs`.
+//! services in `kv.rs`, `lease.rs`, `watch.rs`, `maintenance.rs`, `cluster.rs`, `auth.rs`,
+//! `lock.rs`, `election.rs`.
 
 mod base64;
 mod enums;
@@ -48,8 +49,10 @@ use tonic::{Code, Status};
 
 use crate::auth::AuthService;
 use crate::cluster::ClusterService;
+use crate::election::ElectionService;
 use crate::kv::KvService;
 use crate::lease::LeaseService;
+use crate::lock::LockService;
 use crate::maintenance::MaintenanceService;
 use crate::metrics::Metrics;
 use crate::node::Node;
@@ -58,6 +61,8 @@ use crate::pb::etcdserverpb::cluster_server::Cluster;
 use crate::pb::etcdserverpb::kv_server::Kv;
 use crate::pb::etcdserverpb::lease_server::Lease;
 use crate::pb::etcdserverpb::maintenance_server::Maintenance;
+use crate::pb::v3electionpb::election_server::Election;
+use crate::pb::v3lockpb::lock_server::Lock;
 use crate::snapshot::Snapshots;
 use crate::watch::WatchService;
 use enums::RawEnums;
@@ -78,6 +83,8 @@ pub struct Gateway {
     maintenance: MaintenanceService,
     cluster: ClusterService,
     auth: AuthService,
+    lock: LockService,
+    election: ElectionService,
     metrics: Arc<Metrics>,
     max_receive_bytes: usize,
 }
@@ -96,7 +103,9 @@ pub fn router(
         watch: WatchService::new(node.clone()),
         maintenance: MaintenanceService::new(node.clone(), snapshots),
         cluster: ClusterService::new(node.clone()),
-        auth: AuthService::new(node),
+        auth: AuthService::new(node.clone()),
+        lock: LockService::new(node.clone()),
+        election: ElectionService::new(node),
         metrics,
         max_receive_bytes,
     };
@@ -351,6 +360,28 @@ fn routes(g: &Gateway) -> Vec<(&'static str, MethodRouter)> {
                 auth.role_revoke_permission,
                 "/etcdserverpb.Auth/RoleRevokePermission"
             ),
+        ),
+        ("/lock/lock", unary!(g, lock.lock, "/v3lockpb.Lock/Lock")),
+        (
+            "/lock/unlock",
+            unary!(g, lock.unlock, "/v3lockpb.Lock/Unlock"),
+        ),
+        (
+            "/election/campaign",
+            unary!(g, election.campaign, "/v3electionpb.Election/Campaign"),
+        ),
+        (
+            "/election/proclaim",
+            unary!(g, election.proclaim, "/v3electionpb.Election/Proclaim"),
+        ),
+        (
+            "/election/leader",
+            unary!(g, election.leader, "/v3electionpb.Election/Leader"),
+        ),
+        ("/election/observe", stream::observe_route(g)),
+        (
+            "/election/resign",
+            unary!(g, election.resign, "/v3electionpb.Election/Resign"),
         ),
     ]
 }

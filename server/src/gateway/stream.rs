@@ -1,5 +1,6 @@
 //! The gateway's streaming methods: `/v3/watch` and `/v3/lease/keepalive` (bidirectional)
-//! and `/v3/maintenance/snapshot` (server streaming), as etcd's gateway streams them.
+//! and `/v3/maintenance/snapshot` and `/v3/election/observe` (server streaming), as etcd's
+//! gateway streams them.
 //!
 //! A request body is a sequence of JSON objects (whitespace between them optional); each is
 //! one request message. The answer is chunked: one JSON object per response message, each
@@ -20,7 +21,7 @@
 //!   answer.
 //!
 //! Contact points: `gateway` (routes, errors, metrics), `watch.rs`, `lease.rs`,
-//! `maintenance.rs`.
+//! `maintenance.rs`, `election.rs`.
 
 use std::time::Instant;
 
@@ -42,6 +43,8 @@ use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::lease_server::Lease;
 use crate::pb::etcdserverpb::maintenance_server::Maintenance;
 use crate::pb::etcdserverpb::watch_server::Watch;
+use crate::pb::v3electionpb;
+use crate::pb::v3electionpb::election_server::Election;
 
 /// Decoded requests buffered ahead of the service (GW-STREAM-3).
 pub const STREAM_FRAMES_BUFFERED: usize = 16;
@@ -94,25 +97,69 @@ pub fn snapshot_route(gateway: &Gateway) -> MethodRouter {
     post(move |headers: axum::http::HeaderMap, body: Bytes| {
         let gateway = gateway.clone();
         async move {
-            let grpc_method = "/etcdserverpb.Maintenance/Snapshot";
-            gateway.metrics.start(grpc_method);
-            let started = Instant::now();
-            let request = match super::decode::<pb::SnapshotRequest>(&body) {
-                Ok(request) => request,
-                Err(status) => {
-                    gateway
-                        .metrics
-                        .record(grpc_method, status.code(), started.elapsed());
-                    return error_response(&status);
-                }
-            };
-            let answer = gateway
-                .maintenance
-                .snapshot(super::with_token(&headers, request))
-                .await;
-            answer_stream(&gateway, grpc_method, started, answer)
+            let service = gateway.maintenance.clone();
+            server_streaming::<pb::SnapshotRequest, _, _, _>(
+                &gateway,
+                "/etcdserverpb.Maintenance/Snapshot",
+                &body,
+                move |request| async move {
+                    service.snapshot(super::with_token(&headers, request)).await
+                },
+            )
+            .await
         }
     })
+}
+
+/// Returns the route of `/v3/election/observe`.
+pub fn observe_route(gateway: &Gateway) -> MethodRouter {
+    let gateway = gateway.clone();
+    post(move |headers: axum::http::HeaderMap, body: Bytes| {
+        let gateway = gateway.clone();
+        async move {
+            let service = gateway.election.clone();
+            server_streaming::<v3electionpb::LeaderRequest, _, _, _>(
+                &gateway,
+                "/v3electionpb.Election/Observe",
+                &body,
+                move |request| async move {
+                    service.observe(super::with_token(&headers, request)).await
+                },
+            )
+            .await
+        }
+    })
+}
+
+/// Runs a server-streaming method: decodes its one request from `body` (GW-2) and streams
+/// its answers (GW-5).
+async fn server_streaming<Req, Resp, F, Fut>(
+    gateway: &Gateway,
+    grpc_method: &'static str,
+    body: &[u8],
+    call: F,
+) -> Response
+where
+    Req: DeserializeOwned + Default + RawEnums,
+    Resp: Serialize + Send + 'static,
+    F: FnOnce(Req) -> Fut,
+    Fut: std::future::Future<
+            Output = Result<tonic::Response<tonic::codegen::BoxStream<Resp>>, Status>,
+        >,
+{
+    gateway.metrics.start(grpc_method);
+    let started = Instant::now();
+    let request = match super::decode::<Req>(body) {
+        Ok(request) => request,
+        Err(status) => {
+            gateway
+                .metrics
+                .record(grpc_method, status.code(), started.elapsed());
+            return error_response(&status);
+        }
+    };
+    let answer = call(request).await;
+    answer_stream(gateway, grpc_method, started, answer)
 }
 
 /// Runs a bidirectional method: reads the first request, hands the service a gRPC request
