@@ -22,9 +22,9 @@ const STREAM_WAIT: Duration = Duration::from_secs(10);
 
 /// An HTTP answer: status and body.
 #[derive(Debug, Clone, PartialEq)]
-struct Answer {
-    status: u16,
-    body: Value,
+pub struct Answer {
+    pub status: u16,
+    pub body: Value,
 }
 
 /// Sends `method path` over HTTP/1.0 with `body` and the extra `headers` (each ending in
@@ -56,7 +56,8 @@ fn request(endpoint: &str, method: &str, path: &str, body: &str, headers: &str) 
     Answer { status, body }
 }
 
-fn post(endpoint: &str, path: &str, body: &str) -> Answer {
+/// POSTs `body` to `path` as curl does (no `Content-Type`); `server_lock` uses it too.
+pub fn post(endpoint: &str, path: &str, body: &str) -> Answer {
     request(endpoint, "POST", path, body, "")
 }
 
@@ -130,7 +131,7 @@ impl Step {
 }
 
 /// base64 of `text`, as the gateway wants bytes.
-fn b64(text: &str) -> String {
+pub fn b64(text: &str) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let bytes = text.as_bytes();
     let mut out = String::new();

@@ -24,6 +24,8 @@
 //! - `server_hardening`: hostile clients (issue 16): protocol errors, many streams on one
 //!   connection, oversized header blocks, slow connections.
 //! - `server_lease_watch`: the Lease and Watch services over the wire.
+//! - `server_lock`: the Lock and Election services over the wire (waiting, cancelling,
+//!   leases, Observe, errors, the gateway, auth).
 //! - `server_maintenance`: alarms, Hash, Status's raft indexes and the Txn key check,
 //!   against etcd 3.4.23 where it is the reference.
 //! - `server_nospace`: the NOSPACE story through etcdctl, and `snapshot save`.
@@ -59,6 +61,7 @@ mod server_bench;
 mod server_full_disk;
 mod server_hardening;
 mod server_lease_watch;
+mod server_lock;
 mod server_maintenance;
 mod server_nospace;
 mod server_operations;

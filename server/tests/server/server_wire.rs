@@ -429,7 +429,7 @@ async fn unknown_methods_are_unimplemented() {
     // A path naming no service of etcd's gets kvd's own message.
     for path in [
         "/etcdserverpb.Nope/Range",
-        "/v3lockpb.Lock/Lock",
+        "/v3lockpb.Mutex/Lock",
         "/etcdserverpb.KV",
     ] {
         grpc.ready().await.unwrap();
