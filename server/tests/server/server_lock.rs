@@ -193,6 +193,34 @@ async fn a_waiting_lock_is_taken_when_the_holders_lease_is_revoked() {
     .await;
 }
 
+/// A waiting Lock whose deadline (`grpc-timeout`) passes ends, and its key goes as a
+/// cancelled waiter's does (HTTP-7 drops the call; LOCK-2 undoes it).
+#[tokio::test]
+async fn a_waiting_lock_past_its_deadline_removes_its_key() {
+    let server = common::start_kvd(&[]);
+    let channel = connect(&server.endpoint).await;
+    let (first, second) = (grant(&channel, 60).await, grant(&channel, 60).await);
+    let mut locks = LockClient::new(channel.clone());
+    locks.lock(lock("deadline", first)).await.unwrap();
+    let mut late = tonic::Request::new(lock("deadline", second));
+    late.set_timeout(Duration::from_secs(2));
+    let mut waiter = locks.clone();
+    let waiting = tokio::spawn(async move { waiter.lock(late).await });
+    let second_key = format!("deadline/{second:x}");
+    await_key(&channel, &second_key, true).await;
+    let status = within("the late Lock", waiting).await.unwrap().unwrap_err();
+    // tonic's client enforces the deadline too: whichever side ends the call first.
+    assert!(
+        matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{status:?}"
+    );
+    await_key(&channel, &second_key, false).await;
+    assert_eq!(
+        keys_under(&channel, "deadline/").await,
+        [format!("deadline/{first:x}")]
+    );
+}
+
 #[tokio::test]
 async fn a_cancelled_waiting_lock_removes_its_key() {
     let server = common::start_kvd(&[]);
