@@ -264,13 +264,7 @@ impl Client {
 
     /// Waits for a delete of `key` at `from` or later.
     async fn wait_delete(&self, key: Bytes, from: i64) -> Result<(), Status> {
-        let watcher = self
-            .watch(pb::WatchCreateRequest {
-                key,
-                start_revision: from,
-                ..pb::WatchCreateRequest::default()
-            })
-            .await?;
+        let watcher = self.watch_key(key, from).await?;
         loop {
             let response = watcher.next().await?;
             if response
@@ -281,6 +275,16 @@ impl Client {
                 return Ok(());
             }
         }
+    }
+
+    /// Starts a watch of the one key `key` from revision `from`, as the caller (CONC-1).
+    pub async fn watch_key(&self, key: Bytes, from: i64) -> Result<Watcher, Status> {
+        self.watch(pb::WatchCreateRequest {
+            key,
+            start_revision: from,
+            ..pb::WatchCreateRequest::default()
+        })
+        .await
     }
 
     /// Starts the watch `create` as the caller (CONC-1).

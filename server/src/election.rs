@@ -299,13 +299,7 @@ async fn follow(
     from: i64,
     sender: &ObserveSender,
 ) -> Result<(), Status> {
-    let watcher = client
-        .watch(pb::WatchCreateRequest {
-            key,
-            start_revision: from,
-            ..pb::WatchCreateRequest::default()
-        })
-        .await?;
+    let watcher = client.watch_key(key, from).await?;
     loop {
         let response = watcher.next().await?;
         for event in response.events {

@@ -621,3 +621,12 @@ fn dechunk(mut body: &str) -> String {
     }
     out
 }
+
+/// Opens a gRPC channel to `endpoint` (`http://127.0.0.1:PORT`).
+pub async fn connect(endpoint: &str) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(endpoint.to_owned())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}

@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
+use crate::common::connect;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -29,14 +30,6 @@ use tonic::transport::Channel;
 /// The longest a test waits for one answer.
 const PATIENCE: Duration = Duration::from_secs(20);
 const DENIED: &str = "etcdserver: permission denied";
-
-async fn connect(endpoint: &str) -> Channel {
-    Channel::from_shared(endpoint.to_owned())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap()
-}
 
 /// Returns `message` as a request carrying `token` (etcd's `token` metadata).
 fn with<T>(token: &str, message: T) -> tonic::Request<T> {

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
+use crate::common::connect;
 
 use std::time::Duration;
 
@@ -28,14 +29,6 @@ use tonic::transport::Channel;
 
 /// The longest a test waits for one answer.
 const PATIENCE: Duration = Duration::from_secs(10);
-
-async fn connect(endpoint: &str) -> Channel {
-    Channel::from_shared(endpoint.to_owned())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap()
-}
 
 fn put(key: &str, value: &str, lease: i64) -> PutRequest {
     PutRequest {

@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
+use crate::common::connect;
 use crate::gateway;
 
 use std::time::Duration;
@@ -32,14 +33,6 @@ use tonic::transport::Channel;
 
 /// The longest a test waits for one answer or one change.
 const PATIENCE: Duration = Duration::from_secs(20);
-
-async fn connect(endpoint: &str) -> Channel {
-    Channel::from_shared(endpoint.to_owned())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap()
-}
 
 /// Awaits `future` for at most [`PATIENCE`].
 async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
+use crate::common::connect;
 
 use bytes::Bytes;
 use kvd_server::pb::etcdserverpb::alarm_request::AlarmAction;
@@ -19,14 +20,6 @@ use kvd_server::pb::etcdserverpb::{
 };
 use tonic::Code;
 use tonic::transport::Channel;
-
-async fn connect(endpoint: &str) -> Channel {
-    Channel::from_shared(endpoint.to_owned())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap()
-}
 
 fn alarm(action: AlarmAction, member_id: u64, alarm: AlarmType) -> AlarmRequest {
     AlarmRequest {
