@@ -1,6 +1,7 @@
 //! The Rust client users would reach for, the `etcd-client` crate (0.21), against a kvd
 //! started on a free port: KV put/get/delete, Txn, a watch from a past revision, lease grant
-//! with keep-alive and time-to-live, maintenance status and HashKV, and member list.
+//! with keep-alive and time-to-live, maintenance status and HashKV, member list, and its
+//! lock and election clients (etcd's Lock and Election services).
 //!
 //! Building `etcd-client` needs `protoc` and the protobuf well-known types (its build script
 //! compiles etcd's protos); `.ci/install-deps.sh` installs them. Without them this test does
@@ -13,7 +14,8 @@ use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, LeaseTimeToLiveOptions,
-    PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    LockOptions, ProclaimOptions, PutOptions, ResignOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
 };
 
 /// The longest one answer may take.
@@ -217,4 +219,79 @@ async fn maintenance_and_cluster() {
     assert_eq!(member.name(), "crate-test");
     assert_eq!(member.id(), header.member_id());
     assert_eq!(member.client_urls(), std::slice::from_ref(&server.endpoint));
+}
+
+/// The crate's lock and election clients, which call etcd's Lock and Election services: a
+/// second Lock waits until the first holder unlocks; a Campaign leads, Observe follows its
+/// proclaimed values, and after Resign there is no leader.
+#[tokio::test]
+async fn lock_and_election_clients() {
+    let server = common::start_kvd(&[]);
+    let mut client = client(&server).await;
+    let first = client.lease_grant(60, None).await.unwrap().id();
+    let second = client.lease_grant(60, None).await.unwrap().id();
+    let held = client
+        .lock("job", Some(LockOptions::new().with_lease(first)))
+        .await
+        .unwrap();
+    assert_eq!(held.key(), format!("job/{first:x}").as_bytes());
+    let mut other = client.clone();
+    let waiting = tokio::spawn(async move {
+        other
+            .lock("job", Some(LockOptions::new().with_lease(second)))
+            .await
+    });
+    // Once the waiter's key is there, it is queued behind the holder.
+    let queued = common::wait_until_async(PATIENCE, || {
+        let mut client = client.clone();
+        async move {
+            let keys = client
+                .get("job/", Some(GetOptions::new().with_prefix()))
+                .await
+                .unwrap();
+            keys.count() == 2
+        }
+    })
+    .await;
+    assert!(queued, "the second Lock never queued");
+    assert!(!waiting.is_finished(), "the lock was given twice");
+    client.unlock(held.key()).await.unwrap();
+    let taken = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .expect("the lock passes on within the patience")
+        .unwrap()
+        .unwrap();
+    assert_eq!(taken.key(), format!("job/{second:x}").as_bytes());
+
+    let campaign = client.campaign("primary", "a", first).await.unwrap();
+    let leader = campaign.leader().unwrap().clone();
+    assert_eq!(leader.key(), format!("primary/{first:x}").as_bytes());
+    let mut observed = client.observe("primary").await.unwrap();
+    assert_eq!(observed_value(&mut observed).await, b"a");
+    client
+        .proclaim(
+            "b",
+            Some(ProclaimOptions::new().with_leader(leader.clone())),
+        )
+        .await
+        .unwrap();
+    assert_eq!(observed_value(&mut observed).await, b"b");
+    let now = client.leader("primary").await.unwrap();
+    assert_eq!(now.kv().unwrap().value(), b"b");
+    client
+        .resign(Some(ResignOptions::new().with_leader(leader)))
+        .await
+        .unwrap();
+    let none = client.leader("primary").await.unwrap_err();
+    assert!(none.to_string().contains("election: no leader"), "{none}");
+}
+
+/// The value of the next leader `observed` reports.
+async fn observed_value(observed: &mut etcd_client::ObserveStream) -> Vec<u8> {
+    let answer = tokio::time::timeout(PATIENCE, observed.message())
+        .await
+        .expect("an observed leader within the patience")
+        .unwrap()
+        .expect("the observe stream is open");
+    answer.kv().unwrap().value().to_vec()
 }
