@@ -41,8 +41,7 @@ use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
 
 use super::db_file::{self, Retire};
 use super::{
-    DB_FILE_NAME, HISTORY, InService, META, MetaKey, RevisionKey, Snapshot, Store, io_error,
-    storage_error,
+    DB_FILE_NAME, HISTORY, InService, META, RevisionKey, Snapshot, Store, io_error, storage_error,
 };
 use crate::error::StorageError;
 use crate::sync::{Arc, AtomicU64, Ordering};
@@ -186,7 +185,8 @@ impl Store {
         };
         target.copy_history(&mut || Ok(snapshot), None, progress)?;
         target.replace_small_tables(snapshot, &self.row_tables)?;
-        target.mark_log_not_needed()?;
+        // STORE-7: a copy made for a backup is whole on its own, without the source's log.
+        super::clear_log_mark(&target.db)?;
         target.db.close().map_err(storage_error)?;
         fs::metadata(path)
             .map(|m| m.len())
@@ -268,18 +268,6 @@ impl Target {
         copy_table(&txn, snapshot, META)?;
         for table in row_tables {
             copy_table(&txn, snapshot, table.definition())?;
-        }
-        txn.commit().map_err(storage_error)
-    }
-
-    /// Clears the copy's mark that it needs a log (STORE-7): a copy made for a backup is
-    /// whole on its own, and is opened without the source's log.
-    fn mark_log_not_needed(&self) -> Result<(), StorageError> {
-        let txn = self.begin()?;
-        {
-            let mut meta = txn.open_table(META).map_err(storage_error)?;
-            meta.insert(MetaKey::WalInUse.name(), &0_u64.to_be_bytes()[..])
-                .map_err(storage_error)?;
         }
         txn.commit().map_err(storage_error)
     }

@@ -571,15 +571,7 @@ impl Store {
         let unmarked = if poisoned {
             Ok(())
         } else {
-            self.guarded(|_| {
-                let txn = self.database().begin_write().map_err(storage_error)?;
-                {
-                    let mut meta = txn.open_table(META).map_err(storage_error)?;
-                    meta.insert(MetaKey::WalInUse.name(), &0_u64.to_be_bytes()[..])
-                        .map_err(storage_error)?;
-                }
-                txn.commit().map_err(storage_error)
-            })
+            self.guarded(|_| clear_log_mark(&self.database()))
         };
         let in_service = self
             .db
@@ -929,6 +921,18 @@ fn needs_log(db: &Database) -> Result<bool, StorageError> {
         Some(bytes) => Ok(decode_u64(bytes.value())? != 0),
         None => Ok(false),
     }
+}
+
+/// Clears `db`'s mark that it needs its log (STORE-7), in a durable commit that holds every
+/// batch before it.
+pub(crate) fn clear_log_mark(db: &Database) -> Result<(), StorageError> {
+    let txn = db.begin_write().map_err(storage_error)?;
+    {
+        let mut meta = txn.open_table(META).map_err(storage_error)?;
+        meta.insert(MetaKey::WalInUse.name(), &0_u64.to_be_bytes()[..])
+            .map_err(storage_error)?;
+    }
+    txn.commit().map_err(storage_error)
 }
 
 /// Takes the directory lock of `dir` (STORE-3): returns the locked file, held until dropped.
