@@ -30,9 +30,9 @@
 //! - HTTP-7: a gRPC request's `grpc-timeout` is its deadline, counted from the arrival of its
 //!   headers: a call still running then is dropped and answered `DeadlineExceeded "context
 //!   deadline exceeded"`, and one whose deadline has passed before it is called (a timeout
-//!   of zero, or a few nanoseconds) is not called at all, so it changes nothing. A write the engine has already
-//!   taken in is applied all the same, as etcd applies a proposal whose caller gave up. A
-//!   malformed `grpc-timeout` gets `Internal` and nothing runs.
+//!   of zero, or a few nanoseconds) is not called at all, so it changes nothing. A write the
+//!   engine has already taken in is applied all the same, as etcd applies a proposal whose
+//!   caller gave up. A malformed `grpc-timeout` gets `Internal` and nothing runs.
 //!
 //! Contact points: `server::run` serves this router; the gRPC services live in `kv.rs`,
 //! `lease.rs`, `watch.rs`, `maintenance.rs`, `cluster.rs`, `auth.rs`, `health.rs`, `lock.rs`

@@ -767,10 +767,16 @@ async fn grpc_timeout_is_the_calls_deadline() {
             "{bad}: {message}"
         );
     }
-    let mut in_time = RawCall::start_with(&mut send, path, &[("grpc-timeout", "30S")]).await;
-    in_time.send(put("in-time"), true);
-    assert!(in_time.message::<pb::PutResponse>().await.is_some());
-    for (key, found) in [("late", 0), ("malformed", 0), ("in-time", 1)] {
+    // The largest timeout the format holds (about 11,000 years) is a deadline like any other.
+    for (key, timeout) in [("in-time", "30S"), ("far", "99999999H")] {
+        let mut call = RawCall::start_with(&mut send, path, &[("grpc-timeout", timeout)]).await;
+        call.send(put(key), true);
+        assert!(
+            call.message::<pb::PutResponse>().await.is_some(),
+            "{timeout}"
+        );
+    }
+    for (key, found) in [("late", 0), ("malformed", 0), ("in-time", 1), ("far", 1)] {
         let mut call = RawCall::start(&mut send, "/etcdserverpb.KV/Range").await;
         let range = pb::RangeRequest {
             key: Bytes::from(key.to_owned()),
