@@ -215,11 +215,21 @@ mod cli {
 
         /// Largest client request the server accepts, in bytes. gRPC messages up to this
         /// plus 512 KiB are read; larger ones are refused before decoding.
-        #[arg(long, value_name = "BYTES", default_value_t = MAX_REQUEST_BYTES_DEFAULT, allow_hyphen_values = true)]
+        #[arg(
+            long,
+            value_name = "BYTES",
+            default_value_t = MAX_REQUEST_BYTES_DEFAULT,
+            allow_hyphen_values = true
+        )]
         max_request_bytes: usize,
 
         /// Largest number of operations in one transaction.
-        #[arg(long, value_name = "N", default_value_t = MAX_TXN_OPS_DEFAULT, allow_hyphen_values = true)]
+        #[arg(
+            long,
+            value_name = "N",
+            default_value_t = MAX_TXN_OPS_DEFAULT,
+            allow_hyphen_values = true
+        )]
         max_txn_ops: usize,
 
         /// Writes admitted and not yet committed, at most, shared fairly between the roles
@@ -238,7 +248,12 @@ mod cli {
         /// threads' time slices at each hand-off (a steadier tail when one tenant floods the
         /// server). Needs root, CAP_SYS_NICE or an RLIMIT_RTPRIO at least this high; kvd
         /// refuses to start without it. Unset: the normal scheduler.
-        #[arg(long, value_name = "PRIORITY", value_parser = clap::value_parser!(u8).range(1..=99), allow_hyphen_values = true)]
+        #[arg(
+            long,
+            value_name = "PRIORITY",
+            value_parser = clap::value_parser!(u8).range(1..=99),
+            allow_hyphen_values = true
+        )]
         pipeline_priority: Option<u8>,
 
         /// Bytes of write-ahead log between two checkpoints (65536 to 67108864). A checkpoint
@@ -287,42 +302,89 @@ mod cli {
 
         /// How long outcomes of writes with an operation id are kept (engine clock), a
         /// duration like '1h' or '30m'.
-        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_positive_duration, allow_hyphen_values = true)]
+        #[arg(
+            long,
+            value_name = "DURATION",
+            default_value = "1h",
+            value_parser = parse_positive_duration,
+            allow_hyphen_values = true
+        )]
         operation_retention: Duration,
 
         /// How long an agent known from before a restart may take to register again
         /// before it is marked unreachable, a duration like '10m'.
-        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_positive_duration, allow_hyphen_values = true)]
+        #[arg(
+            long,
+            value_name = "DURATION",
+            default_value = "10m",
+            value_parser = parse_positive_duration,
+            allow_hyphen_values = true
+        )]
         agent_reregister_timeout: Duration,
 
         /// How often the consumption counters are checked against a recount (metric
         /// kvd_consumption_drift_rows; drift is logged, never repaired); '0' disables.
-        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_go_duration, allow_hyphen_values = true)]
+        #[arg(
+            long,
+            value_name = "DURATION",
+            default_value = "10m",
+            value_parser = parse_go_duration,
+            allow_hyphen_values = true
+        )]
         consumption_check_interval: Duration,
         /// Most client connections served at once; a connection beyond it gets an HTTP/2
         /// GOAWAY (ENHANCE_YOUR_CALM, "kvd: too many open connections") and is closed. Lowered
         /// at start to fit the open-file limit (which kvd raises to its hard limit first).
-        #[arg(long, value_name = "N", default_value_t = kvd_server::connections::MAX_CONNECTIONS_DEFAULT, allow_hyphen_values = true)]
+        #[arg(
+            long,
+            value_name = "N",
+            default_value_t = kvd_server::connections::MAX_CONNECTIONS_DEFAULT,
+            allow_hyphen_values = true
+        )]
         max_connections: usize,
 
         /// How long a connection may take to send its HTTP/2 preface, any one frame or
         /// header block, or an HTTP/1 request head before it is closed.
-        #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_positive_duration, allow_hyphen_values = true)]
+        #[arg(
+            long,
+            value_name = "DURATION",
+            default_value = "10s",
+            value_parser = parse_positive_duration,
+            allow_hyphen_values = true
+        )]
         connection_header_timeout: Duration,
 
         /// How long a connection may stay with no request open (a Watch or LeaseKeepAlive
         /// stream is an open request) before it is shut down gracefully.
-        #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_positive_duration, allow_hyphen_values = true)]
+        #[arg(
+            long,
+            value_name = "DURATION",
+            default_value = "5m",
+            value_parser = parse_positive_duration,
+            allow_hyphen_values = true
+        )]
         connection_idle_timeout: Duration,
 
         /// Time without frames after which the server pings an HTTP/2 client (etcd's flag
         /// and default).
-        #[arg(long, value_name = "DURATION", default_value = "2h", value_parser = parse_positive_duration, allow_hyphen_values = true)]
+        #[arg(
+            long,
+            value_name = "DURATION",
+            default_value = "2h",
+            value_parser = parse_positive_duration,
+            allow_hyphen_values = true
+        )]
         grpc_keepalive_interval: Duration,
 
         /// How long a ping may go unanswered before the connection is dropped (etcd's flag
         /// and default).
-        #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_positive_duration, allow_hyphen_values = true)]
+        #[arg(
+            long,
+            value_name = "DURATION",
+            default_value = "20s",
+            value_parser = parse_positive_duration,
+            allow_hyphen_values = true
+        )]
         grpc_keepalive_timeout: Duration,
 
         /// Most Watch streams open at once; a further Watch call gets Unavailable. A stream
@@ -350,7 +412,13 @@ mod cli {
 
         /// How often an idle watch created with progress_notify gets a progress response
         /// (etcd's flag and default).
-        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_positive_duration, allow_hyphen_values = true)]
+        #[arg(
+            long,
+            value_name = "DURATION",
+            default_value = "10m",
+            value_parser = parse_positive_duration,
+            allow_hyphen_values = true
+        )]
         experimental_watch_progress_notify_interval: Duration,
 
         /// Most Snapshot streams at once; a further Snapshot call gets ResourceExhausted.
@@ -365,7 +433,13 @@ mod cli {
 
         /// How long a Snapshot stream waits for a client that reads nothing before it is
         /// abandoned (the client then gets Aborted).
-        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_positive_duration, allow_hyphen_values = true)]
+        #[arg(
+            long,
+            value_name = "DURATION",
+            default_value = "60s",
+            value_parser = parse_positive_duration,
+            allow_hyphen_values = true
+        )]
         snapshot_stall_timeout: Duration,
 
         /// Comma-separated origins allowed by CORS on the HTTP answers (the JSON gateway,
@@ -472,7 +546,12 @@ mod cli {
         total: u64,
 
         /// Longest the measured run may take (e.g. 30s, 500ms, 2m).
-        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_go_duration)]
+        #[arg(
+            long,
+            value_name = "DURATION",
+            default_value = "60s",
+            value_parser = parse_go_duration
+        )]
         duration: Duration,
 
         /// Write every key of the key space before measuring (the default for range).
