@@ -10,9 +10,10 @@
 //!   proclaimed if it differs (on failure it resigns and the error is the answer). The
 //!   answer's header is the Campaign Txn's, and its leader key names the key's create
 //!   revision, which Proclaim and Resign compare against.
-//! - ELECT-2: a Campaign whose wait ends because its client went away or the server stopped
-//!   resigns its candidacy (CONC-4); one whose wait failed otherwise leaves its key, as etcd
-//!   does.
+//! - ELECT-2: a Campaign whose wait ends without leading resigns its candidacy: the client
+//!   went away, the server stopped (CONC-4) or the wait failed (a watch refused by
+//!   `--max-watch-streams`, the engine reopened). etcd resigns only when the caller's
+//!   context ended, and otherwise leaves a key that may lead later with nobody knowing.
 //! - ELECT-3: Proclaim and Resign act only while the leader key is the generation created at
 //!   `leader.rev` (one Txn each): Proclaim of another generation or of no key is
 //!   `election: not leader`; Resign succeeds either way and deletes nothing then. Without a
@@ -130,13 +131,10 @@ impl Election for ElectionService {
         match client.wait_deletes(&prefix, leader_revision - 1).await {
             Ok(_) => undo.disarm(),
             Err(status) => {
-                // etcd resigns only when the caller's context ended: the client went away
-                // (the undo's drop does it then) or the server stopped.
-                if self.node.is_stopping() {
-                    undo.run().await;
-                } else {
-                    undo.disarm();
-                }
+                // A Campaign that answers an error leaves no candidacy behind, whatever
+                // ended its wait (etcd keeps it unless the caller's context ended; kvd's wait
+                // can also fail on its own limits, as `--max-watch-streams`).
+                undo.run().await;
                 return Err(status);
             }
         }

@@ -271,19 +271,12 @@ async fn track(shared: &Shared, grpc: &GrpcServices, request: Request<Incoming>)
     shared.metrics.start(&path);
     let started = Instant::now();
     // HTTP-7.
-    let answered = match grpc_timeout(request.headers()) {
+    let answered = match deadline(request.headers(), started) {
         Err(malformed) => Ok(malformed.into_http()),
-        Ok(None) => grpc.call(request).await,
-        Ok(Some(timeout)) => {
-            let deadline = tokio::time::Instant::from_std(started) + timeout;
-            if tokio::time::Instant::now() >= deadline {
-                Ok(deadline_exceeded().into_http())
-            } else {
-                tokio::time::timeout_at(deadline, grpc.call(request))
-                    .await
-                    .unwrap_or_else(|_| Ok(deadline_exceeded().into_http()))
-            }
-        }
+        Ok(deadline) => match before(deadline, || grpc.call(request)).await {
+            Ok(answer) => answer,
+            Err(late) => Ok(late.into_http()),
+        },
     };
     let response = match answered {
         Ok(response) => response.map(Body::new),
@@ -311,9 +304,32 @@ async fn track(shared: &Shared, grpc: &GrpcServices, request: Request<Incoming>)
     response
 }
 
-/// The status of a call whose deadline passed (HTTP-7): gRPC-go's, which etcd passes on.
-fn deadline_exceeded() -> Status {
-    Status::deadline_exceeded("context deadline exceeded")
+/// Returns the deadline of a request that arrived at `arrived` (HTTP-7): its `grpc-timeout`
+/// after that, or `None` without one; a malformed `grpc-timeout` is an `Internal` status.
+/// etcd's JSON gateway reads the same header, so `server::gateway` calls this too.
+pub(crate) fn deadline(
+    headers: &axum::http::HeaderMap,
+    arrived: Instant,
+) -> Result<Option<tokio::time::Instant>, Status> {
+    let timeout = grpc_timeout(headers)?;
+    Ok(timeout.map(|timeout| tokio::time::Instant::from_std(arrived) + timeout))
+}
+
+/// Runs the call `start` makes, unless `deadline` has passed already; drops it if it is
+/// still running at `deadline` (HTTP-7). Either way the answer is gRPC-go's status for a
+/// passed deadline, which etcd passes on.
+pub(crate) async fn before<F: Future>(
+    deadline: Option<tokio::time::Instant>,
+    start: impl FnOnce() -> F,
+) -> Result<F::Output, Status> {
+    let late = || Status::deadline_exceeded("context deadline exceeded");
+    match deadline {
+        None => Ok(start().await),
+        Some(deadline) if tokio::time::Instant::now() >= deadline => Err(late()),
+        Some(deadline) => tokio::time::timeout_at(deadline, start())
+            .await
+            .map_err(|_| late()),
+    }
 }
 
 /// Reads a request's `grpc-timeout` (HTTP-7): at most eight digits and a unit (`H`, `M`,

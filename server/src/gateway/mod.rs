@@ -24,8 +24,10 @@
 //! - GW-4: every gateway call is counted in the gRPC metrics under its gRPC method, as
 //!   etcd's gateway calls are (etcd's gateway is a gRPC client of its own server).
 //! - GW-5: the streaming methods (`/v3/watch`, `/v3/lease/keepalive`,
-//!   `/v3/maintenance/snapshot`, `/v3/election/observe`) answer one JSON object per message, each followed by a
-//!   newline, wrapped as `{"result":{...}}` (`stream.rs`).
+//!   `/v3/maintenance/snapshot`, `/v3/election/observe`) answer one JSON object per message,
+//!   each followed by a newline, wrapped as `{"result":{...}}` (`stream.rs`).
+//! - GW-6: a unary call's `Grpc-Timeout` header is its deadline, as etcd's gateway reads it
+//!   (HTTP-7): past it, 504 with code 4 `context deadline exceeded`.
 //!
 //! Contact points: `server::http` merges [`router`] into the client port's router; the
 //! services in `kv.rs`, `lease.rs`, `watch.rs`, `maintenance.rs`, `cluster.rs`, `auth.rs`,
@@ -129,8 +131,9 @@ macro_rules! unary {
             let gateway = gateway.clone();
             async move {
                 let service = gateway.$service.clone();
-                unary(&gateway, $grpc, body, move |request| async move {
-                    service.$method(with_token(&headers, request)).await
+                unary(&gateway, $grpc, &headers, body, |request| {
+                    let request = with_token(&headers, request);
+                    async move { service.$method(request).await }
                 })
                 .await
             }
@@ -386,11 +389,13 @@ fn routes(g: &Gateway) -> Vec<(&'static str, MethodRouter)> {
     ]
 }
 
-/// Decodes `body` as a `Req`, calls the service and answers its response or error as JSON
-/// (GW-2, GW-3), counted under `grpc_method` (GW-4).
+/// Decodes `body` as a `Req`, calls the service within the deadline the `Grpc-Timeout`
+/// header sets (HTTP-7, as etcd's gateway reads it) and answers its response or error as
+/// JSON (GW-2, GW-3), counted under `grpc_method` (GW-4).
 async fn unary<Req, Resp, F, Fut>(
     gateway: &Gateway,
     grpc_method: &str,
+    headers: &axum::http::HeaderMap,
     body: Bytes,
     call: F,
 ) -> Response
@@ -402,17 +407,23 @@ where
 {
     gateway.metrics.start(grpc_method);
     let started = Instant::now();
-    let (code, response) = match decode::<Req>(&body) {
+    let called = match (
+        decode::<Req>(&body),
+        crate::http::deadline(headers, started),
+    ) {
+        (Err(status), _) | (_, Err(status)) => Err(status),
+        (Ok(request), Ok(deadline)) => crate::http::before(deadline, || call(request))
+            .await
+            .and_then(|answer| answer),
+    };
+    let (code, response) = match called {
         Err(status) => (status.code(), error_response(&status)),
-        Ok(request) => match call(request).await {
-            Ok(answer) => match serde_json::to_vec(answer.get_ref()) {
-                Ok(json) => (Code::Ok, json_response(StatusCode::OK, json)),
-                Err(e) => {
-                    let status = Status::internal(format!("kvd: gateway: encode the answer: {e}"));
-                    (status.code(), error_response(&status))
-                }
-            },
-            Err(status) => (status.code(), error_response(&status)),
+        Ok(answer) => match serde_json::to_vec(answer.get_ref()) {
+            Ok(json) => (Code::Ok, json_response(StatusCode::OK, json)),
+            Err(e) => {
+                let status = Status::internal(format!("kvd: gateway: encode the answer: {e}"));
+                (status.code(), error_response(&status))
+            }
         },
     };
     gateway.metrics.record(grpc_method, code, started.elapsed());

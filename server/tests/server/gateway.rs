@@ -61,6 +61,11 @@ pub fn post(endpoint: &str, path: &str, body: &str) -> Answer {
     request(endpoint, "POST", path, body, "")
 }
 
+/// POSTs `body` to `path` with the extra `headers` (each ending in CRLF).
+pub fn post_with(endpoint: &str, path: &str, body: &str, headers: &str) -> Answer {
+    request(endpoint, "POST", path, body, headers)
+}
+
 /// Returns `value` with the fields named in `keys` replaced by "<masked>", at any depth.
 fn mask_keys(value: &mut Value, keys: &[&str]) {
     match value {

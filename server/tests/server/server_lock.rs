@@ -515,6 +515,92 @@ fn gateway_serves_lock_and_election() {
     assert_eq!(current.body["kv"]["key"], won.body["leader"]["key"]);
 }
 
+/// ELECT-2: a Campaign whose wait cannot start (the only watch stream `--max-watch-streams`
+/// allows is taken) answers the refusal and leaves no candidate key that could lead later.
+#[tokio::test]
+async fn a_campaign_refused_a_watch_leaves_no_candidacy() {
+    let server = common::start_kvd(&["--max-watch-streams", "1"]);
+    let channel = connect(&server.endpoint).await;
+    let (first, second) = (grant(&channel, 60).await, grant(&channel, 60).await);
+    let mut elections = ElectionClient::new(channel.clone());
+    elections.campaign(campaign("e", first, "a")).await.unwrap();
+    // An Observe of an election with no leader waits on a watch: the one stream allowed.
+    let mut observer = ElectionClient::new(channel.clone());
+    let observing = tokio::spawn(async move { observer.observe(leader("none")).await });
+    let taken = common::wait_until_async(PATIENCE, || async {
+        common::watchers(&server.endpoint) == Some(1)
+    })
+    .await;
+    assert!(taken, "the Observe holds no watch");
+    let refused = within(
+        "the second Campaign",
+        elections.campaign(campaign("e", second, "b")),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("too many watch streams"),
+        "{refused:?}"
+    );
+    await_key(&channel, &format!("e/{second:x}"), false).await;
+    assert_eq!(keys_under(&channel, "e/").await, [format!("e/{first:x}")]);
+    observing.abort();
+}
+
+/// HTTP-7 on the gateway: its `Grpc-Timeout` header is the call's deadline, as in etcd's
+/// gateway: a passed deadline writes nothing, and a Lock still waiting at its deadline ends
+/// with 504 and its key goes.
+#[test]
+fn the_gateways_grpc_timeout_header_is_the_calls_deadline() {
+    let server = common::start_kvd(&[]);
+    let b64 = gateway::b64;
+    let late = gateway::post_with(
+        &server.endpoint,
+        "/v3/kv/put",
+        &format!(r#"{{"key":"{}","value":"{}"}}"#, b64("late"), b64("v")),
+        "Grpc-Timeout: 1n\r\n",
+    );
+    assert_eq!(late.status, 504, "{late:?}");
+    assert_eq!(late.body["code"], 4, "{late:?}");
+    assert_eq!(late.body["message"], "context deadline exceeded");
+    let read = gateway::post(
+        &server.endpoint,
+        "/v3/kv/range",
+        &format!(r#"{{"key":"{}"}}"#, b64("late")),
+    );
+    assert!(read.body.get("kvs").is_none(), "{read:?}");
+
+    let held = gateway::post(
+        &server.endpoint,
+        "/v3/lock/lock",
+        &format!(r#"{{"name":"{}"}}"#, b64("gw")),
+    );
+    assert_eq!(held.status, 200, "{held:?}");
+    let waiting = gateway::post_with(
+        &server.endpoint,
+        "/v3/lock/lock",
+        &format!(r#"{{"name":"{}"}}"#, b64("gw")),
+        "Grpc-Timeout: 1S\r\n",
+    );
+    assert_eq!(waiting.status, 504, "{waiting:?}");
+    assert_eq!(waiting.body["code"], 4, "{waiting:?}");
+    // Only the holder's key is left under the name (the waiter's goes on a task of its own).
+    let end = b64("gw0"); // "gw/" + 1
+    let only_holder = common::wait_until(PATIENCE, || {
+        let keys = gateway::post(
+            &server.endpoint,
+            "/v3/kv/range",
+            &format!(
+                r#"{{"key":"{}","range_end":"{end}","keys_only":true}}"#,
+                b64("gw/")
+            ),
+        );
+        keys.body["kvs"].as_array().map(Vec::len) == Some(1)
+    });
+    assert!(only_holder, "the waiter's key stayed");
+}
+
 /// Root, and alice with readwrite on `/dev/` only, auth enabled; returns alice's token.
 async fn alice_on_dev(channel: &Channel) -> String {
     let mut auth = AuthClient::new(channel.clone());
