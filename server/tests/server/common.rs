@@ -630,3 +630,26 @@ pub async fn connect(endpoint: &str) -> tonic::transport::Channel {
         .await
         .unwrap()
 }
+
+/// Asserts `result` failed with exactly `code` and `message`.
+pub fn assert_status<T: std::fmt::Debug>(
+    result: Result<T, tonic::Status>,
+    code: tonic::Code,
+    message: &str,
+) {
+    let status = result.expect_err("the request should fail");
+    assert_eq!(
+        (status.code(), status.message()),
+        (code, message),
+        "{status:?}"
+    );
+}
+
+/// Returns `message` as a gRPC request carrying the auth `token`.
+pub fn with_token<T>(token: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("token", token.parse().unwrap());
+    request
+}

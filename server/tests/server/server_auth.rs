@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
+use crate::common::assert_status;
 use crate::common::connect;
 
 use std::io::{Read, Write};
@@ -30,15 +31,6 @@ use tonic::transport::Channel;
 /// The longest a test waits for one answer.
 const PATIENCE: Duration = Duration::from_secs(20);
 const DENIED: &str = "etcdserver: permission denied";
-
-/// Returns `message` as a request carrying `token` (etcd's `token` metadata).
-fn with<T>(token: &str, message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("token", token.parse().unwrap());
-    request
-}
 
 fn put(key: &str, value: &str) -> pb::PutRequest {
     pb::PutRequest {
@@ -62,11 +54,6 @@ fn readwrite(key: &str, range_end: &str) -> Permission {
         key: Bytes::from(key.to_owned()),
         range_end: Bytes::from(range_end.to_owned()),
     }
-}
-
-fn assert_status<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, message: &str) {
-    let status = result.expect_err("refused");
-    assert_eq!((status.code(), status.message()), (code, message));
 }
 
 async fn authenticate(auth: &mut AuthClient<Channel>, name: &str, password: &str) -> String {
@@ -236,7 +223,7 @@ async fn the_three_etcd_3_4_holes_are_closed() {
         ..pb::TxnRequest::default()
     };
     let before = kv
-        .range(with(&root, range("\0", b"\0")))
+        .range(common::with_token(&root, range("\0", b"\0")))
         .await
         .unwrap()
         .into_inner()
@@ -244,12 +231,12 @@ async fn the_three_etcd_3_4_holes_are_closed() {
         .unwrap()
         .revision;
     assert_status(
-        kv.txn(with(&alice, nested)).await,
+        kv.txn(common::with_token(&alice, nested)).await,
         Code::PermissionDenied,
         DENIED,
     );
     let after = kv
-        .range(with(&root, range("/other/evil", b"")))
+        .range(common::with_token(&root, range("/other/evil", b"")))
         .await
         .unwrap()
         .into_inner();
@@ -266,7 +253,7 @@ async fn the_three_etcd_3_4_holes_are_closed() {
     };
     let requests = tonic::codegen::tokio_stream::iter(vec![create]);
     let mut responses = WatchClient::new(channel.clone())
-        .watch(with(&alice, requests))
+        .watch(common::with_token(&alice, requests))
         .await
         .unwrap()
         .into_inner();
@@ -297,12 +284,15 @@ async fn the_three_etcd_3_4_holes_are_closed() {
         perm: None,
     };
     assert_status(
-        auth.role_grant_permission(with(&root, no_perm)).await,
+        auth.role_grant_permission(common::with_token(&root, no_perm))
+            .await,
         Code::InvalidArgument,
         "etcdserver: permission not given",
     );
     assert_eq!(auth_revision(&mut auth).await, revision, "nothing changed");
-    kv.put(with(&alice, put("/dev/after", "1"))).await.unwrap();
+    kv.put(common::with_token(&alice, put("/dev/after", "1")))
+        .await
+        .unwrap();
     // ... and restarts cleanly.
     drop((kv, auth, channel, responses));
     assert_eq!(server.signal_and_wait("-TERM"), Some(0));
@@ -312,7 +302,7 @@ async fn the_three_etcd_3_4_holes_are_closed() {
     assert_eq!(auth_revision(&mut auth).await, revision);
     let alice = authenticate(&mut auth, "alice", "alicepw").await;
     let got = KvClient::new(channel)
-        .range(with(&alice, range("/dev/after", b"")))
+        .range(common::with_token(&alice, range("/dev/after", b"")))
         .await
         .unwrap()
         .into_inner();
@@ -369,7 +359,8 @@ async fn bad_credentials_and_tokens_get_etcds_errors_and_change_nothing() {
     let invalid = "etcdserver: invalid auth token";
     for forged in ["abcdefghijklmnop.1", "garbage", &format!("{alice}x")] {
         assert_status(
-            kv.range(with(forged, range("/dev/a", b""))).await,
+            kv.range(common::with_token(forged, range("/dev/a", b"")))
+                .await,
             Code::Unauthenticated,
             invalid,
         );
@@ -384,17 +375,21 @@ async fn bad_credentials_and_tokens_get_etcds_errors_and_change_nothing() {
     };
     let listing = pb::AlarmRequest::default();
     assert_status(
-        lease.lease_grant(with("garbage", grant)).await,
+        lease
+            .lease_grant(common::with_token("garbage", grant))
+            .await,
         Code::Unauthenticated,
         invalid,
     );
     assert_status(
-        kv.compact(with("garbage", compact)).await,
+        kv.compact(common::with_token("garbage", compact)).await,
         Code::Unauthenticated,
         invalid,
     );
     assert_status(
-        maintenance.alarm(with("garbage", listing)).await,
+        maintenance
+            .alarm(common::with_token("garbage", listing))
+            .await,
         Code::Unauthenticated,
         invalid,
     );
@@ -405,7 +400,9 @@ async fn bad_credentials_and_tokens_get_etcds_errors_and_change_nothing() {
     );
     // Without a token they need no login, as in etcd; alice's live token works too.
     lease.lease_grant(grant).await.unwrap();
-    kv.compact(with(&alice, compact)).await.unwrap();
+    kv.compact(common::with_token(&alice, compact))
+        .await
+        .unwrap();
     maintenance.alarm(listing).await.unwrap();
     // A password-less user cannot log in with a password (etcd's unmapped error).
     let cert_only = pb::AuthUserAddRequest {
@@ -413,7 +410,9 @@ async fn bad_credentials_and_tokens_get_etcds_errors_and_change_nothing() {
         options: Some(UserAddOptions { no_password: true }),
         ..pb::AuthUserAddRequest::default()
     };
-    auth.user_add(with(&root, cert_only)).await.unwrap();
+    auth.user_add(common::with_token(&root, cert_only))
+        .await
+        .unwrap();
     assert_status(
         auth.authenticate(login("cert", "")).await,
         Code::Unknown,
@@ -425,13 +424,14 @@ async fn bad_credentials_and_tokens_get_etcds_errors_and_change_nothing() {
         perm: Some(readwrite("", "")),
     };
     assert_status(
-        auth.role_grant_permission(with(&root, empty)).await,
+        auth.role_grant_permission(common::with_token(&root, empty))
+            .await,
         Code::InvalidArgument,
         "etcdserver: invalid auth management",
     );
     // Alice is no administrator, and anonymous callers are nobody.
     assert_status(
-        auth.user_add(with(
+        auth.user_add(common::with_token(
             &alice,
             pb::AuthUserAddRequest {
                 name: "eve".into(),
@@ -458,28 +458,36 @@ async fn bad_credentials_and_tokens_get_etcds_errors_and_change_nothing() {
         password: "newpw".into(),
         ..Default::default()
     };
-    auth.user_change_password(with(&root, changed))
+    auth.user_change_password(common::with_token(&root, changed))
         .await
         .unwrap();
     assert_status(
-        kv.range(with(&alice, range("/dev/a", b""))).await,
+        kv.range(common::with_token(&alice, range("/dev/a", b"")))
+            .await,
         Code::Unauthenticated,
         invalid,
     );
     let alice = authenticate(&mut auth, "alice", "newpw").await;
-    kv.range(with(&alice, range("/dev/a", b""))).await.unwrap();
+    kv.range(common::with_token(&alice, range("/dev/a", b"")))
+        .await
+        .unwrap();
     let delete = pb::AuthUserDeleteRequest {
         name: "alice".into(),
     };
-    auth.user_delete(with(&root, delete)).await.unwrap();
+    auth.user_delete(common::with_token(&root, delete))
+        .await
+        .unwrap();
     let readd = pb::AuthUserAddRequest {
         name: "alice".into(),
         password: "newpw".into(),
         ..Default::default()
     };
-    auth.user_add(with(&root, readd)).await.unwrap();
+    auth.user_add(common::with_token(&root, readd))
+        .await
+        .unwrap();
     assert_status(
-        kv.range(with(&alice, range("/dev/a", b""))).await,
+        kv.range(common::with_token(&alice, range("/dev/a", b"")))
+            .await,
         Code::Unauthenticated,
         invalid,
     );
@@ -491,51 +499,54 @@ async fn bad_credentials_and_tokens_get_etcds_errors_and_change_nothing() {
     };
     assert_status(
         maintenance
-            .defragment(with(&bob, pb::DefragmentRequest {}))
+            .defragment(common::with_token(&bob, pb::DefragmentRequest {}))
             .await,
         Code::PermissionDenied,
         DENIED,
     );
     assert_status(
         maintenance
-            .hash_kv(with(&bob, pb::HashKvRequest { revision: 0 }))
+            .hash_kv(common::with_token(&bob, pb::HashKvRequest { revision: 0 }))
             .await,
         Code::PermissionDenied,
         DENIED,
     );
     maintenance
-        .hash_kv(with(&root, pb::HashKvRequest { revision: 0 }))
+        .hash_kv(common::with_token(&root, pb::HashKvRequest { revision: 0 }))
         .await
         .unwrap();
     maintenance
-        .status(with(&bob, pb::StatusRequest {}))
+        .status(common::with_token(&bob, pb::StatusRequest {}))
         .await
         .unwrap();
     let mut lease = LeaseClient::new(channel.clone());
     let id = lease
-        .lease_grant(with(&bob, pb::LeaseGrantRequest { ttl: 600, id: 0 }))
+        .lease_grant(common::with_token(
+            &bob,
+            pb::LeaseGrantRequest { ttl: 600, id: 0 },
+        ))
         .await
         .unwrap()
         .into_inner()
         .id;
     let mut on_lease = put("/other/leased", "x");
     on_lease.lease = id;
-    kv.put(with(&root, on_lease)).await.unwrap();
+    kv.put(common::with_token(&root, on_lease)).await.unwrap();
     assert_status(
         lease
-            .lease_revoke(with(&bob, pb::LeaseRevokeRequest { id }))
+            .lease_revoke(common::with_token(&bob, pb::LeaseRevokeRequest { id }))
             .await,
         Code::PermissionDenied,
         DENIED,
     );
     let still = kv
-        .range(with(&root, range("/other/leased", b"")))
+        .range(common::with_token(&root, range("/other/leased", b"")))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(still.count, 1, "the denied revoke deleted nothing");
     lease
-        .lease_revoke(with(&root, pb::LeaseRevokeRequest { id }))
+        .lease_revoke(common::with_token(&root, pb::LeaseRevokeRequest { id }))
         .await
         .unwrap();
 }
@@ -546,7 +557,9 @@ async fn user_add_as(auth: &mut AuthClient<Channel>, token: &str, name: &str, pa
         password: password.into(),
         ..pb::AuthUserAddRequest::default()
     };
-    auth.user_add(with(token, request)).await.unwrap();
+    auth.user_add(common::with_token(token, request))
+        .await
+        .unwrap();
 }
 
 /// [`tenant`] on a server where user root exists already.
@@ -586,7 +599,9 @@ async fn an_idle_token_expires_after_the_ttl() {
     // token was issued.
     for uses in 0.. {
         let sent = issued.elapsed();
-        let answer = kv.range(with(&alice, range("/dev/a", b""))).await;
+        let answer = kv
+            .range(common::with_token(&alice, range("/dev/a", b"")))
+            .await;
         assert!(
             answer.is_ok(),
             "use {uses}, {sent:?} after issue: {answer:?}"
@@ -599,7 +614,8 @@ async fn an_idle_token_expires_after_the_ttl() {
     // Idle for longer than the TTL since the last use was answered: the token has expired.
     tokio::time::sleep(TTL + Duration::from_secs(1)).await;
     assert_status(
-        kv.range(with(&alice, range("/dev/a", b""))).await,
+        kv.range(common::with_token(&alice, range("/dev/a", b"")))
+            .await,
         Code::Unauthenticated,
         "etcdserver: invalid auth token",
     );
@@ -691,10 +707,14 @@ async fn the_tenant_story_alice_in_dev_is_authorized_and_counted() {
     );
     assert_eq!((code, body.as_str()), (200, ""));
     let mut kv = KvClient::new(channel);
-    kv.put(with(&alice, put("/dev/a", "1"))).await.unwrap();
-    kv.put(with(&alice, put("/dev/b", "2"))).await.unwrap();
+    kv.put(common::with_token(&alice, put("/dev/a", "1")))
+        .await
+        .unwrap();
+    kv.put(common::with_token(&alice, put("/dev/b", "2")))
+        .await
+        .unwrap();
     assert_status(
-        kv.put(with(&alice, put("/ops/a", "1"))).await,
+        kv.put(common::with_token(&alice, put("/ops/a", "1"))).await,
         Code::PermissionDenied,
         DENIED,
     );
@@ -738,7 +758,7 @@ async fn repeated_failed_logins_are_only_delayed_never_answered_differently() {
         .into_inner()
         .token;
     KvClient::new(channel)
-        .put(with(&token, put("/dev/after-login", "1")))
+        .put(common::with_token(&token, put("/dev/after-login", "1")))
         .await
         .unwrap();
     // Each user name has its own count: root logs in as usual.

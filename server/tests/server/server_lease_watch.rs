@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
+use crate::common::assert_status;
 use crate::common::connect;
 
 use std::time::Duration;
@@ -37,15 +38,6 @@ fn put(key: &str, value: &str, lease: i64) -> PutRequest {
         lease,
         ..PutRequest::default()
     }
-}
-
-fn assert_status<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, message: &str) {
-    let status = result.expect_err("the request should fail");
-    assert_eq!(
-        (status.code(), status.message()),
-        (code, message),
-        "{status:?}"
-    );
 }
 
 /// Asserts `header` is a full etcd header (ids and raft term) at `revision`.

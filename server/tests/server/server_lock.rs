@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
+use crate::common::assert_status;
 use crate::common::connect;
 use crate::gateway;
 
@@ -39,15 +40,6 @@ async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> 
     tokio::time::timeout(PATIENCE, future)
         .await
         .unwrap_or_else(|_| panic!("{what} did not finish within {PATIENCE:?}"))
-}
-
-fn assert_status<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, message: &str) {
-    let status = result.expect_err("the request should fail");
-    assert_eq!(
-        (status.code(), status.message()),
-        (code, message),
-        "{status:?}"
-    );
 }
 
 async fn grant(channel: &Channel, ttl: i64) -> i64 {
@@ -640,15 +632,6 @@ async fn alice_on_dev(channel: &Channel) -> String {
     auth.authenticate(login).await.unwrap().into_inner().token
 }
 
-/// Returns `message` as a request carrying `token`.
-fn with<T>(token: &str, message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("token", token.parse().unwrap());
-    request
-}
-
 #[tokio::test]
 async fn a_user_without_permission_on_the_prefix_is_refused() {
     const DENIED: &str = "etcdserver: permission denied";
@@ -659,36 +642,40 @@ async fn a_user_without_permission_on_the_prefix_is_refused() {
     let mut election = ElectionClient::new(channel.clone());
 
     assert_status(
-        locks.lock(with(&alice, lock("/ops/job", 0))).await,
-        Code::PermissionDenied,
-        DENIED,
-    );
-    assert_status(
-        election
-            .campaign(with(&alice, campaign("/ops/vote", 0, "a")))
+        locks
+            .lock(common::with_token(&alice, lock("/ops/job", 0)))
             .await,
         Code::PermissionDenied,
         DENIED,
     );
     assert_status(
-        election.observe(with(&alice, leader("/ops/vote"))).await,
+        election
+            .campaign(common::with_token(&alice, campaign("/ops/vote", 0, "a")))
+            .await,
+        Code::PermissionDenied,
+        DENIED,
+    );
+    assert_status(
+        election
+            .observe(common::with_token(&alice, leader("/ops/vote")))
+            .await,
         Code::PermissionDenied,
         DENIED,
     );
     // Under her own prefix the same calls work, as her own Txn would.
     let held = locks
-        .lock(with(&alice, lock("/dev/job", 0)))
+        .lock(common::with_token(&alice, lock("/dev/job", 0)))
         .await
         .unwrap()
         .into_inner();
     assert!(held.key.starts_with(b"/dev/job/"));
     let won = election
-        .campaign(with(&alice, campaign("/dev/vote", 0, "a")))
+        .campaign(common::with_token(&alice, campaign("/dev/vote", 0, "a")))
         .await
         .unwrap()
         .into_inner();
     let current = election
-        .leader(with(&alice, leader("/dev/vote")))
+        .leader(common::with_token(&alice, leader("/dev/vote")))
         .await
         .unwrap()
         .into_inner();
@@ -706,7 +693,7 @@ async fn a_user_without_permission_on_the_prefix_is_refused() {
         .token;
     let mut kv = KvClient::new(channel.clone());
     let everything = kv
-        .range(with(
+        .range(common::with_token(
             &root,
             pb::RangeRequest {
                 key: Bytes::from_static(b"\0"),

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
+use crate::common::assert_status;
 use crate::common::connect;
 
 use bytes::Bytes;
@@ -42,16 +43,6 @@ fn put_op(key: &str) -> RequestOp {
     RequestOp {
         request: Some(Request::RequestPut(put(key, "v"))),
     }
-}
-
-/// Asserts `result` failed with exactly `code` and `message`.
-fn assert_status<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, message: &str) {
-    let status = result.expect_err("the request should fail");
-    assert_eq!(
-        (status.code(), status.message()),
-        (code, message),
-        "{status:?}"
-    );
 }
 
 /// Asserts the server still answers a write and a read on `kv`'s connection.
