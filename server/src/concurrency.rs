@@ -229,6 +229,15 @@ impl Client {
             .into_inner())
     }
 
+    /// Returns the caller's place under the lock or election `name` for the session `lease`
+    /// asks for (CONC-2): the session's lease, the name's prefix and the caller's key there.
+    pub async fn place(&self, name: &[u8], lease: i64) -> Result<(i64, Bytes, Bytes), Status> {
+        let lease = self.session_lease(lease).await?;
+        let prefix = prefix(name);
+        let key = key(&prefix, lease);
+        Ok((lease, prefix, key))
+    }
+
     /// Returns the lease of a session asked for with `lease` (CONC-2): `lease` itself, or,
     /// for 0, a lease granted now as the caller.
     pub async fn session_lease(&self, lease: i64) -> Result<i64, Status> {

@@ -98,9 +98,7 @@ impl Election for ElectionService {
     ) -> Result<Response<CampaignResponse>, Status> {
         let client = Client::new(&self.node, Caller::of(&request));
         let req = request.into_inner();
-        let lease = client.session_lease(req.lease).await?;
-        let prefix = concurrency::prefix(&req.name);
-        let key = concurrency::key(&prefix, lease);
+        let (lease, prefix, key) = client.place(&req.name, req.lease).await?;
         let txn = pb::TxnRequest {
             compare: vec![concurrency::created_at(&key, 0)],
             success: vec![concurrency::put_op(&key, req.value.clone(), lease)],

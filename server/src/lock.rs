@@ -49,9 +49,7 @@ impl Lock for LockService {
     async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
         let client = Client::new(&self.node, Caller::of(&request));
         let req = request.into_inner();
-        let lease = client.session_lease(req.lease).await?;
-        let prefix = concurrency::prefix(&req.name);
-        let key = concurrency::key(&prefix, lease);
+        let (lease, prefix, key) = client.place(&req.name, req.lease).await?;
         // Queue as a waiter (or find the key this lease queued already), and fetch the
         // holder in the same Txn, so an uncontended Lock is one write.
         let txn = pb::TxnRequest {
