@@ -1,5 +1,5 @@
-//! etcd's Maintenance service: Status, Hash, HashKV, Alarm, Defragment and Snapshot are
-//! answered; MoveLeader and Downgrade are refused with a clear message.
+//! etcd's Maintenance service: Status, Hash, HashKV, Alarm, Defragment, Snapshot and
+//! MoveLeader are answered; Downgrade is refused with a clear message.
 //!
 //! Owns: how a single-member engine fills etcd's cluster-shaped Status.
 //!
@@ -24,6 +24,9 @@
 //! - MAINT-6: while auth is enabled Defragment, Hash, HashKV, Snapshot and Alarm
 //!   activate/deactivate need an administrator, refused with etcd 3.6's translated errors
 //!   (`etcdserver: permission denied`, PermissionDenied); Status and Alarm GET are open.
+//! - MAINT-7: MoveLeader (an administrator's call while auth is enabled, as in etcd 3.6) to
+//!   this member succeeds and changes nothing, as etcd's does when the target already leads;
+//!   to any other id it is etcd's `FailedPrecondition "etcdserver: bad leader transferee"`.
 //!
 //! Contact points: `server::node` (engine status), `server::status` (refusals),
 //! `server::hash` (Hash).
@@ -263,9 +266,16 @@ impl Maintenance for MaintenanceService {
 
     async fn move_leader(
         &self,
-        _request: Request<MoveLeaderRequest>,
+        request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
-        Err(status::unimplemented(status::MOVE_LEADER_NOT_SUPPORTED))
+        // MAINT-7.
+        self.admin(&request)?;
+        if request.get_ref().target_id != self.node.ids.member_id {
+            return Err(Status::failed_precondition(status::BAD_LEADER_TRANSFEREE));
+        }
+        Ok(Response::new(MoveLeaderResponse {
+            header: Some(self.node.ids.header_without_revision()),
+        }))
     }
 
     async fn downgrade(

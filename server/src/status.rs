@@ -141,12 +141,20 @@ pub const ELECTION_NO_LEADER: &str = "election: no leader";
 /// etcd's `ErrMissingLeaderKey`: Proclaim or Resign without its `leader`.
 pub const MISSING_LEADER_KEY: &str = "\"leader\" field must be provided";
 
-/// The message of cluster reconfiguration RPCs.
+/// The message of the cluster reconfiguration RPCs that would change this member or add one.
 pub const MEMBERSHIP_NOT_SUPPORTED: &str =
     "kvd: member reconfiguration is not supported: kvd is a single-member server";
-/// The message of Maintenance.MoveLeader.
-pub const MOVE_LEADER_NOT_SUPPORTED: &str =
-    "kvd: move-leader is not supported: kvd is a single-member server and always the leader";
+/// etcd's `ErrGRPCMemberNotFound` (NotFound): a member id that is not this member's.
+pub const MEMBER_NOT_FOUND: &str = "etcdserver: member not found";
+/// etcd's `ErrGRPCMemberNotLearner` (FailedPrecondition): MemberPromote of a voting member.
+pub const MEMBER_NOT_LEARNER: &str = "etcdserver: can only promote a learner member";
+/// etcd's `ErrGRPCNotEnoughStartedMembers` (FailedPrecondition): MemberRemove of the only
+/// voting member.
+pub const NOT_ENOUGH_STARTED_MEMBERS: &str =
+    "etcdserver: re-configuration failed due to not enough started members";
+/// etcd's `ErrGRPCBadLeaderTransferee` (FailedPrecondition): MoveLeader to a member id that
+/// is not this member's.
+pub const BAD_LEADER_TRANSFEREE: &str = "etcdserver: bad leader transferee";
 /// The message of Maintenance.Downgrade.
 pub const DOWNGRADE_NOT_SUPPORTED: &str = "kvd: downgrade is not supported";
 

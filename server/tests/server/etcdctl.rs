@@ -1,5 +1,5 @@
 //! etcdctl 3.4 against kvd, and the same scenarios against a real etcd 3.4.23 (the
-//! differential oracle of `shared/spec/etcd-observed.md`).
+//! differential oracle: what etcd does is what it answers here, not what a text says).
 //!
 //! Every scenario runs on a fresh server. Each step is one etcdctl command with an expected
 //! outcome, written from etcd 3.4.23's answers. Three tests use the same runs:
@@ -21,7 +21,8 @@
 //! Watch steps run `etcdctl watch` bounded in time (`common::etcdctl_watch`): once the server
 //! counts the watcher, the step's writes run, and etcdctl is stopped when its output is
 //! complete (at most 10 s) or exits by itself (a compacted start revision exits 5). Lease
-//! steps capture the id a grant prints and pass it to later steps as `$NAME`.
+//! and member steps capture the id a grant or `member list` prints and pass it to later steps
+//! as `$NAME`.
 //!
 //! The `auth` scenario is the auth story of issue 13: users, a role with a prefix
 //! permission, `auth enable` (with etcdctl's own fallback that adds role root), then as that
@@ -463,10 +464,21 @@ fn maintenance() -> Scenario {
         )),
         ctl("endpoint health").stderr("<EP> is healthy: successfully committed proposal: took = <DUR>\n"),
         ctl("endpoint hashkv").out("<EP>, <HASH>\n"),
-        ctl("member list").out("<ID>, started, default, <PEER>, <EP>, false\n"),
+        ctl("member list")
+            .capture("ME")
+            .out("<ID>, started, default, <PEER>, <EP>, false\n"),
         ctl("member list -w json").out(
             "{\"header\":{\"cluster_id\":<N>,\"member_id\":<N>,\"raft_term\":<N>},\"members\":[{\"ID\":<N>,\"name\":\"default\",\"peerURLs\":[\"<PEER>\"],\"clientURLs\":[\"<EP>\"]}]}\n",
         ),
+        // A one-member cluster: the leadership stays where it is, and no other member is
+        // there to take it or to be changed.
+        ctl("move-leader $ME").out("Leadership transferred from <ID> to <ID>\n"),
+        ctl("move-leader 1234").fails("etcdserver: bad leader transferee"),
+        ctl("member promote $ME").fails("etcdserver: can only promote a learner member"),
+        ctl("member promote 1234").fails("etcdserver: member not found"),
+        ctl("member remove 1234").fails("etcdserver: member not found"),
+        ctl("member update 1234 --peer-urls=http://127.0.0.1:1").fails("etcdserver: member not found"),
+        ctl("member list").out("<ID>, started, default, <PEER>, <EP>, false\n"),
         ctl("alarm list").out(""),
         ctl("alarm list -w json").out(&format!("{{{}}}\n", header(2))),
         ctl("alarm disarm").out(""),
@@ -774,9 +786,9 @@ fn run_all(start: fn() -> Server) -> Transcripts {
                 .map(|step| {
                     let raw = run_step(&server, &step, &captured);
                     if let Some(name) = step.capture {
-                        let id = first_lease_id(&raw.stdout).unwrap_or_else(|| {
+                        let id = first_id(&raw.stdout).unwrap_or_else(|| {
                             panic!(
-                                "[{}] {}: no lease id in {raw:?}",
+                                "[{}] {}: no lease or member id in {raw:?}",
                                 scenario.name,
                                 step.command()
                             )
@@ -827,11 +839,17 @@ fn run_step(server: &Server, step: &Step, captured: &[(&'static str, String)]) -
     common::etcdctl_watch(&server.endpoint, &args, during, enough)
 }
 
-/// Returns the first lease id etcdctl printed: `lease <16 hex digits> ...`.
-fn first_lease_id(stdout: &str) -> Option<String> {
+/// Returns the first lease or member id etcdctl printed: `lease <16 hex digits> ...`, or a
+/// member list's first column (hex without leading zeros, then a comma).
+fn first_id(stdout: &str) -> Option<String> {
     stdout
         .split_whitespace()
-        .find(|word| is_lease_id(word))
+        .find_map(|word| {
+            let member = word
+                .strip_suffix(',')
+                .filter(|id| id.len() >= 8 && is_hex_id(id));
+            member.or(Some(word).filter(|word| is_lease_id(word)))
+        })
         .map(str::to_owned)
 }
 
@@ -995,6 +1013,13 @@ fn mask_simple_line(line: &str) -> String {
             .chain(columns[1..].iter().copied())
             .collect::<Vec<_>>()
             .join(", ");
+    }
+    if let Some(ids) = line.strip_prefix("Leadership transferred from ")
+        && let Some((from, to)) = ids.split_once(" to ")
+        && is_hex_id(from)
+        && is_hex_id(to)
+    {
+        return "Leadership transferred from <ID> to <ID>".to_owned();
     }
     if let Some((before, _)) = line.split_once("took = ") {
         return format!("{before}took = <DUR>");

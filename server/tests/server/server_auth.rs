@@ -20,6 +20,7 @@ use bytes::Bytes;
 use kvd_server::pb::authpb::{Permission, UserAddOptions};
 use kvd_server::pb::etcdserverpb as pb;
 use kvd_server::pb::etcdserverpb::auth_client::AuthClient;
+use kvd_server::pb::etcdserverpb::cluster_client::ClusterClient;
 use kvd_server::pb::etcdserverpb::kv_client::KvClient;
 use kvd_server::pb::etcdserverpb::lease_client::LeaseClient;
 use kvd_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
@@ -515,6 +516,23 @@ async fn bad_credentials_and_tokens_get_etcds_errors_and_change_nothing() {
         .hash_kv(common::with_token(&root, pb::HashKvRequest { revision: 0 }))
         .await
         .unwrap();
+    // MoveLeader and the membership changes: the admin check comes first (CLUSTER-3,
+    // MAINT-7), so bob learns nothing of which ids exist.
+    let unknown = pb::MoveLeaderRequest { target_id: 1 };
+    let moved = maintenance
+        .move_leader(common::with_token(&bob, unknown))
+        .await;
+    assert_status(moved, Code::PermissionDenied, DENIED);
+    let mut cluster = ClusterClient::new(channel.clone());
+    let removed = cluster
+        .member_remove(common::with_token(&bob, pb::MemberRemoveRequest { id: 1 }))
+        .await;
+    assert_status(removed, Code::PermissionDenied, DENIED);
+    let unknown = pb::MemberRemoveRequest { id: 1 };
+    let removed = cluster
+        .member_remove(common::with_token(&root, unknown))
+        .await;
+    assert_status(removed, Code::NotFound, "etcdserver: member not found");
     maintenance
         .status(common::with_token(&bob, pb::StatusRequest {}))
         .await

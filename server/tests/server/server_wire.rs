@@ -1,5 +1,5 @@
 //! Bad and unusual input over the wire, with the generated gRPC client: each request gets
-//! etcd's gRPC code and message (`shared/spec/etcd.md` §12–13), and the server keeps serving
+//! etcd's gRPC code and message (etcd 3.4's error table), and the server keeps serving
 //! on the same connection afterwards. Also the shape of the answers etcd's clients rely on
 //! (Status, MemberList, headers) and the refusals of what kvd does not serve yet. Leases and
 //! watches over the wire are in `server_lease_watch.rs`.
@@ -18,8 +18,9 @@ use kvd_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
 use kvd_server::pb::etcdserverpb::request_op::Request;
 use kvd_server::pb::etcdserverpb::{
     AlarmRequest, AuthStatusRequest, AuthenticateRequest, CompactionRequest, Compare,
-    DeleteRangeRequest, HashKvRequest, MemberAddRequest, MemberListRequest, PutRequest,
-    RangeRequest, RequestOp, StatusRequest, TxnRequest,
+    DeleteRangeRequest, HashKvRequest, MemberAddRequest, MemberListRequest, MemberPromoteRequest,
+    MemberRemoveRequest, MemberUpdateRequest, MoveLeaderRequest, PutRequest, RangeRequest,
+    RequestOp, StatusRequest, TxnRequest,
 };
 use tonic::Code;
 use tonic::transport::Channel;
@@ -314,6 +315,78 @@ async fn status_and_member_list_describe_one_leader() {
         .await
         .unwrap();
     assert!(alarms.into_inner().alarms.is_empty());
+}
+
+#[tokio::test]
+async fn membership_changes_and_move_leader_answer_as_a_one_member_etcd_does() {
+    // CLUSTER-3, MAINT-7: etcd 3.4.23's codes and messages on a one-member cluster, and
+    // nothing changes.
+    let server = common::start_kvd(&[]);
+    let channel = connect(&server.endpoint).await;
+    let mut cluster = ClusterClient::new(channel.clone());
+    let listed = cluster
+        .member_list(MemberListRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .members;
+    let me = listed[0].clone();
+    let other = me.id ^ 1;
+    let not_found = "etcdserver: member not found";
+    let removed = cluster
+        .member_remove(MemberRemoveRequest { id: other })
+        .await;
+    assert_status(removed, Code::NotFound, not_found);
+    let promoted = cluster
+        .member_promote(MemberPromoteRequest { id: other })
+        .await;
+    assert_status(promoted, Code::NotFound, not_found);
+    let update = |id: u64, urls: &[String]| MemberUpdateRequest {
+        id,
+        peer_ur_ls: urls.to_vec(),
+    };
+    let updated = cluster.member_update(update(other, &me.peer_ur_ls)).await;
+    assert_status(updated, Code::NotFound, not_found);
+    let removed = cluster
+        .member_remove(MemberRemoveRequest { id: me.id })
+        .await;
+    let last = "etcdserver: re-configuration failed due to not enough started members";
+    assert_status(removed, Code::FailedPrecondition, last);
+    let promoted = cluster
+        .member_promote(MemberPromoteRequest { id: me.id })
+        .await;
+    let voting = "etcdserver: can only promote a learner member";
+    assert_status(promoted, Code::FailedPrecondition, voting);
+    let same = cluster
+        .member_update(update(me.id, &me.peer_ur_ls))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        same.members, listed,
+        "an update to the URLs it has changes nothing"
+    );
+    let elsewhere = ["http://127.0.0.1:1".to_owned()];
+    let moved = cluster.member_update(update(me.id, &elsewhere)).await;
+    assert_eq!(
+        moved.expect_err("kvd has no peers").code(),
+        Code::Unimplemented
+    );
+
+    let mut maintenance = MaintenanceClient::new(channel);
+    let stays = maintenance
+        .move_leader(MoveLeaderRequest { target_id: me.id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stays.header.unwrap().member_id, me.id);
+    let away = maintenance
+        .move_leader(MoveLeaderRequest { target_id: other })
+        .await;
+    let transferee = "etcdserver: bad leader transferee";
+    assert_status(away, Code::FailedPrecondition, transferee);
+    let after = cluster.member_list(MemberListRequest::default()).await;
+    assert_eq!(after.unwrap().into_inner().members, listed);
 }
 
 #[tokio::test]
