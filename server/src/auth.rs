@@ -253,6 +253,14 @@ pub fn authenticated_user<T>(node: &Node, request: &Request<T>) -> Result<Option
     authenticated_user_of(node, request.metadata(), certificate)
 }
 
+/// Resolves the caller of `request` and checks it is an administrator (a user holding role
+/// `root`) while auth is enabled: the admin-only calls of the Auth, Maintenance and Cluster
+/// services (AUTHN-5, MAINT-6, CLUSTER-3).
+pub fn require_admin<T>(node: &Node, request: &Request<T>) -> Result<(), Status> {
+    let user = authenticated_user(node, request)?;
+    node.quick(|e| e.auth_check_admin(user.as_deref()))
+}
+
 /// [`authenticated_user`] from a request's metadata and client certificate alone (a Watch
 /// stream keeps both and resolves its caller again at each create). With no token, the
 /// common name of a verified client certificate (`--client-cert-auth`) is the user, as in
@@ -357,8 +365,7 @@ impl AuthService {
 
     /// Resolves the caller and checks it is an administrator (AUTHN-5).
     fn admin<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let user = authenticated_user(&self.node, request)?;
-        self.node.quick(|e| e.auth_check_admin(user.as_deref()))
+        require_admin(&self.node, request)
     }
 
     /// Applies `change` through the engine's apply path.

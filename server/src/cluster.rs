@@ -47,8 +47,7 @@ impl ClusterService {
 
     /// Checks that the caller is an administrator while auth is enabled (CLUSTER-3).
     fn admin<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let user = crate::auth::authenticated_user(&self.node, request)?;
-        self.node.quick(|e| e.auth_check_admin(user.as_deref()))
+        crate::auth::require_admin(&self.node, request)
     }
 
     /// Refuses an id that is not this member's, as etcd refuses an unknown one (CLUSTER-3).

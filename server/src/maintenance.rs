@@ -86,8 +86,7 @@ impl MaintenanceService {
 
     /// Checks that the caller is an administrator while auth is enabled (MAINT-6).
     fn admin<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let user = crate::auth::authenticated_user(&self.node, request)?;
-        self.node.quick(|e| e.auth_check_admin(user.as_deref()))
+        crate::auth::require_admin(&self.node, request)
     }
 }
 
