@@ -38,19 +38,29 @@ const WAL_LOG_RECORDS_MAX: usize = 64;
 /// Zeros after the last record of a [`wal_log`] log, as a fresh log file has.
 const WAL_LOG_TAIL_BYTES: usize = 32;
 
-/// Decodes `data` as a history record and its first 32 bytes as two history keys.
+/// Decodes `data` as a history record stored under its first 16 bytes as revision key
+/// (zeros if shorter), and its first 32 bytes as two history keys.
 ///
-/// Checks REC-2 (total), REC-1 (a decoded record re-encodes to exactly `data`), that
-/// `decode_head` agrees with `decode` field by field and in what it refuses, the record's
-/// cost, and REV-1/REV-2 on the keys.
+/// Checks REC-2 (total), REC-1 (a decoded checksummed record re-encodes to exactly `data`,
+/// one without a checksum to a record that decodes alike), REC-4 (a re-encoded record read
+/// under another revision is refused), that `decode_head` agrees with `decode` field by
+/// field and in what it refuses, the record's cost, and REV-1/REV-2 on the keys.
 pub fn history_record(data: &[u8]) {
     revision_keys(data);
-    match (Record::decode_head(data), Record::decode(data)) {
+    let at = key_at(data, 0).unwrap_or_default();
+    match (Record::decode_head(&at, data), Record::decode(&at, data)) {
         (Ok(head), Ok(record)) => {
-            assert_eq!(
-                record.encode(),
-                data,
-                "REC-1: re-encoding changed the bytes"
+            let encoded = record.encode(&at);
+            if head.checksummed() {
+                assert_eq!(encoded, data, "REC-1: re-encoding changed the bytes");
+            } else {
+                assert_eq!(Record::decode(&at, &encoded), Ok(record.clone()), "REC-1");
+            }
+            let mut elsewhere = at;
+            elsewhere[15] ^= 1;
+            assert!(
+                Record::decode(&elsewhere, &encoded).is_err(),
+                "REC-4: read under another revision"
             );
             assert_eq!(head.key, &record.key[..]);
             assert_eq!(head.tombstone, record.tombstone);

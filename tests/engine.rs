@@ -991,6 +991,48 @@ fn a_ranges_wire_form_is_the_encoding_of_its_key_values() {
     assert!(matches!(engine.prepare_range(&old), Err(Error::Compacted)));
 }
 
+/// REC-4: a byte of a stored value changed on the disk after a clean close is found by the
+/// record's checksum: the open fails as damaged, naming the revision, instead of serving the
+/// changed value; with the byte put back the same directory opens and serves the value.
+#[test]
+fn a_value_byte_changed_on_the_disk_is_refused_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let value = "a value to find in the file: 7f3a9c1e";
+    let engine = open(&dir);
+    put(&engine, "other", "x");
+    let revision = put(&engine, "k", value);
+    engine.close().unwrap();
+    let db = dir.path().join("kvd.redb");
+    let sound = std::fs::read(&db).unwrap();
+    let found: Vec<usize> = sound
+        .windows(value.len())
+        .enumerate()
+        .filter(|(_, w)| *w == value.as_bytes())
+        .map(|(at, _)| at + value.len() - 1)
+        .collect();
+    assert!(!found.is_empty(), "the value is in the file");
+    let mut damaged = sound.clone();
+    for at in &found {
+        // Every copy (redb may leave earlier copies of the page in free space).
+        damaged[*at] ^= 0x01;
+    }
+    std::fs::write(&db, &damaged).unwrap();
+    let error = Engine::open(dir.path(), config()).unwrap_err();
+    assert!(error.is_corrupted(), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("checksum mismatch at revision ({revision}, 0)")),
+        "{error}"
+    );
+    std::fs::write(&db, &sound).unwrap();
+    let engine = open(&dir);
+    assert_eq!(
+        get(&engine, "k", 0).unwrap(),
+        Some((value.to_owned(), revision, revision, 1))
+    );
+}
+
 /// STORE-6: a data directory with its database missing or empty beside a log, or its log cut
 /// short, is refused as damaged and left as it was, never opened as a new, empty store.
 #[test]

@@ -37,7 +37,8 @@ fn history(n: i64) -> BTreeMap<RevisionKey, Vec<u8>> {
                 value: Bytes::from(vec![b'v'; len]),
             }
         };
-        h.insert(Revision::new(i + 2, i % 2).to_key(), record.encode());
+        let at = Revision::new(i + 2, i % 2).to_key();
+        h.insert(at, record.encode(&at));
     }
     h
 }
@@ -140,10 +141,11 @@ fn tombstones_and_puts_have_etcds_keys_and_values() {
         lease: 0,
         value: Bytes::from_static(b"1"),
     };
-    h.insert(Revision::new(2, 0).to_key(), put.encode());
+    let (two, five) = (Revision::new(2, 0).to_key(), Revision::new(5, 0).to_key());
+    h.insert(two, put.encode(&two));
     h.insert(
-        Revision::new(5, 0).to_key(),
-        Record::tombstone(Bytes::from_static(b"b")).encode(),
+        five,
+        Record::tombstone(Bytes::from_static(b"b")).encode(&five),
     );
     let got = read_all(&write_file(h, 0, 4096)).unwrap();
     let keys: Vec<_> = got.iter().filter(|(b, _, _)| b == BUCKET_KEY).collect();

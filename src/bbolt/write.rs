@@ -94,7 +94,7 @@ pub type Entry = (Vec<u8>, Vec<u8>);
 /// Converts one kvd history record into etcd's `key` bucket entry; `scratch` is reused.
 pub fn history_entry(key: &RevisionKey, record: &[u8]) -> Result<Entry, StorageError> {
     let revision = Revision::from_key(key);
-    let head = Record::decode_head(record)?;
+    let head = Record::decode_head(key, record)?;
     let etcd_key = etcd_revision_key(revision.main, revision.sub, head.tombstone);
     let kv = if head.tombstone {
         // etcd stores a tombstone as a KeyValue holding only the key.

@@ -481,9 +481,8 @@ impl<S: Sink> Import<S> {
                 value: kv.value,
             }
         };
-        let written = self
-            .sink
-            .history(&Revision::new(main, sub).to_key(), &record.encode());
+        let at = Revision::new(main, sub).to_key();
+        let written = self.sink.history(&at, &record.encode(&at));
         self.last_main = main;
         self.summary.history_entries += 1;
         self.sunk(written)

@@ -65,7 +65,7 @@ pub fn recover(
     let mut last_main = 1;
     snapshot.scan_history(.., usize::MAX, |key, value| {
         let rev = Revision::from_key(key);
-        let head = Record::decode_head(value)?;
+        let head = Record::decode_head(key, value)?;
         if head.tombstone || head.lease == 0 {
             attached.remove(head.key);
         } else {

@@ -59,7 +59,7 @@ impl CompactionJob {
             limit,
             |key, value| {
                 let rev = Revision::from_key(key);
-                let head = Record::decode_head(value)?;
+                let head = Record::decode_head(key, value)?;
                 Ok(!index.contains(head.key, rev))
             },
         )?;

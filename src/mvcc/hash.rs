@@ -71,16 +71,19 @@ impl HashState {
             |key, value| {
                 last = Some(*key);
                 let rev = Revision::from_key(key);
+                let head = Record::decode_head(key, value)?;
                 if rev.main <= self.compact_revision {
-                    let head = Record::decode_head(value)?;
                     let skip = !index.contains(head.key, rev)
                         || (head.tombstone && rev.main == self.compact_revision);
                     if skip {
                         return Ok(true);
                     }
                 }
+                // REC-4: the record as stored without a checksum.
+                let (flags, rest) = head.hashed_parts(value);
                 self.hasher.update(key);
-                self.hasher.update(value);
+                self.hasher.update(&[flags]);
+                self.hasher.update(rest);
                 Ok(true)
             },
         )?;

@@ -28,7 +28,7 @@ use crate::api::{
     ResponseHeader, ResponseOp, SortOrder, SortTarget, TxnRequest, TxnResponse,
 };
 use crate::error::{Error, Result, StorageError};
-use crate::storage::{Snapshot, WriteBatch};
+use crate::storage::{RevisionKey, Snapshot, WriteBatch};
 
 /// A Range fetching at least this many records may scan the history instead of looking each
 /// record up (READ-3).
@@ -56,7 +56,7 @@ pub trait Records {
 
 impl Records for Snapshot {
     fn get(&self, rev: Revision) -> Result<Option<Record>, StorageError> {
-        self.decode_history(&rev.to_key(), Record::decode)
+        self.decode_history(&rev.to_key(), |bytes| Record::decode(&rev.to_key(), bytes))
     }
 
     /// READ-3: many records close together in revision order are read in one ordered scan
@@ -66,9 +66,9 @@ impl Records for Snapshot {
         let mut decoder = Decoder::with_capacity(revs.len());
         // The position in `revs` of each record pushed, in the order visited.
         let mut pushed = Vec::with_capacity(revs.len());
-        visit_records(self, revs, |at, bytes| {
+        visit_records(self, revs, |at, key, bytes| {
             pushed.push(at);
-            decoder.push(bytes)
+            decoder.push(key, bytes)
         })?;
         let records = decoder.finish();
         if pushed.iter().enumerate().all(|(i, &at)| i == at) {
@@ -89,7 +89,7 @@ impl Records for Snapshot {
 fn visit_records(
     snapshot: &Snapshot,
     revs: &[Revision],
-    mut visit: impl FnMut(usize, &[u8]) -> Result<(), StorageError>,
+    mut visit: impl FnMut(usize, &RevisionKey, &[u8]) -> Result<(), StorageError>,
 ) -> Result<(), StorageError> {
     let mut order: Vec<usize> = (0..revs.len()).collect();
     order.sort_unstable_by_key(|&i| revs[i]);
@@ -102,8 +102,9 @@ fn visit_records(
         || spread > revs.len().saturating_mul(RANGE_SCAN_SPREAD_MAX)
     {
         for (at, rev) in revs.iter().enumerate() {
+            let key = rev.to_key();
             snapshot
-                .decode_history(&rev.to_key(), |bytes| visit(at, bytes))?
+                .decode_history(&key, |bytes| visit(at, &key, bytes))?
                 .ok_or_else(|| missing(*rev))?;
         }
         return Ok(());
@@ -117,7 +118,7 @@ fn visit_records(
             next += 1;
         }
         if next < order.len() && revs[order[next]] == rev {
-            visit(order[next], value)?;
+            visit(order[next], key, value)?;
             visited[order[next]] = true;
             next += 1;
         }
@@ -138,7 +139,7 @@ fn missing(rev: Revision) -> StorageError {
 
 impl Records for WriteBatch<'_> {
     fn get(&self, rev: Revision) -> Result<Option<Record>, StorageError> {
-        self.decode_history(&rev.to_key(), Record::decode)
+        self.decode_history(&rev.to_key(), |bytes| Record::decode(&rev.to_key(), bytes))
     }
 }
 
@@ -281,9 +282,9 @@ pub fn finish_range_wire(
     let mut out = Vec::new();
     // Each record's position in `revs` and its entry's bytes in `out`, in the order read.
     let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(revs.len());
-    visit_records(snapshot, &revs, |at, bytes| {
+    visit_records(snapshot, &revs, |at, key, bytes| {
         let start = out.len();
-        wire::put_record(&mut out, bytes, revs[at].main, req.keys_only)?;
+        wire::put_record(&mut out, key, bytes, req.keys_only)?;
         if spans.is_empty() {
             // Most Ranges return records of one shape: room for the rest at the first's size.
             out.reserve((out.len() - start).saturating_mul(revs.len()));

@@ -22,7 +22,9 @@ use crate::api::KeyValue;
 use crate::codec::{PROTO_WIRE_BYTES, put_bytes_field, put_int_field, put_varint};
 use crate::error::StorageError;
 
+use super::Revision;
 use super::record::Record;
+use crate::storage::RevisionKey;
 
 /// The field number of `RangeResponse.kvs` (etcd's `rpc.proto`).
 pub const RANGE_RESPONSE_KVS_FIELD: u64 = 2;
@@ -100,15 +102,16 @@ impl KeyValueFields<'_> {
     }
 }
 
-/// Appends the `kvs` entry of the stored record `record`, read at `mod_revision` (WIRE-1,
-/// WIRE-2).
+/// Appends the `kvs` entry of the stored record `record`, stored under the revision key
+/// `at` (its mod revision is `at`'s main; WIRE-1, WIRE-2).
 pub fn put_record(
     out: &mut Vec<u8>,
+    at: &RevisionKey,
     record: &[u8],
-    mod_revision: i64,
     keys_only: bool,
 ) -> Result<(), StorageError> {
-    let head = Record::decode_head(record)?;
+    let head = Record::decode_head(at, record)?;
+    let mod_revision = Revision::from_key(at).main;
     let value = if keys_only {
         &[][..]
     } else {
@@ -198,16 +201,17 @@ mod tests {
             lease: 3,
             value: Bytes::from(value.clone()),
         };
+        let at = Revision::new(9, 0).to_key();
         let mut out = Vec::new();
-        put_record(&mut out, &record.encode(), 9, false).unwrap();
+        put_record(&mut out, &at, &record.encode(&at), false).unwrap();
         let mut expect = Vec::new();
         put_key_value(&mut expect, &key_value(&value, 3));
         assert_eq!(out, expect, "a value of 300 bytes: two-byte lengths");
         let mut out = Vec::new();
-        put_record(&mut out, &record.encode(), 9, true).unwrap();
+        put_record(&mut out, &at, &record.encode(&at), true).unwrap();
         let mut expect = Vec::new();
         put_key_value(&mut expect, &key_value(b"", 3));
         assert_eq!(out, expect, "keys_only: no value field");
-        assert!(put_record(&mut out, &[1, 2, 3], 9, false).is_err());
+        assert!(put_record(&mut out, &at, &[1, 2, 3], false).is_err());
     }
 }

@@ -253,7 +253,7 @@ impl<'a, 't> TxnWriter<'a, 't> {
             value,
         };
         self.batch
-            .put_history_encoded(&rev.to_key(), |out| record.encode_into(out))?;
+            .put_history_encoded(&rev.to_key(), |out| record.encode_into(&rev.to_key(), out))?;
         self.index.put_probed(
             &req.key,
             rev,
@@ -289,7 +289,7 @@ impl<'a, 't> TxnWriter<'a, 't> {
             let rev = self.next_revision();
             let record = Record::tombstone(Bytes::copy_from_slice(key));
             self.batch
-                .put_history_encoded(&rev.to_key(), |out| record.encode_into(out))?;
+                .put_history_encoded(&rev.to_key(), |out| record.encode_into(&rev.to_key(), out))?;
             let alive = self.index.tombstone(key, rev);
             debug_assert!(alive, "the index listed a dead key as alive");
             self.log.push(Change::Delete(KeyValue {

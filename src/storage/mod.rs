@@ -66,8 +66,13 @@ use wal::{LogPosition, LogRecord, LogWriter, Op, OpLog};
 pub const DB_FILE_NAME: &str = "kvd.redb";
 /// The name of the lock file inside the data directory.
 pub const LOCK_FILE_NAME: &str = "LOCK";
-/// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u64 = 1;
+/// The schema version this build writes: 2 since history records carry checksums (REC-4).
+pub const SCHEMA_VERSION: u64 = 2;
+/// The oldest schema version this build reads, and raises to [`SCHEMA_VERSION`] at open: 1,
+/// whose history records have no checksums (they stay readable, unchecked). Once raised, a
+/// build older than checksums refuses the file with its schema error instead of reading
+/// records it does not know as damaged.
+const SCHEMA_VERSION_OLDEST: u64 = 1;
 /// Bytes of a history key: big-endian main then big-endian sub.
 pub const REVISION_KEY_BYTES: usize = 16;
 
@@ -395,7 +400,7 @@ impl Store {
                 None => None,
             };
             match found {
-                None => {
+                None | Some(SCHEMA_VERSION_OLDEST..SCHEMA_VERSION) => {
                     meta.insert(
                         MetaKey::SchemaVersion.name(),
                         &SCHEMA_VERSION.to_be_bytes()[..],
@@ -1083,6 +1088,33 @@ mod tests {
             matches!(second, Err(StorageError::Locked { .. })),
             "STORE-3"
         );
+    }
+
+    #[test]
+    fn schema_one_is_raised_to_two_at_open() {
+        // A file of a build before record checksums (REC-4) opens and is marked as written
+        // by this one, so that an older build refuses it by its schema.
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path(), &options()).unwrap();
+            store
+                .write(|batch| batch.put_meta(MetaKey::SchemaVersion, 1))
+                .unwrap();
+            assert_eq!(
+                store.snapshot().unwrap().get_meta(MetaKey::SchemaVersion),
+                Ok(Some(1))
+            );
+            store.close().unwrap();
+        }
+        let reopened = Store::open(dir.path(), &options()).unwrap();
+        assert_eq!(
+            reopened
+                .snapshot()
+                .unwrap()
+                .get_meta(MetaKey::SchemaVersion),
+            Ok(Some(SCHEMA_VERSION))
+        );
+        assert_eq!(SCHEMA_VERSION, 2);
     }
 
     #[test]

@@ -660,9 +660,9 @@ impl Hub {
                 }
                 records += 1;
                 last_main = rev.main;
-                let head = Record::decode_head(value)?;
+                let head = Record::decode_head(k, value)?;
                 if range.contains(head.key) {
-                    events.push(event_of(Record::decode(value)?, rev.main));
+                    events.push(event_of(Record::decode(k, value)?, rev.main));
                 }
                 Ok(true)
             },
