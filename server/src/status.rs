@@ -32,6 +32,13 @@ pub const RETRY_AFTER_MS_METADATA: &str = "retry-after-ms";
 /// Returns the gRPC status etcd answers for `err`, with the retry hint of a refusal that
 /// has one.
 pub fn from_error(err: &Error) -> Status {
+    if err.is_corrupted() {
+        // A client sees DataLoss; the operator needs to hear of it too (REC-4).
+        tracing::error!(
+            error = %err,
+            "a request met damaged data: stop kvd and run `kvd check` on its data directory"
+        );
+    }
     let mut status = Status::new(code_of(err), err.to_string());
     if let Some(ms) = err.retry_after_ms() {
         status

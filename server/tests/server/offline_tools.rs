@@ -101,6 +101,12 @@ fn offline_check_passes_a_sound_directory_and_finds_a_planted_corruption() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["ok"], serde_json::Value::Bool(false), "{report}");
+    // REC-4: the server refuses the directory by the record's checksum, not serving the
+    // changed value.
+    let refused = common::start_kvd_in(&data, &[])
+        .err()
+        .expect("kvd served a changed value");
+    assert!(refused.contains("checksum mismatch at revision"), "{refused}");
 }
 
 #[test]
