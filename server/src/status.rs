@@ -1,7 +1,8 @@
 //! The one place where an engine error becomes a gRPC status.
 //!
-//! Owns: the gRPC code of every [`kvd::Error`] and [`kvd::StorageError`] variant, and the
-//! statuses kvd answers for RPCs it does not serve.
+//! Owns: the gRPC code of every [`kvd::Error`] and [`kvd::StorageError`] variant, the
+//! statuses kvd answers for RPCs it does not serve, and the error log line of an answer
+//! that reports damaged data.
 //!
 //! Invariants:
 //! - STATUS-1: the message of every etcd-facing error is the engine's `Display` text, which

@@ -56,7 +56,8 @@ pub trait Records {
 
 impl Records for Snapshot {
     fn get(&self, rev: Revision) -> Result<Option<Record>, StorageError> {
-        self.decode_history(&rev.to_key(), |bytes| Record::decode(&rev.to_key(), bytes))
+        let key = rev.to_key();
+        self.decode_history(&key, |bytes| Record::decode(&key, bytes))
     }
 
     /// READ-3: many records close together in revision order are read in one ordered scan
@@ -139,7 +140,8 @@ fn missing(rev: Revision) -> StorageError {
 
 impl Records for WriteBatch<'_> {
     fn get(&self, rev: Revision) -> Result<Option<Record>, StorageError> {
-        self.decode_history(&rev.to_key(), |bytes| Record::decode(&rev.to_key(), bytes))
+        let key = rev.to_key();
+        self.decode_history(&key, |bytes| Record::decode(&key, bytes))
     }
 }
 
