@@ -818,10 +818,18 @@ mod cli {
                         "keys": report.keys,
                         "hashKv": report.hash_kv,
                         "driftRows": report.drift_rows,
+                        "uncheckedRecords": report.unchecked_records,
                     })
                 );
                 if report.ok() {
                     eprintln!("kvd check: no damage found");
+                    if report.unchecked_records > 0 {
+                        eprintln!(
+                            "kvd check: {} history records were written before records carried \
+                             checksums: they are read unchecked until compaction removes them",
+                            report.unchecked_records
+                        );
+                    }
                     ExitCode::SUCCESS
                 } else {
                     eprintln!(

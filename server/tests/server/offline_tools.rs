@@ -82,6 +82,7 @@ fn offline_check_passes_a_sound_directory_and_finds_a_planted_corruption() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["ok"], serde_json::Value::Bool(true), "{report}");
     assert_eq!(report["keys"], serde_json::Value::from(50));
+    assert_eq!(report["uncheckedRecords"], serde_json::Value::from(0));
 
     // Damage every copy of one live value's bytes in the file.
     let file = data.join("kvd.redb");
@@ -106,7 +107,10 @@ fn offline_check_passes_a_sound_directory_and_finds_a_planted_corruption() {
     let refused = common::start_kvd_in(&data, &[])
         .err()
         .expect("kvd served a changed value");
-    assert!(refused.contains("checksum mismatch at revision"), "{refused}");
+    assert!(
+        refused.contains("checksum mismatch at revision"),
+        "{refused}"
+    );
 }
 
 #[test]
