@@ -24,15 +24,15 @@
 //! Invariants:
 //! - REC-1: `decode(encode(r)) == r`, at the revision key it was encoded for.
 //! - REC-2: `decode` is total: any bytes give a record or `Corrupted`, never a panic.
+//! - REC-3: the records of one [`Decoder`] share its buffers: their keys and values are
+//!   slices of them, so decoding n records allocates for their bytes once per 4 MiB (or per
+//!   larger record), not once or twice per record, and copies each record's bytes once; a
+//!   buffer lives while any record in it does.
 //! - REC-4: a checksummed record is returned only if its checksum matches its bytes and its
 //!   revision key; every reader of history decodes through [`Record::decode_head`], so a
 //!   byte changed on the disk gives `Corrupted` instead of being served. HashKV hashes a
 //!   record as its checksum-less form ([`RecordHead::hashed_parts`]), so the hash of a store
 //!   does not change with the format its records were written in.
-//! - REC-3: the records of one [`Decoder`] share its buffers: their keys and values are
-//!   slices of them, so decoding n records allocates for their bytes once per 4 MiB (or per
-//!   larger record), not once or twice per record, and copies each record's bytes once; a
-//!   buffer lives while any record in it does.
 //!
 //! Contact points: written by `mvcc::write`, read by every reader of history.
 
@@ -223,9 +223,9 @@ impl Record {
                 )));
             }
         }
-        let int = |at: usize| {
+        let int = |offset: usize| {
             let mut b = [0u8; 8];
-            b.copy_from_slice(&bytes[at..at + 8]);
+            b.copy_from_slice(&bytes[offset..offset + 8]);
             i64::from_be_bytes(b)
         };
         let mut len = [0u8; 4];
