@@ -135,9 +135,7 @@ mod tests {
                 for main in [2, 3] {
                     let key = Revision::new(main, 0).to_key();
                     let stored = batch.decode_history(&key, |b| Ok(b.to_vec()))?.unwrap();
-                    let mut old = stored[..stored.len() - 4].to_vec();
-                    old[0] &= 1;
-                    batch.put_history(&key, &old)?;
+                    batch.put_history(&key, &crate::mvcc::record::legacy(&stored))?;
                 }
                 Ok(())
             })

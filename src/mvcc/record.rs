@@ -84,6 +84,22 @@ impl RecordHead<'_> {
         &bytes[self.value_offset..self.value_offset + self.value_len]
     }
 
+    /// Returns the whole record in `bytes`, the record this head was decoded from (and
+    /// checked, REC-4), without decoding or checking it again.
+    pub fn record_in(&self, bytes: &[u8]) -> Record {
+        // One allocation for key and value: both are slices of one copy of the record.
+        let owned =
+            Bytes::copy_from_slice(&bytes[HEADER_BYTES..self.value_offset + self.value_len]);
+        Record {
+            key: owned.slice(..self.key.len()),
+            tombstone: self.tombstone,
+            create_revision: self.create_revision,
+            version: self.version,
+            lease: self.lease,
+            value: owned.slice(self.value_offset - HEADER_BYTES..),
+        }
+    }
+
     /// Returns true if the record carries a checksum (REC-4), as every record written since
     /// schema version 2 does.
     pub fn checksummed(&self) -> bool {
@@ -174,19 +190,7 @@ impl Record {
 
     /// Decodes `bytes`, stored under the revision key `at` (REC-2, REC-4).
     pub fn decode(at: &RevisionKey, bytes: &[u8]) -> Result<Record, StorageError> {
-        let head = Record::decode_head(at, bytes)?;
-        // One allocation for key and value: both are slices of one copy of the record.
-        let value_end = head.value_offset + head.value_len;
-        let owned = Bytes::copy_from_slice(&bytes[HEADER_BYTES..value_end]);
-        let key_len = head.key.len();
-        Ok(Record {
-            key: owned.slice(..key_len),
-            tombstone: head.tombstone,
-            create_revision: head.create_revision,
-            version: head.version,
-            lease: head.lease,
-            value: owned.slice(head.value_offset - HEADER_BYTES..),
-        })
+        Ok(Record::decode_head(at, bytes)?.record_in(bytes))
     }
 
     /// Returns the fields other than the value of `bytes`, stored under the revision key
@@ -365,6 +369,15 @@ impl Decoder {
 /// and no buffer waits for a copy into one twice its size.
 const DECODER_CHUNK_BYTES: usize = 4 << 20;
 
+/// Returns the checksummed record `record` as a build before checksums stored it: no
+/// trailer, no mark (tests of the older format).
+#[cfg(test)]
+pub(crate) fn legacy(record: &[u8]) -> Vec<u8> {
+    let mut old = record[..record.len() - CHECKSUM_BYTES].to_vec();
+    old[0] &= !FLAG_CHECKSUM;
+    old
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -460,13 +473,6 @@ mod tests {
         let mut huge_key = legacy(&good);
         huge_key[25..29].copy_from_slice(&u32::MAX.to_be_bytes());
         assert!(Record::decode(&AT, &huge_key).is_err());
-    }
-
-    /// Returns a checksummed record as a build before checksums wrote it.
-    fn legacy(record: &[u8]) -> Vec<u8> {
-        let mut old = record[..record.len() - CHECKSUM_BYTES].to_vec();
-        old[0] &= !FLAG_CHECKSUM;
-        old
     }
 
     fn sample() -> Record {

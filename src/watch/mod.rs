@@ -662,7 +662,7 @@ impl Hub {
                 last_main = rev.main;
                 let head = Record::decode_head(k, value)?;
                 if range.contains(head.key) {
-                    events.push(event_of(Record::decode(k, value)?, rev.main));
+                    events.push(event_of(head.record_in(value), rev.main));
                 }
                 Ok(true)
             },
