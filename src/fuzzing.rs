@@ -117,24 +117,26 @@ fn key_at(data: &[u8], at: usize) -> Option<RevisionKey> {
 }
 
 /// Decodes `data` as one of the row tables' rows: the first byte picks the table (leases,
-/// alarms, the quota registry, agents, reservations, allocations, a meta value), the second
-/// is the length of the row's key, and the rest is the key then the value.
+/// alarms, the quota registry, agents, reservations, allocations, a meta value, a sealed
+/// row), the second is the length of the row's key, and the rest is the key then the value.
 ///
 /// Checks that each decoder is total (STORE-4) and that a decoded row re-encodes to bytes
-/// that decode to the same row (to the same bytes where the encoding is unique).
+/// that decode to the same row (to the same bytes where the encoding is unique); a sealed
+/// row or meta value that opens seals again to exactly its bytes (ROW-1).
 pub fn rows(data: &[u8]) {
     let Some((&table, rest)) = data.split_first() else {
         return;
     };
     let (key, value) = split_row(rest);
-    match table % 7 {
+    match table % 8 {
         0 => lease_row(key, value),
         1 => alarm_row(rest),
         2 => registry_row(key, value),
         3 => agent_row(key, value),
         4 => reservation_row(key, value),
         5 => allocation_row(key, value),
-        _ => meta_value(rest),
+        6 => meta_value(rest),
+        _ => sealed_row(key, value),
     }
 }
 
@@ -242,12 +244,45 @@ fn record_id(key: &[u8]) {
 }
 
 fn meta_value(bytes: &[u8]) {
-    match storage::decode_u64(bytes) {
-        Ok(value) => assert_eq!(&value.to_be_bytes()[..], bytes, "meta value round trip"),
+    const NAME: &str = "current_revision";
+    match storage::seal::meta_any(NAME, bytes) {
+        Ok(value) if bytes.len() == 8 => {
+            assert_eq!(&value.to_be_bytes()[..], bytes, "meta value round trip");
+            assert!(
+                storage::seal::read_meta(NAME, bytes).is_err(),
+                "ROW-1: unsealed"
+            );
+        }
+        Ok(value) => {
+            assert_eq!(
+                &storage::seal::meta(NAME, value)[..],
+                bytes,
+                "sealed meta round trip"
+            );
+            assert_eq!(storage::seal::read_meta(NAME, bytes), Ok(value));
+        }
         Err(err) => {
             assert!(is_corrupted(&err), "meta value: {err:?}");
             assert_ne!(bytes.len(), 8, "an 8-byte meta value refused");
         }
+    }
+}
+
+fn sealed_row(key: &[u8], stored: &[u8]) {
+    const TABLE: &str = "leases";
+    match storage::seal::open(TABLE, key, stored) {
+        Ok(value) => {
+            assert_eq!(
+                storage::seal::seal(TABLE, key, value),
+                stored,
+                "ROW-1 round trip"
+            );
+            assert!(
+                storage::seal::open("alarms", key, stored).is_err(),
+                "ROW-1: table"
+            );
+        }
+        Err(err) => assert!(is_corrupted(&err), "sealed row: {err:?}"),
     }
 }
 

@@ -1033,6 +1033,53 @@ fn a_value_byte_changed_on_the_disk_is_refused_not_served() {
     );
 }
 
+/// ROW-1: a changed byte of a stored row (here a quota registry entry's role name, in its
+/// key) is refused at open instead of being read as another role's limits.
+#[test]
+fn a_row_byte_changed_on_the_disk_is_refused_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let role = "tenant-to-find-in-the-file-5c2e81";
+    let engine = open(&dir);
+    let limits = std::collections::BTreeMap::from([("kv_keys".to_owned(), 5.0)]);
+    engine
+        .update_quota(
+            vec![kvd::quota::RawQuotaConfig {
+                role: role.into(),
+                limits,
+                ..Default::default()
+            }],
+            false,
+        )
+        .unwrap();
+    engine.close().unwrap();
+    let db = dir.path().join("kvd.redb");
+    let sound = std::fs::read(&db).unwrap();
+    let mut damaged = sound.clone();
+    let mut found = 0;
+    for at in 0..sound.len().saturating_sub(role.len()) {
+        if &sound[at..at + role.len()] == role.as_bytes() {
+            // The last byte of every copy: `...5c2e81` becomes `...5c2e80`.
+            damaged[at + role.len() - 1] ^= 0x01;
+            found += 1;
+        }
+    }
+    assert!(found > 0, "the role's name is in the file");
+    std::fs::write(&db, &damaged).unwrap();
+    let error = Engine::open(dir.path(), config()).unwrap_err();
+    assert!(error.is_corrupted(), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("tenant-to-find-in-the-file-5c2e80\": checksum mismatch"),
+        "{error}"
+    );
+    std::fs::write(&db, &sound).unwrap();
+    let engine = open(&dir);
+    let quota = engine.get_quota().unwrap();
+    assert_eq!(quota.len(), 1);
+    assert_eq!(quota[0].role, role);
+}
+
 /// STORE-6: a data directory with its database missing or empty beside a log, or its log cut
 /// short, is refused as damaged and left as it was, never opened as a new, empty store.
 #[test]

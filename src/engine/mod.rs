@@ -1575,6 +1575,12 @@ impl Engine {
         Ok(unchecked)
     }
 
+    /// Checks the seal of every stored row and meta value (ROW-1); returns how many it
+    /// checked. For `kvd check`.
+    pub(crate) fn checked_rows(&self) -> Result<u64> {
+        Ok(self.shared()?.reads.store.check_seals()?)
+    }
+
     /// Replaces drifted consumption counters with the recount, through the apply path
     /// (idempotent); returns how many rows changed.
     pub fn repair_consumption(&self) -> Result<usize> {

@@ -37,6 +37,8 @@ pub struct CheckReport {
     /// History records without a checksum (written before schema version 2, REC-4): sound,
     /// but read unchecked.
     pub unchecked_records: u64,
+    /// Rows of the row tables and meta values whose checksums were checked (ROW-1).
+    pub checked_rows: u64,
 }
 
 impl CheckReport {
@@ -59,6 +61,7 @@ pub fn check_data_dir(dir: &Path, config: Config) -> Result<CheckReport> {
     let hash = engine.hash_kv(0)?;
     let drift_rows = engine.consumption_drift()?.len();
     let unchecked_records = engine.unchecked_history_records()?;
+    let checked_rows = engine.checked_rows()?;
     let report = CheckReport {
         repaired: integrity == Integrity::Repaired,
         revision: status.header.revision,
@@ -67,6 +70,7 @@ pub fn check_data_dir(dir: &Path, config: Config) -> Result<CheckReport> {
         hash_kv: hash.hash,
         drift_rows,
         unchecked_records,
+        checked_rows,
     };
     engine.close()?;
     Ok(report)
@@ -118,6 +122,18 @@ mod tests {
         engine.close().unwrap();
         let fresh = check_data_dir(dir.path(), Config::default()).unwrap();
         assert_eq!(fresh.unchecked_records, 0);
+        assert!(fresh.checked_rows > 0, "ROW-1: at least the meta values");
+        let engine = Engine::open(dir.path(), Config::default()).unwrap();
+        engine
+            .lease_grant(crate::api::LeaseGrantRequest { ttl: 60, id: 7 })
+            .unwrap();
+        engine.close().unwrap();
+        let leased = check_data_dir(dir.path(), Config::default()).unwrap();
+        assert_eq!(
+            leased.checked_rows,
+            fresh.checked_rows + 1,
+            "the lease's row"
+        );
         // The records of revisions 2 and 3 stored as a build before checksums stored them:
         // without the trailer, the flags byte without the mark (REC-4).
         let options = StoreOptions {

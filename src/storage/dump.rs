@@ -12,6 +12,11 @@
 //! - the end tag `0`, then zero bytes up to a multiple of [`DUMP_ALIGN_BYTES`] (etcdctl
 //!   recognises a snapshot with its SHA-256 trailer by `length % 512 == 32`).
 //!
+//! Meta values (8-byte integers) and rows go out without their seals, each checked as it is
+//! read (ROW-1), so a dump is the same whatever schema version the source has; a restore
+//! seals them again and writes this build's schema version (a dump of a newer one is
+//! refused). History records go out as stored, with their checksums (REC-4).
+//!
 //! Meta rows come first, then each registered table in registration order, then history in
 //! revision order; rows of a table in key order.
 //!
@@ -34,8 +39,8 @@ use std::ops::Bound;
 use std::path::Path;
 
 use super::{
-    DB_FILE_NAME, HISTORY, META, MetaKey, REVISION_KEY_BYTES, RevisionKey, RowTable, Snapshot,
-    open_error, storage_error,
+    DB_FILE_NAME, HISTORY, META, MetaKey, REVISION_KEY_BYTES, RevisionKey, RowTable,
+    SCHEMA_VERSION, Snapshot, open_error, seal, storage_error,
 };
 use crate::error::StorageError;
 use redb::{ReadableTable, TableDefinition};
@@ -148,9 +153,10 @@ impl Dump {
         let meta = self.snapshot.txn.open_table(META).map_err(storage_error)?;
         for entry in meta.iter().map_err(storage_error)? {
             let (key, value) = entry.map_err(storage_error)?;
+            let value = seal::read_meta(key.value(), value.value())?;
             out.push(TAG_META);
             put_bytes(out, key.value().as_bytes());
-            put_bytes(out, value.value());
+            put_bytes(out, &value.to_be_bytes());
         }
         Ok(())
     }
@@ -325,7 +331,7 @@ impl RestoreWriter {
     pub fn meta(&mut self, key: super::MetaKey, value: u64) -> Result<(), StorageError> {
         let txn = self.txn()?;
         let mut meta = txn.open_table(META).map_err(storage_error)?;
-        meta.insert(key.name(), &value.to_be_bytes()[..])
+        meta.insert(key.name(), &seal::meta(key.name(), value)[..])
             .map_err(storage_error)?;
         Ok(())
     }
@@ -334,7 +340,8 @@ impl RestoreWriter {
     pub fn row(&mut self, table: RowTable, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
         let txn = self.txn()?;
         let mut t = txn.open_table(table.definition()).map_err(storage_error)?;
-        t.insert(key, value).map_err(storage_error)?;
+        t.insert(key, seal::seal(table.name, key, value).as_slice())
+            .map_err(storage_error)?;
         Ok(())
     }
 
@@ -448,7 +455,15 @@ fn restore_into(image: &[u8], path: &Path) -> Result<(), StorageError> {
             TAG_META => {
                 let key = std::str::from_utf8(input.bytes()?)
                     .map_err(|_| corrupted("meta key is not UTF-8"))?;
-                let value = input.bytes()?;
+                let mut value = super::decode_u64(input.bytes()?)?;
+                if key == MetaKey::SchemaVersion.name() {
+                    // The restore writes this build's format (ROW-1), which reads the
+                    // records of every older one.
+                    if value > SCHEMA_VERSION {
+                        return Err(StorageError::UnsupportedSchema { found: value });
+                    }
+                    value = SCHEMA_VERSION;
+                }
                 // The log's position describes the source's log, which a snapshot does not
                 // carry: the restored directory starts one of its own (STORE-6).
                 let of_the_log = [
@@ -461,7 +476,8 @@ fn restore_into(image: &[u8], path: &Path) -> Result<(), StorageError> {
                 .any(|meta_key| meta_key.name() == key);
                 if !of_the_log {
                     let mut meta = txn.open_table(META).map_err(storage_error)?;
-                    meta.insert(key, value).map_err(storage_error)?;
+                    meta.insert(key, &seal::meta(key, value)[..])
+                        .map_err(storage_error)?;
                 }
             }
             TAG_ROW => {
@@ -471,7 +487,9 @@ fn restore_into(image: &[u8], path: &Path) -> Result<(), StorageError> {
                 let (key, value) = (input.bytes()?, input.bytes()?);
                 let definition: TableDefinition<&[u8], &[u8]> = TableDefinition::new(name);
                 let mut table = txn.open_table(definition).map_err(storage_error)?;
-                table.insert(key, value).map_err(storage_error)?;
+                table
+                    .insert(key, seal::seal(name, key, value).as_slice())
+                    .map_err(storage_error)?;
             }
             TAG_HISTORY => {
                 let key: RevisionKey = input.array::<REVISION_KEY_BYTES>()?;
@@ -545,5 +563,77 @@ mod tests {
             assert!(matches!(err, StorageError::Corrupted(_)), "{err:?}");
             assert!(!dir.path().join(DB_FILE_NAME).exists());
         }
+    }
+
+    #[test]
+    fn dumps_carry_values_without_seals_and_restores_seal_them() {
+        // A dump of a build before row seals (schema 2) holds the same bytes as one of this
+        // build but for its version: both restore to sealed rows of this build's schema.
+        const LEASES: RowTable = RowTable::new("leases");
+        let options = || crate::storage::StoreOptions {
+            cache_size_bytes: 1 << 20,
+            sync: crate::storage::CommitSync::Durable,
+            row_tables: vec![LEASES],
+            faults: None,
+            wal_file_bytes: crate::storage::wal::WAL_FILE_BYTES_MIN,
+            wal_defrag_room_bytes: 0,
+            accept_missing_log: false,
+        };
+        let mut builder = DumpBuilder::new();
+        builder.meta(MetaKey::SchemaVersion, 2);
+        builder.meta(MetaKey::CurrentRevision, 5);
+        builder.row(LEASES, b"lease-1", b"ttl 60");
+        let image = builder.finish();
+        let dir = tempfile::tempdir().unwrap();
+        restore(&image, dir.path()).unwrap();
+        let store = crate::storage::Store::open(dir.path(), &options()).unwrap();
+        let snapshot = store.snapshot().unwrap();
+        assert_eq!(
+            snapshot.get_meta(MetaKey::SchemaVersion),
+            Ok(Some(SCHEMA_VERSION))
+        );
+        assert_eq!(snapshot.get_meta(MetaKey::CurrentRevision), Ok(Some(5)));
+        assert_eq!(
+            snapshot.rows(LEASES).unwrap(),
+            vec![(b"lease-1".to_vec(), b"ttl 60".to_vec())]
+        );
+        assert!(store.check_seals().is_ok());
+
+        // Dumped again, the row and the integers go out without their seals.
+        let mut dump = store.dump().unwrap();
+        let mut again = Vec::new();
+        while dump.fill(&mut again, 1 << 16).unwrap() {}
+        drop(dump);
+        let mut row = vec![TAG_ROW, 0, 6];
+        row.extend_from_slice(b"leases");
+        put_bytes(&mut row, b"lease-1");
+        put_bytes(&mut row, b"ttl 60");
+        let mut revision = vec![TAG_META];
+        put_bytes(&mut revision, MetaKey::CurrentRevision.name().as_bytes());
+        put_bytes(&mut revision, &5u64.to_be_bytes());
+        for record in [row, revision] {
+            assert!(
+                again.windows(record.len()).any(|w| w == record.as_slice()),
+                "{record:?} in the dump"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        restore(&again, dir.path()).unwrap();
+        let restored = crate::storage::Store::open(dir.path(), &options()).unwrap();
+        assert_eq!(
+            restored.snapshot().unwrap().rows(LEASES).unwrap(),
+            vec![(b"lease-1".to_vec(), b"ttl 60".to_vec())]
+        );
+
+        let mut newer = DumpBuilder::new();
+        newer.meta(MetaKey::SchemaVersion, SCHEMA_VERSION + 1);
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(
+            restore(&newer.finish(), dir.path()),
+            Err(StorageError::UnsupportedSchema {
+                found: SCHEMA_VERSION + 1
+            })
+        );
+        assert!(!dir.path().join(DB_FILE_NAME).exists());
     }
 }

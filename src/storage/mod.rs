@@ -7,10 +7,13 @@
 //! - `history`: 16-byte big-endian revision `(main, sub)` → an encoded record (`mvcc::record`).
 //!   Revisions only grow, so the hot write path appends.
 //! - `meta`: a name → 8-byte big-endian integer (schema version, current revision, scheduled
-//!   and finished compaction revisions, applied index).
+//!   and finished compaction revisions, applied index, the log's position), sealed.
 //! - registered row tables ([`RowTable`]): byte key → byte value, for the layers above
-//!   (leases, alarms, the quota registry, consumption), written in the same transaction as the
-//!   data they describe.
+//!   (leases, alarms, auth, the quota registry, consumption, operation ids), written in the
+//!   same transaction as the data they describe, each value sealed.
+//!
+//! Seals (`seal`, ROW-1, ROW-2): every row and meta value is stored with a CRC-32 of its
+//! table, key and value, checked by every read here.
 //!
 //! Invariants:
 //! - STORE-1: a write batch is committed whole or not at all; a batch that fails part way is
@@ -45,7 +48,7 @@ use std::path::{Path, PathBuf};
 
 use redb::{
     Database, Durability, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable,
-    TableDefinition, WriteTransaction,
+    TableDefinition, TableHandle, WriteTransaction,
 };
 
 pub mod check;
@@ -53,6 +56,7 @@ mod db_file;
 pub mod defrag;
 pub mod dump;
 pub mod faults;
+pub(crate) mod seal;
 pub mod timings;
 pub mod wal;
 
@@ -66,13 +70,17 @@ use wal::{LogPosition, LogRecord, LogWriter, Op, OpLog};
 pub const DB_FILE_NAME: &str = "kvd.redb";
 /// The name of the lock file inside the data directory.
 pub const LOCK_FILE_NAME: &str = "LOCK";
-/// The schema version this build writes: 2 since history records carry checksums (REC-4).
-pub const SCHEMA_VERSION: u64 = 2;
+/// The schema version this build writes: 2 since history records carry checksums (REC-4), 3
+/// since rows and meta values do (ROW-1).
+pub const SCHEMA_VERSION: u64 = 3;
 /// The oldest schema version this build reads, and raises to [`SCHEMA_VERSION`] at open: 1,
-/// whose history records have no checksums (they stay readable, unchecked). Once raised, a
-/// build older than checksums refuses the file with its schema error instead of reading
-/// records it does not know as damaged.
+/// whose history records have no checksums (they stay readable, unchecked). Rows and meta
+/// values of versions 1 and 2 are sealed as the version is raised (ROW-2). Once raised, an
+/// older build refuses the file with its schema error instead of reading bytes it does not
+/// know as damaged.
 const SCHEMA_VERSION_OLDEST: u64 = 1;
+/// The first schema version whose rows and meta values are sealed (ROW-1).
+const SCHEMA_VERSION_SEALED: u64 = 3;
 /// Bytes of a history key: big-endian main then big-endian sub.
 pub const REVISION_KEY_BYTES: usize = 16;
 
@@ -125,7 +133,7 @@ const META_KEYS: [MetaKey; 9] = [
 impl MetaKey {
     fn name(self) -> &'static str {
         match self {
-            MetaKey::SchemaVersion => "schema_version",
+            MetaKey::SchemaVersion => seal::UNSEALED_META,
             MetaKey::CurrentRevision => "current_revision",
             MetaKey::ScheduledCompactRevision => "scheduled_compact_revision",
             MetaKey::FinishedCompactRevision => "finished_compact_revision",
@@ -345,7 +353,7 @@ impl Store {
             let read =
                 |meta: &redb::Table<&str, &[u8]>, key: MetaKey| -> Result<u64, StorageError> {
                     match meta.get(key.name()).map_err(storage_error)? {
-                        Some(bytes) => decode_u64(bytes.value()),
+                        Some(bytes) => seal::read_meta(key.name(), bytes.value()),
                         None => Ok(0),
                     }
                 };
@@ -367,7 +375,7 @@ impl Store {
                 (MetaKey::WalOffset, 0),
                 (MetaKey::WalInUse, 1),
             ] {
-                meta.insert(key.name(), &value.to_be_bytes()[..])
+                meta.insert(key.name(), &seal::meta(key.name(), value)[..])
                     .map_err(storage_error)?;
             }
             (next_epoch, last_seq)
@@ -386,33 +394,32 @@ impl Store {
     }
 
     /// Creates the tables, writes the schema version on a new file and checks it on an
-    /// existing one.
+    /// existing one; seals the rows and meta values of a file of an older schema (ROW-2).
     fn initialize(&self, row_tables: &[RowTable]) -> Result<(), StorageError> {
         let txn = self.database().begin_write().map_err(storage_error)?;
-        {
-            txn.open_table(HISTORY).map_err(storage_error)?;
+        txn.open_table(HISTORY).map_err(storage_error)?;
+        let name = MetaKey::SchemaVersion.name();
+        let found = {
+            let meta = txn.open_table(META).map_err(storage_error)?;
+            let stored = meta.get(name).map_err(storage_error)?;
+            stored
+                .map(|bytes| seal::meta_any(name, bytes.value()))
+                .transpose()?
+        };
+        match found {
+            None | Some(SCHEMA_VERSION_SEALED..=SCHEMA_VERSION) => {}
+            Some(older @ SCHEMA_VERSION_OLDEST..SCHEMA_VERSION_SEALED) => {
+                seal_unsealed(&txn, older)?;
+            }
+            Some(found) => return Err(StorageError::UnsupportedSchema { found }),
+        }
+        if found != Some(SCHEMA_VERSION) {
             let mut meta = txn.open_table(META).map_err(storage_error)?;
-            let found = match meta
-                .get(MetaKey::SchemaVersion.name())
-                .map_err(storage_error)?
-            {
-                Some(bytes) => Some(decode_u64(bytes.value())?),
-                None => None,
-            };
-            match found {
-                None | Some(SCHEMA_VERSION_OLDEST..SCHEMA_VERSION) => {
-                    meta.insert(
-                        MetaKey::SchemaVersion.name(),
-                        &SCHEMA_VERSION.to_be_bytes()[..],
-                    )
-                    .map_err(storage_error)?;
-                }
-                Some(SCHEMA_VERSION) => {}
-                Some(found) => return Err(StorageError::UnsupportedSchema { found }),
-            }
-            for table in row_tables {
-                txn.open_table(table.definition()).map_err(storage_error)?;
-            }
+            meta.insert(name, &seal::meta(name, SCHEMA_VERSION)[..])
+                .map_err(storage_error)?;
+        }
+        for table in row_tables {
+            txn.open_table(table.definition()).map_err(storage_error)?;
         }
         txn.commit().map_err(storage_error)
     }
@@ -465,7 +472,7 @@ impl Store {
             {
                 let mut meta = txn.open_table(META).map_err(storage_error)?;
                 for (key, value) in [(MetaKey::WalSeq, seq), (MetaKey::WalOffset, next_offset)] {
-                    meta.insert(key.name(), &value.to_be_bytes()[..])
+                    meta.insert(key.name(), &seal::meta(key.name(), value)[..])
                         .map_err(storage_error)?;
                 }
             }
@@ -542,6 +549,12 @@ impl Store {
     /// Starts a streamed dump of a new read snapshot (`dump`, DUMP-1).
     pub fn dump(&self) -> Result<dump::Dump, StorageError> {
         Ok(dump::Dump::new(self.snapshot()?, self.row_tables.clone()))
+    }
+
+    /// Checks the seal of every row and meta value (ROW-1), reading those tables whole;
+    /// returns how many it checked. For `kvd check`.
+    pub fn check_seals(&self) -> Result<u64, StorageError> {
+        check_seals(&self.database())
     }
 
     /// Returns the database in service.
@@ -636,13 +649,14 @@ fn replay_op(
             history.remove(&key).map_err(storage_error)?;
         }
         Op::PutMeta(key, value) => {
-            meta.insert(key.name(), &value.to_be_bytes()[..])
+            meta.insert(key.name(), &seal::meta(key.name(), value)[..])
                 .map_err(storage_error)?;
         }
         Op::PutRow(table, key, value) => {
             let definition: TableDefinition<&[u8], &[u8]> = TableDefinition::new(table);
             let mut t = txn.open_table(definition).map_err(storage_error)?;
-            t.insert(key, value).map_err(storage_error)?;
+            t.insert(key, seal::seal(table, key, value).as_slice())
+                .map_err(storage_error)?;
         }
         Op::DeleteRow(table, key) => {
             let definition: TableDefinition<&[u8], &[u8]> = TableDefinition::new(table);
@@ -723,7 +737,7 @@ impl WriteBatch<'_> {
     /// Sets a meta integer.
     pub fn put_meta(&mut self, key: MetaKey, value: u64) -> Result<(), StorageError> {
         self.meta
-            .insert(key.name(), &value.to_be_bytes()[..])
+            .insert(key.name(), &seal::meta(key.name(), value)[..])
             .map_err(storage_error)?;
         if let Some(log) = &mut self.log {
             log.put_meta(key, value);
@@ -748,10 +762,13 @@ impl WriteBatch<'_> {
             .txn
             .open_table(table.definition())
             .map_err(storage_error)?;
+        let mut sealed = Vec::new();
         for (key, value) in rows {
             match value {
                 Some(value) => {
-                    t.insert(key.as_slice(), value.as_slice())
+                    sealed.clear();
+                    seal::seal_into(table.name, &key, &value, &mut sealed);
+                    t.insert(key.as_slice(), sealed.as_slice())
                         .map_err(storage_error)?;
                     if let Some(log) = &mut self.log {
                         log.put_row(table.name, &key, &value);
@@ -779,7 +796,8 @@ impl WriteBatch<'_> {
             .txn
             .open_table(table.definition())
             .map_err(storage_error)?;
-        t.insert(key, value).map_err(storage_error)?;
+        t.insert(key, seal::seal(table.name, key, value).as_slice())
+            .map_err(storage_error)?;
         if let Some(log) = &mut self.log {
             log.put_row(table.name, key, value);
         }
@@ -792,8 +810,10 @@ impl WriteBatch<'_> {
             .txn
             .open_table(table.definition())
             .map_err(storage_error)?;
-        let value = t.get(key).map_err(storage_error)?;
-        Ok(value.map(|v| v.value().to_vec()))
+        let stored = t.get(key).map_err(storage_error)?;
+        stored
+            .map(|v| seal::open(table.name, key, v.value()).map(<[u8]>::to_vec))
+            .transpose()
     }
 
     /// Deletes a row of a registered table; returns true if it existed.
@@ -886,7 +906,7 @@ impl Snapshot {
     pub fn get_meta(&self, key: MetaKey) -> Result<Option<u64>, StorageError> {
         let meta = self.txn.open_table(META).map_err(storage_error)?;
         match meta.get(key.name()).map_err(storage_error)? {
-            Some(bytes) => Ok(Some(decode_u64(bytes.value())?)),
+            Some(bytes) => Ok(Some(seal::read_meta(key.name(), bytes.value())?)),
             None => Ok(None),
         }
     }
@@ -900,7 +920,8 @@ impl Snapshot {
         let mut rows = Vec::new();
         for entry in t.iter().map_err(storage_error)? {
             let (k, v) = entry.map_err(storage_error)?;
-            rows.push((k.value().to_vec(), v.value().to_vec()));
+            let value = seal::open(table.name, k.value(), v.value())?;
+            rows.push((k.value().to_vec(), value.to_vec()));
         }
         Ok(rows)
     }
@@ -913,6 +934,93 @@ pub(crate) fn decode_u64(bytes: &[u8]) -> Result<u64, StorageError> {
     Ok(u64::from_be_bytes(array))
 }
 
+/// Seals every row of every table but `history` and every meta value of a file of schema
+/// version 2 or older (`version`), in `txn` (ROW-2). Tables are listed from the file, not
+/// from the registered ones, so a table this open does not register is sealed too. Refuses a
+/// file whose integers are sealed already: its version was changed on the disk, and sealing
+/// its rows again would bury their values under a second seal.
+fn seal_unsealed(txn: &WriteTransaction, version: u64) -> Result<(), StorageError> {
+    {
+        let meta = txn.open_table(META).map_err(storage_error)?;
+        for entry in meta.iter().map_err(storage_error)? {
+            let (key, value) = entry.map_err(storage_error)?;
+            if seal::is_sealed_meta(key.value(), value.value()) {
+                return Err(StorageError::Corrupted(format!(
+                    "schema version {version}, but the meta value {} is sealed, as only version \
+                     {SCHEMA_VERSION_SEALED} and later seal it: the schema version was changed",
+                    key.value()
+                )));
+            }
+        }
+    }
+    let names: Vec<String> = txn
+        .list_tables()
+        .map_err(storage_error)?
+        .map(|handle| handle.name().to_owned())
+        .filter(|name| name != HISTORY.name() && name != META.name())
+        .collect();
+    for name in &names {
+        let definition: TableDefinition<&[u8], &[u8]> = TableDefinition::new(name);
+        let mut table = txn.open_table(definition).map_err(storage_error)?;
+        let mut rows = Vec::new();
+        for entry in table.iter().map_err(storage_error)? {
+            let (key, value) = entry.map_err(storage_error)?;
+            rows.push((key.value().to_vec(), value.value().to_vec()));
+        }
+        for (key, value) in rows {
+            table
+                .insert(key.as_slice(), seal::seal(name, &key, &value).as_slice())
+                .map_err(storage_error)?;
+        }
+    }
+    let mut meta = txn.open_table(META).map_err(storage_error)?;
+    let mut values = Vec::new();
+    for entry in meta.iter().map_err(storage_error)? {
+        let (key, value) = entry.map_err(storage_error)?;
+        let name = key.value().to_owned();
+        let value = seal::meta_any(&name, value.value())?;
+        values.push((name, value));
+    }
+    for (key, value) in values {
+        meta.insert(key.as_str(), &seal::meta(&key, value)[..])
+            .map_err(storage_error)?;
+    }
+    Ok(())
+}
+
+/// Checks the seal of every row of every table but `history` and of every meta value in
+/// `db` (ROW-1); returns how many it checked. Reads the whole of those tables: for
+/// `kvd check`.
+fn check_seals(db: &Database) -> Result<u64, StorageError> {
+    let txn = db.begin_read().map_err(storage_error)?;
+    let mut checked = 0;
+    for handle in txn.list_tables().map_err(storage_error)? {
+        let name = handle.name();
+        if name == HISTORY.name() {
+            continue;
+        }
+        if name == META.name() {
+            let meta = txn.open_table(META).map_err(storage_error)?;
+            for entry in meta.iter().map_err(storage_error)? {
+                let (key, value) = entry.map_err(storage_error)?;
+                seal::read_meta(key.value(), value.value())?;
+                if key.value() != seal::UNSEALED_META {
+                    checked += 1;
+                }
+            }
+            continue;
+        }
+        let definition: TableDefinition<&[u8], &[u8]> = TableDefinition::new(name);
+        let table = txn.open_table(definition).map_err(storage_error)?;
+        for entry in table.iter().map_err(storage_error)? {
+            let (key, value) = entry.map_err(storage_error)?;
+            seal::open(name, key.value(), value.value())?;
+            checked += 1;
+        }
+    }
+    Ok(checked)
+}
+
 /// Returns true if `db`'s durable state needs its log (STORE-7); false for a new database,
 /// and for one written before the mark existed, which cannot tell.
 fn needs_log(db: &Database) -> Result<bool, StorageError> {
@@ -923,7 +1031,7 @@ fn needs_log(db: &Database) -> Result<bool, StorageError> {
         Err(e) => return Err(storage_error(e)),
     };
     match meta.get(MetaKey::WalInUse.name()).map_err(storage_error)? {
-        Some(bytes) => Ok(decode_u64(bytes.value())? != 0),
+        Some(bytes) => Ok(seal::meta_any(MetaKey::WalInUse.name(), bytes.value())? != 0),
         None => Ok(false),
     }
 }
@@ -934,8 +1042,11 @@ pub(crate) fn clear_log_mark(db: &Database) -> Result<(), StorageError> {
     let txn = db.begin_write().map_err(storage_error)?;
     {
         let mut meta = txn.open_table(META).map_err(storage_error)?;
-        meta.insert(MetaKey::WalInUse.name(), &0_u64.to_be_bytes()[..])
-            .map_err(storage_error)?;
+        meta.insert(
+            MetaKey::WalInUse.name(),
+            &seal::meta(MetaKey::WalInUse.name(), 0)[..],
+        )
+        .map_err(storage_error)?;
     }
     txn.commit().map_err(storage_error)
 }
@@ -1090,31 +1201,208 @@ mod tests {
         );
     }
 
+    /// Rewrites `store`'s rows and meta values as a build of schema `version` stored them,
+    /// without seals, and adds a table this open did not register (ROW-2).
+    fn unseal_as_schema(store: &Store, version: u64) {
+        let txn = store.database().begin_write().unwrap();
+        {
+            let mut rows = txn.open_table(LEASES.definition()).unwrap();
+            let sealed: Vec<Row> = rows
+                .iter()
+                .unwrap()
+                .map(|entry| {
+                    let (k, v) = entry.unwrap();
+                    (k.value().to_vec(), v.value().to_vec())
+                })
+                .collect();
+            for (key, value) in sealed {
+                let value = seal::open(LEASES.name, &key, &value).unwrap().to_vec();
+                rows.insert(key.as_slice(), value.as_slice()).unwrap();
+            }
+            let unregistered: TableDefinition<&[u8], &[u8]> = TableDefinition::new("other");
+            let mut other = txn.open_table(unregistered).unwrap();
+            other.insert(&b"k"[..], &b"old row"[..]).unwrap();
+            let mut meta = txn.open_table(META).unwrap();
+            for key in META_KEYS {
+                let stored = meta.get(key.name()).unwrap().map(|v| v.value().to_vec());
+                if let Some(stored) = stored {
+                    let value = if key == MetaKey::SchemaVersion {
+                        version
+                    } else {
+                        seal::read_meta(key.name(), &stored).unwrap()
+                    };
+                    meta.insert(key.name(), &value.to_be_bytes()[..]).unwrap();
+                }
+            }
+        }
+        txn.commit().unwrap();
+    }
+
     #[test]
-    fn schema_one_is_raised_to_two_at_open() {
-        // A file of a build before record checksums (REC-4) opens and is marked as written
-        // by this one, so that an older build refuses it by its schema.
+    fn older_schemas_are_raised_and_their_rows_and_meta_sealed_at_open() {
+        // Files of builds before history checksums (1) and before row seals (2) open, every
+        // row and meta value sealed in the commit that raises the version (ROW-2), so that
+        // an older build refuses the file by its schema.
+        for version in [1, 2] {
+            let dir = tempfile::tempdir().unwrap();
+            {
+                let store = Store::open(dir.path(), &options()).unwrap();
+                store
+                    .write(|batch| {
+                        batch.put_row(LEASES, b"lease-1", b"ttl 60")?;
+                        batch.put_row(LEASES, b"lease-2", b"")?;
+                        batch.put_meta(MetaKey::CurrentRevision, 7)
+                    })
+                    .unwrap();
+                unseal_as_schema(&store, version);
+                assert!(
+                    store.snapshot().unwrap().rows(LEASES).is_err(),
+                    "ROW-1: an unsealed row is refused once the schema promises seals"
+                );
+                // Not closed: a close writes the log mark as this build does, sealed.
+                drop(store);
+            }
+            let reopened = Store::open(dir.path(), &options()).unwrap();
+            let snapshot = reopened.snapshot().unwrap();
+            assert_eq!(
+                snapshot.get_meta(MetaKey::SchemaVersion),
+                Ok(Some(SCHEMA_VERSION))
+            );
+            assert_eq!(snapshot.get_meta(MetaKey::CurrentRevision), Ok(Some(7)));
+            assert_eq!(
+                snapshot.rows(LEASES).unwrap(),
+                vec![
+                    (b"lease-1".to_vec(), b"ttl 60".to_vec()),
+                    (b"lease-2".to_vec(), Vec::new()),
+                ]
+            );
+            let sealed_metas = META_KEYS
+                .iter()
+                .filter(|key| **key != MetaKey::SchemaVersion)
+                .filter(|key| snapshot.get_meta(**key).unwrap().is_some())
+                .count() as u64;
+            assert_eq!(
+                reopened.check_seals(),
+                Ok(sealed_metas + 3),
+                "every meta value but the version, both rows and the unregistered table's row"
+            );
+            let txn = reopened.database().begin_write().unwrap();
+            {
+                let mut meta = txn.open_table(META).unwrap();
+                let stored = meta.get(MetaKey::SchemaVersion.name()).unwrap().unwrap();
+                assert_eq!(stored.value(), &3u64.to_be_bytes()[..], "ROW-1: unsealed");
+                drop(stored);
+                // One bit: 3 becomes 2.
+                meta.insert(MetaKey::SchemaVersion.name(), &2u64.to_be_bytes()[..])
+                    .unwrap();
+            }
+            txn.commit().unwrap();
+            drop(snapshot);
+            reopened.close().unwrap();
+            let Err(StorageError::Corrupted(message)) = Store::open(dir.path(), &options()) else {
+                panic!("ROW-2: a sealed file whose version says 2 is refused");
+            };
+            assert!(
+                message.contains("the schema version was changed"),
+                "{message}"
+            );
+        }
+        assert_eq!(SCHEMA_VERSION, 3);
+    }
+
+    #[test]
+    fn a_changed_byte_of_a_row_or_a_meta_value_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &options()).unwrap();
+        store
+            .write(|batch| {
+                batch.put_row(LEASES, b"lease-1", b"ttl 60")?;
+                batch.put_meta(MetaKey::CurrentRevision, 7)
+            })
+            .unwrap();
+        let before = store.check_seals().unwrap();
+        let txn = store.database().begin_write().unwrap();
+        {
+            let mut rows = txn.open_table(LEASES.definition()).unwrap();
+            let mut stored = rows.get(&b"lease-1"[..]).unwrap().unwrap().value().to_vec();
+            stored[4] ^= 0x08;
+            rows.insert(&b"lease-1"[..], stored.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+        let refused = StorageError::Corrupted(
+            "row of table test_leases at key \"lease-1\": checksum mismatch".into(),
+        );
+        assert_eq!(store.snapshot().unwrap().rows(LEASES), Err(refused.clone()));
+        assert_eq!(
+            store.write(|batch| batch.get_row(LEASES, b"lease-1")),
+            Err(refused.clone())
+        );
+        assert_eq!(store.check_seals(), Err(refused));
+        drop(store);
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &options()).unwrap();
+        store
+            .write(|batch| batch.put_meta(MetaKey::CurrentRevision, 7))
+            .unwrap();
+        assert!(before > 0);
+        let txn = store.database().begin_write().unwrap();
+        {
+            let mut meta = txn.open_table(META).unwrap();
+            let name = MetaKey::CurrentRevision.name();
+            let mut stored = meta.get(name).unwrap().unwrap().value().to_vec();
+            stored[7] ^= 0x01;
+            meta.insert(name, stored.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+        assert!(matches!(
+            store.snapshot().unwrap().get_meta(MetaKey::CurrentRevision),
+            Err(StorageError::Corrupted(_))
+        ));
+        assert!(store.check_seals().is_err());
+    }
+
+    #[test]
+    fn replayed_rows_and_meta_values_are_sealed() {
+        // The log carries values without seals (ROW-1); replay seals them as it writes.
         let dir = tempfile::tempdir().unwrap();
         {
             let store = Store::open(dir.path(), &options()).unwrap();
-            store
-                .write(|batch| batch.put_meta(MetaKey::SchemaVersion, 1))
+            let ((), record) = store
+                .write_logged(|batch| {
+                    batch.put_row(LEASES, b"lease-9", b"ttl 9")?;
+                    batch.put_meta(MetaKey::CurrentRevision, 9)
+                })
                 .unwrap();
-            assert_eq!(
-                store.snapshot().unwrap().get_meta(MetaKey::SchemaVersion),
-                Ok(Some(1))
+            let record = record.expect("a logged batch, not a checkpoint");
+            let payload = &record.bytes[wal::RECORD_HEADER_BYTES..];
+            let ops = wal::decode_ops(payload).unwrap();
+            assert!(
+                ops.contains(&wal::Op::PutRow(LEASES.name, b"lease-9", b"ttl 9")),
+                "the log carries the row without its seal: {ops:?}"
             );
+            // Replayed into a file that lacks the batch, as after a crash before its
+            // checkpoint.
+            let txn = store.database().begin_write().unwrap();
+            txn.delete_table(LEASES.definition()).unwrap();
+            {
+                let mut history = txn.open_table(HISTORY).unwrap();
+                let mut meta = txn.open_table(META).unwrap();
+                for op in ops {
+                    replay_op(&txn, &mut history, &mut meta, op).unwrap();
+                }
+            }
+            txn.commit().unwrap();
             store.close().unwrap();
         }
         let reopened = Store::open(dir.path(), &options()).unwrap();
+        let snapshot = reopened.snapshot().unwrap();
         assert_eq!(
-            reopened
-                .snapshot()
-                .unwrap()
-                .get_meta(MetaKey::SchemaVersion),
-            Ok(Some(SCHEMA_VERSION))
+            snapshot.rows(LEASES).unwrap(),
+            vec![(b"lease-9".to_vec(), b"ttl 9".to_vec())]
         );
-        assert_eq!(SCHEMA_VERSION, 2);
+        assert_eq!(snapshot.get_meta(MetaKey::CurrentRevision), Ok(Some(9)));
+        assert!(reopened.check_seals().is_ok());
     }
 
     #[test]

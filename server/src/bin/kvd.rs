@@ -819,6 +819,7 @@ mod cli {
                         "hashKv": report.hash_kv,
                         "driftRows": report.drift_rows,
                         "uncheckedRecords": report.unchecked_records,
+                        "checkedRows": report.checked_rows,
                     })
                 );
                 if report.ok() {

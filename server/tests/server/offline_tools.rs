@@ -83,6 +83,7 @@ fn offline_check_passes_a_sound_directory_and_finds_a_planted_corruption() {
     assert_eq!(report["ok"], serde_json::Value::Bool(true), "{report}");
     assert_eq!(report["keys"], serde_json::Value::from(50));
     assert_eq!(report["uncheckedRecords"], serde_json::Value::from(0));
+    assert!(report["checkedRows"].as_u64() > Some(0), "{report}");
 
     // Damage every copy of one live value's bytes in the file.
     let file = data.join("kvd.redb");
