@@ -640,6 +640,9 @@ impl Engine {
             wal_file_bytes: config.wal_file_bytes,
             wal_defrag_room_bytes: config.wal_defrag_room_bytes,
             accept_missing_log: config.accept_missing_log,
+            check_history: Some(|key, bytes| {
+                crate::mvcc::record::Record::decode_head(key, bytes).map(drop)
+            }),
         };
         let store = Store::open(dir.as_ref(), &options)?;
         let recovered = recover::recover(&store, config.clock.now(), config.lease_ttl_min_seconds)?;

@@ -144,6 +144,7 @@ mod tests {
             wal_file_bytes: Config::default().wal_file_bytes,
             wal_defrag_room_bytes: Config::default().wal_defrag_room_bytes,
             accept_missing_log: false,
+            check_history: None,
         };
         let store = Store::open(dir.path(), &options).unwrap();
         store

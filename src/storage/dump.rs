@@ -15,7 +15,9 @@
 //! Meta values (8-byte integers) and rows go out without their seals, each checked as it is
 //! read (ROW-1), so a dump is the same whatever schema version the source has; a restore
 //! seals them again and writes this build's schema version (a dump of a newer one is
-//! refused). History records go out as stored, with their checksums (REC-4).
+//! refused). History records go out as stored, with their checksums (REC-4), each checked
+//! first by the store's `HistoryCheck` (COPY-1), so a dump of a damaged store fails instead of
+//! carrying the damage into a backup.
 //!
 //! Meta rows come first, then each registered table in registration order, then history in
 //! revision order; rows of a table in key order.
@@ -39,7 +41,7 @@ use std::ops::Bound;
 use std::path::Path;
 
 use super::{
-    DB_FILE_NAME, HISTORY, META, MetaKey, REVISION_KEY_BYTES, RevisionKey, RowTable,
+    DB_FILE_NAME, HISTORY, HistoryCheck, META, MetaKey, REVISION_KEY_BYTES, RevisionKey, RowTable,
     SCHEMA_VERSION, Snapshot, open_error, seal, storage_error,
 };
 use crate::error::StorageError;
@@ -73,6 +75,7 @@ enum Phase {
 pub struct Dump {
     snapshot: Snapshot,
     row_tables: Vec<RowTable>,
+    check_history: Option<HistoryCheck>,
     phase: Phase,
     /// Bytes appended so far, for the final alignment.
     written: u64,
@@ -87,11 +90,17 @@ impl std::fmt::Debug for Dump {
 }
 
 impl Dump {
-    /// Starts a dump of `snapshot` with the registered `row_tables`.
-    pub fn new(snapshot: Snapshot, row_tables: Vec<RowTable>) -> Dump {
+    /// Starts a dump of `snapshot` with the registered `row_tables`, checking each history
+    /// record with `check_history` (COPY-1).
+    pub fn new(
+        snapshot: Snapshot,
+        row_tables: Vec<RowTable>,
+        check_history: Option<HistoryCheck>,
+    ) -> Dump {
         Dump {
             snapshot,
             row_tables,
+            check_history,
             phase: Phase::Magic,
             written: 0,
         }
@@ -197,6 +206,9 @@ impl Dump {
             }
             let (key, value) = entry.map_err(storage_error)?;
             let key = key.value();
+            if let Some(check) = self.check_history {
+                check(&key, value.value())?;
+            }
             out.push(TAG_HISTORY);
             out.extend_from_slice(&key);
             put_bytes(out, value.value());
@@ -578,6 +590,7 @@ mod tests {
             wal_file_bytes: crate::storage::wal::WAL_FILE_BYTES_MIN,
             wal_defrag_room_bytes: 0,
             accept_missing_log: false,
+            check_history: None,
         };
         let mut builder = DumpBuilder::new();
         builder.meta(MetaKey::SchemaVersion, 2);

@@ -90,6 +90,10 @@ pub type Row = (Vec<u8>, Vec<u8>);
 /// A history key.
 pub type RevisionKey = [u8; REVISION_KEY_BYTES];
 
+/// Checks one stored history record under its key (the layer above knows the format: REC-4),
+/// for the copies that pass records on as they are (dumps, defrag, backups: COPY-1).
+pub type HistoryCheck = fn(&RevisionKey, &[u8]) -> Result<(), StorageError>;
+
 const HISTORY: TableDefinition<RevisionKey, &[u8]> = TableDefinition::new("history");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
@@ -212,6 +216,9 @@ pub struct StoreOptions {
     /// Opens a database that was not closed cleanly even though its log is missing, losing
     /// the writes acknowledged since its last checkpoint (STORE-7).
     pub accept_missing_log: bool,
+    /// Checks each history record a dump, defrag or backup copies (COPY-1); `None` copies
+    /// them unchecked.
+    pub check_history: Option<HistoryCheck>,
 }
 
 /// The open database of one data directory.
@@ -220,6 +227,7 @@ pub struct Store {
     /// Swapped whole by defrag (DEFRAG-3); readers keep the one they started on.
     db: RwLock<InService>,
     row_tables: Vec<RowTable>,
+    check_history: Option<HistoryCheck>,
     cache_size_bytes: usize,
     dir: PathBuf,
     state: Mutex<WriteState>,
@@ -322,6 +330,7 @@ impl Store {
                 retire,
             }),
             row_tables: options.row_tables.clone(),
+            check_history: options.check_history,
             cache_size_bytes: options.cache_size_bytes,
             dir: dir.to_path_buf(),
             state: Mutex::new(WriteState {
@@ -548,7 +557,11 @@ impl Store {
 
     /// Starts a streamed dump of a new read snapshot (`dump`, DUMP-1).
     pub fn dump(&self) -> Result<dump::Dump, StorageError> {
-        Ok(dump::Dump::new(self.snapshot()?, self.row_tables.clone()))
+        Ok(dump::Dump::new(
+            self.snapshot()?,
+            self.row_tables.clone(),
+            self.check_history,
+        ))
     }
 
     /// Checks the seal of every row and meta value (ROW-1), reading those tables whole;
@@ -1143,6 +1156,7 @@ mod tests {
             wal_file_bytes: wal::WAL_FILE_BYTES_MIN,
             wal_defrag_room_bytes: 0,
             accept_missing_log: false,
+            check_history: None,
         }
     }
 
@@ -1403,6 +1417,85 @@ mod tests {
         );
         assert_eq!(snapshot.get_meta(MetaKey::CurrentRevision), Ok(Some(9)));
         assert!(reopened.check_seals().is_ok());
+    }
+
+    #[test]
+    fn copies_refuse_a_damaged_record_row_or_meta_value() {
+        // COPY-1: a dump, a defrag and a backup copy check what they pass on as stored.
+        fn refuse_bad(key: &RevisionKey, bytes: &[u8]) -> Result<(), StorageError> {
+            if bytes == b"bad" {
+                return Err(StorageError::Corrupted(format!("record at {key:?}")));
+            }
+            Ok(())
+        }
+        let copies = |store: &Store| -> [Result<(), StorageError>; 3] {
+            let dump = store.dump().and_then(|mut dump| {
+                let mut out = Vec::new();
+                while dump.fill(&mut out, 1 << 16)? {}
+                Ok(())
+            });
+            let progress = defrag::Progress::default();
+            let defragged = store
+                .snapshot()
+                .and_then(|first| store.begin_defrag(first, &progress))
+                .and_then(|target| store.abandon_defrag(Some(target)));
+            let backup = store.dir().join("backup.redb");
+            let copied = store
+                .snapshot()
+                .and_then(|snapshot| store.copy_to(&snapshot, &backup, &progress))
+                .map(drop);
+            [dump, defragged, copied]
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(
+            dir.path(),
+            &StoreOptions {
+                check_history: Some(refuse_bad),
+                ..options()
+            },
+        )
+        .unwrap();
+        store
+            .write(|batch| {
+                batch.put_history(&[1; 16], b"good")?;
+                batch.put_row(LEASES, b"lease-1", b"ttl 60")
+            })
+            .unwrap();
+        assert_eq!(copies(&store), [Ok(()), Ok(()), Ok(())]);
+
+        store
+            .write(|batch| batch.put_history(&[2; 16], b"bad"))
+            .unwrap();
+        for copy in copies(&store) {
+            assert_eq!(
+                copy,
+                Err(StorageError::Corrupted(format!(
+                    "record at {:?}",
+                    [2u8; 16]
+                )))
+            );
+        }
+        store
+            .write(|batch| {
+                batch.delete_history_where(.., usize::MAX, |_, bytes| Ok(bytes == b"bad"))?;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(copies(&store), [Ok(()), Ok(()), Ok(())]);
+
+        let txn = store.database().begin_write().unwrap();
+        {
+            let mut rows = txn.open_table(LEASES.definition()).unwrap();
+            rows.insert(&b"lease-1"[..], &b"ttl 60 and no seal"[..])
+                .unwrap();
+        }
+        txn.commit().unwrap();
+        for copy in copies(&store) {
+            let Err(StorageError::Corrupted(message)) = copy else {
+                panic!("ROW-1: {copy:?}");
+            };
+            assert!(message.starts_with("row of table test_leases"), "{message}");
+        }
     }
 
     #[test]
