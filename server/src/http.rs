@@ -459,6 +459,7 @@ async fn metrics_text(State(shared): State<Shared>) -> Response {
         connections_open: shared.connections.open(),
         connections_refused: shared.connections.refused(),
         storage_poisoned: shared.node.engines.state().poisoned.is_some(),
+        scrub_runs: shared.node.scrub_runs.counts(),
     };
     let server = ServerGauges {
         member_id: shared.node.ids.member_id,

@@ -71,6 +71,7 @@ mod pong;
 mod range_wire;
 mod recovery;
 mod role_turns;
+mod scrub;
 mod single_message;
 pub mod snapshot;
 pub mod snapshot_tool;
@@ -183,6 +184,8 @@ pub struct ServerConfig {
     /// How often the consumption counters are checked against a recount
     /// (`--consumption-check-interval`); `None` is off.
     pub consumption_check_interval: Option<Duration>,
+    /// How often every stored checksum is checked (`--scrub-interval`); `None` is off.
+    pub scrub_interval: Option<Duration>,
     /// Responses of committed writes with an operation id to drop (tests only, from
     /// `KVD_TEST_DROP_RESPONSE_AFTER_COMMIT`; 0 in production).
     pub drop_responses_after_commit: u64,
@@ -512,6 +515,9 @@ async fn serve(
     let max_receive_bytes = config.max_request_bytes.saturating_add(GRPC_OVERHEAD_BYTES);
     if let Some(interval) = config.consumption_check_interval {
         tokio::spawn(drift::check_periodically(node.clone(), interval));
+    }
+    if let Some(interval) = config.scrub_interval {
+        tokio::spawn(scrub::scrub_periodically(node.clone(), interval));
     }
     let connections = Arc::new(Connections::new(config.connections));
     let port = http::router(

@@ -312,6 +312,8 @@ pub struct StreamGauges {
     pub connections_refused: u64,
     /// The store is poisoned and waits for its reopen (RECOVERY-1).
     pub storage_poisoned: bool,
+    /// Passes of the periodic scrub by result label (`server::scrub`).
+    pub scrub_runs: [(&'static str, u64); 3],
 }
 
 /// What the server knows without the engine.
@@ -609,6 +611,17 @@ fn kvd_streams(families: &mut Vec<MetricFamily>, streams: &StreamGauges) {
         "Client connections refused at --max-connections since start.",
         MetricType::COUNTER,
         vec![counter(&[], value(streams.connections_refused))],
+    ));
+    families.push(family(
+        "kvd_scrub_runs_total",
+        "Passes of the periodic checksum scrub (--scrub-interval) since start, by result: \
+         sound, damaged (the CORRUPT alarm was raised), failed (could not run).",
+        MetricType::COUNTER,
+        streams
+            .scrub_runs
+            .iter()
+            .map(|(result, runs)| counter(&[("result", result)], value(*runs)))
+            .collect(),
     ));
 }
 

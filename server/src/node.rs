@@ -13,7 +13,8 @@
 //!   write in flight.
 //! - NODE-2: the node holds no state of its own beyond configuration, the shutdown signal,
 //!   the auth tokens and failed-login counters (memory only, as etcd's simple tokens),
-//!   the gauges of open streams, the last consumption drift check's figure and the test
+//!   the gauges of open streams, the last consumption drift check's figure, the scrub's
+//!   pass counts and the test
 //!   failpoint's counter (`server::operation`); everything a client sees comes from the engine at the
 //!   time of the call (surfaces hold no state).
 //! - NODE-3: once the shutdown signal is raised, every long-lived stream (Watch,
@@ -124,6 +125,8 @@ pub struct Node {
     pub drop_after_commit: DropAfterCommit,
     /// Rows the last consumption drift check found, or `None` before the first check.
     pub consumption_drift_rows: ConsumptionDrift,
+    /// Passes of the periodic scrub by result (`server::scrub`).
+    pub scrub_runs: crate::scrub::ScrubRuns,
     /// The auth tokens and failed-login counters (`server::auth`, AUTHN-1..3).
     pub sessions: Sessions,
 }
@@ -177,6 +180,7 @@ impl Node {
             streams: OpenStreams::default(),
             drop_after_commit,
             consumption_drift_rows: ConsumptionDrift::default(),
+            scrub_runs: crate::scrub::ScrubRuns::default(),
             sessions,
         }
     }

@@ -47,6 +47,7 @@ mod publish;
 mod realtime;
 mod recover;
 mod reply;
+mod scrub;
 mod snapshot;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -105,6 +106,7 @@ pub use prepare::RoleQueue;
 pub use proposal::{Completion, WriteRequest, write_cost};
 use proposal::{Identified, Proposal, ReconcileAnswer, ReconcileRequest};
 pub use publish::Published;
+pub use scrub::ScrubReport;
 pub use snapshot::{SnapshotStream, restore_snapshot, snapshot_summary};
 
 /// etcd's default `--max-request-bytes`.

@@ -332,6 +332,19 @@ mod cli {
             allow_hyphen_values = true
         )]
         consumption_check_interval: Duration,
+
+        /// How often every stored history record, row and meta value is checked against its
+        /// checksum while kvd serves (metric kvd_scrub_runs_total); damage raises the CORRUPT
+        /// alarm, which stops writes. The first pass runs one interval after the start. '0'
+        /// disables.
+        #[arg(
+            long,
+            value_name = "DURATION",
+            default_value = "24h",
+            value_parser = parse_go_duration,
+            allow_hyphen_values = true
+        )]
+        scrub_interval: Duration,
         /// Most client connections served at once; a connection beyond it gets an HTTP/2
         /// GOAWAY (ENHANCE_YOUR_CALM, "kvd: too many open connections") and is closed. Lowered
         /// at start to fit the open-file limit (which kvd raises to its hard limit first).
@@ -993,6 +1006,7 @@ mod cli {
             agent_reregister_timeout: flags.agent_reregister_timeout,
             consumption_check_interval: Some(flags.consumption_check_interval)
                 .filter(|d| !d.is_zero()),
+            scrub_interval: Some(flags.scrub_interval).filter(|d| !d.is_zero()),
             drop_responses_after_commit,
             allocation_prepare_queue_length,
             auto_compaction,

@@ -835,7 +835,7 @@ type StartCase = (
 
 #[test]
 fn invalid_values_are_refused_at_start_naming_the_flag() {
-    let cases: [StartCase; 9] = [
+    let cases: [StartCase; 10] = [
         (&["--max-watch-streams", "0"], &[], "--max-watch-streams"),
         (&["--max-snapshots", "0"], &[], "--max-snapshots"),
         (
@@ -870,6 +870,7 @@ fn invalid_values_are_refused_at_start_naming_the_flag() {
             &[],
             "--consumption-check-interval",
         ),
+        (&["--scrub-interval", "daily"], &[], "--scrub-interval"),
         (
             &[],
             &[(DROP_RESPONSE_AFTER_COMMIT_ENV, "lots")],
@@ -922,6 +923,20 @@ fn the_periodic_consumption_check_publishes_its_drift_rows() {
 
     let off = common::start_kvd(&["--consumption-check-interval", "0"]);
     assert_eq!(metric(&off.endpoint, "kvd_consumption_drift_rows"), None);
+}
+
+#[test]
+fn the_periodic_scrub_counts_its_passes() {
+    let server = common::start_kvd(&["--scrub-interval", "100ms"]);
+    let ep = server.endpoint.clone();
+    let passes = |result: &str| {
+        metric(&ep, &format!("kvd_scrub_runs_total{{result=\"{result}\"}}"))
+            .and_then(|n| n.parse::<u64>().ok())
+    };
+    let sound = common::wait_until(PATIENCE, || passes("sound") >= Some(2));
+    assert!(sound, "no two passes ran: {:?}", passes("sound"));
+    assert_eq!(passes("damaged"), Some(0));
+    assert_eq!(passes("failed"), Some(0));
 }
 
 #[test]
