@@ -31,6 +31,24 @@ fn put(engine: &Engine, key: &str, value: &str) -> i64 {
         .revision
 }
 
+/// Flips the lowest bit of the last byte of every copy of `needle` in the file at `path`
+/// (redb may leave earlier copies of a page in free space), in place, as a failing disk
+/// would change it; returns how many copies there were.
+fn damage_every_copy(path: &std::path::Path, needle: &[u8]) -> usize {
+    let bytes = std::fs::read(path).unwrap();
+    let copies: Vec<usize> = bytes
+        .windows(needle.len())
+        .enumerate()
+        .filter(|(_, w)| *w == needle)
+        .map(|(at, _)| at + needle.len() - 1)
+        .collect();
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    for &at in &copies {
+        std::os::unix::fs::FileExt::write_all_at(&file, &[bytes[at] ^ 0x01], at as u64).unwrap();
+    }
+    copies.len()
+}
+
 fn get(
     engine: &Engine,
     key: &str,
@@ -1005,19 +1023,10 @@ fn a_value_byte_changed_on_the_disk_is_refused_not_served() {
     engine.close().unwrap();
     let db = dir.path().join("kvd.redb");
     let sound = std::fs::read(&db).unwrap();
-    let found: Vec<usize> = sound
-        .windows(value.len())
-        .enumerate()
-        .filter(|(_, w)| *w == value.as_bytes())
-        .map(|(at, _)| at + value.len() - 1)
-        .collect();
-    assert!(!found.is_empty(), "the value is in the file");
-    let mut damaged = sound.clone();
-    for at in &found {
-        // Every copy (redb may leave earlier copies of the page in free space).
-        damaged[*at] ^= 0x01;
-    }
-    std::fs::write(&db, &damaged).unwrap();
+    assert!(
+        damage_every_copy(&db, value.as_bytes()) > 0,
+        "the value is in the file"
+    );
     let error = Engine::open(dir.path(), config()).unwrap_err();
     assert!(error.is_corrupted(), "{error}");
     assert!(
@@ -1055,17 +1064,11 @@ fn a_row_byte_changed_on_the_disk_is_refused_not_served() {
     engine.close().unwrap();
     let db = dir.path().join("kvd.redb");
     let sound = std::fs::read(&db).unwrap();
-    let mut damaged = sound.clone();
-    let mut found = 0;
-    for at in 0..sound.len().saturating_sub(role.len()) {
-        if &sound[at..at + role.len()] == role.as_bytes() {
-            // The last byte of every copy: `...5c2e81` becomes `...5c2e80`.
-            damaged[at + role.len() - 1] ^= 0x01;
-            found += 1;
-        }
-    }
-    assert!(found > 0, "the role's name is in the file");
-    std::fs::write(&db, &damaged).unwrap();
+    // The last byte of every copy: `...5c2e81` becomes `...5c2e80`.
+    assert!(
+        damage_every_copy(&db, role.as_bytes()) > 0,
+        "the role's name is in the file"
+    );
     let error = Engine::open(dir.path(), config()).unwrap_err();
     assert!(error.is_corrupted(), "{error}");
     assert!(
@@ -1112,21 +1115,10 @@ fn the_scrub_finds_a_byte_changed_on_the_disk_while_the_engine_serves() {
     assert!(engine.scrub().is_ok());
 
     let db = dir.path().join("kvd.redb");
-    let bytes = std::fs::read(&db).unwrap();
-    let copies: Vec<usize> = bytes
-        .windows(marker.len())
-        .enumerate()
-        .filter(|(_, w)| *w == marker.as_bytes())
-        .map(|(at, _)| at)
-        .collect();
-    assert!(!copies.is_empty(), "the marker is in the file");
-    // Changed in place, one byte per copy, as a failing disk would: the file stays as redb
-    // left it otherwise.
-    let file = std::fs::OpenOptions::new().write(true).open(&db).unwrap();
-    for at in copies {
-        std::os::unix::fs::FileExt::write_all_at(&file, b"N", at as u64).unwrap();
-    }
-    drop(file);
+    assert!(
+        damage_every_copy(&db, marker.as_bytes()) > 0,
+        "the marker is in the file"
+    );
 
     let damage = engine.scrub().unwrap_err();
     assert!(damage.is_corrupted(), "{damage}");

@@ -18,33 +18,28 @@ use kvd::sync::Arc;
 
 /// Checks the consumption counters every `interval` until the server stops (DRIFT-1).
 pub async fn check_periodically(node: Arc<Node>, interval: Duration) {
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-    // A check that took longer than the interval is followed by the next one, not a burst.
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            () = node.stopping() => return,
+    node.every(interval, || check(&node)).await;
+}
+
+async fn check(node: &Node) {
+    match node.call(|engine| engine.consumption_drift()).await {
+        Ok(drift) => {
+            node.consumption_drift_rows.set(drift.len());
+            if drift.is_empty() {
+                tracing::debug!("consumption check: counters agree with the recount");
+            } else {
+                let (role, resource, _, _) = &drift[0];
+                tracing::warn!(
+                    rows = drift.len(),
+                    first_role = %role,
+                    first_resource = %resource,
+                    "consumption check: counters differ from the recount; \
+                     run `kvd reconcile` to see them, `kvd reconcile --repair` to fix them"
+                );
+            }
         }
-        match node.call(|engine| engine.consumption_drift()).await {
-            Ok(drift) => {
-                node.consumption_drift_rows.set(drift.len());
-                if drift.is_empty() {
-                    tracing::debug!("consumption check: counters agree with the recount");
-                } else {
-                    let (role, resource, _, _) = &drift[0];
-                    tracing::warn!(
-                        rows = drift.len(),
-                        first_role = %role,
-                        first_resource = %resource,
-                        "consumption check: counters differ from the recount; \
-                         run `kvd reconcile` to see them, `kvd reconcile --repair` to fix them"
-                    );
-                }
-            }
-            Err(status) => {
-                tracing::warn!(error = %status.message(), "consumption check failed");
-            }
+        Err(status) => {
+            tracing::warn!(error = %status.message(), "consumption check failed");
         }
     }
 }

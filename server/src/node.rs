@@ -211,6 +211,25 @@ impl Node {
         let _ = shutdown.wait_for(|stop| *stop).await;
     }
 
+    /// Runs `pass` every `interval`, the first one interval from now, one at a time, until
+    /// the server stops (NODE-3); a pass that took longer than the interval is followed by
+    /// the next one, not by a burst.
+    pub async fn every<F, Fut>(&self, interval: Duration, mut pass: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = self.stopping() => return,
+            }
+            pass().await;
+        }
+    }
+
     /// Runs a Range (NODE-1): its keys are chosen here (short locks), and their records are
     /// read here too when there are at most [`RANGE_INLINE_RECORDS_MAX`], else on the
     /// blocking pool; the answer's key-values come in etcd's wire form (WIRE-1).

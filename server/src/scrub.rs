@@ -39,37 +39,32 @@ impl ScrubRuns {
 
 /// Scrubs the store every `interval` until the server stops (SCRUB-4).
 pub async fn scrub_periodically(node: Arc<Node>, interval: Duration) {
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-    // A pass that took longer than the interval is followed by the next one, not a burst.
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            () = node.stopping() => return,
+    node.every(interval, || scrub(&node)).await;
+}
+
+async fn scrub(node: &Node) {
+    let runs = &node.scrub_runs;
+    match node.call(|engine| engine.scrub()).await {
+        Ok(report) => {
+            runs.sound.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                records = report.records,
+                rows = report.rows,
+                "scrub: every checksum matched"
+            );
         }
-        let runs = &node.scrub_runs;
-        match node.call(|engine| engine.scrub()).await {
-            Ok(report) => {
-                runs.sound.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(
-                    records = report.records,
-                    rows = report.rows,
-                    "scrub: every checksum matched"
-                );
-            }
-            Err(status) if status.code() == Code::DataLoss => {
-                runs.damaged.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(
-                    error = %status.message(),
-                    "scrub: stored data is damaged; the CORRUPT alarm is raised and writes \
-                     stop (restore the data directory from a backup, or disarm the alarm \
-                     to write on beside the damage)"
-                );
-            }
-            Err(status) => {
-                runs.failed.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %status.message(), "scrub could not run");
-            }
+        Err(status) if status.code() == Code::DataLoss => {
+            runs.damaged.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(
+                error = %status.message(),
+                "scrub: stored data is damaged; the CORRUPT alarm is raised and writes \
+                 stop (restore the data directory from a backup, or disarm the alarm \
+                 to write on beside the damage)"
+            );
+        }
+        Err(status) => {
+            runs.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %status.message(), "scrub could not run");
         }
     }
 }
