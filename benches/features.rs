@@ -15,6 +15,10 @@
 //! 4. `quota_1000_roles`: durable Put throughput of 64 writers without a quota registry and
 //!    with 1,000 roles with `kv_bytes`/`kv_keys` limits, writes spread over the roles'
 //!    namespaces (`/role-N/...`); the accounting cost in percent.
+//! 5. `scrub_1m`: `Engine::scrub` over 1,000,000 records of 256-byte values (10,000 in quick
+//!    mode) on an idle engine reopened after the load. Reports the wall time of a pass
+//!    (which sleeps as long as it reads, SCRUB-2), records per second, and the process's CPU
+//!    per record over the measured passes (`/proc/self/stat`).
 //!
 //! Every measurement uses `iter_custom`; the bench records the samples it returns and prints,
 //! after each group, the medians of the measured samples. The with/without comparisons also
@@ -80,6 +84,9 @@ const DEFRAG_WRITER_TIME_MAX: Duration = Duration::from_secs(900);
 
 /// Group 4: roles with a quota.
 const QUOTA_ROLES: usize = 1_000;
+
+/// Group 5: records the scrub reads (full mode, quick mode).
+const SCRUB_RECORDS: (u64, u64) = (1_000_000, 10_000);
 
 /// The sizes of one run.
 #[derive(Debug)]
@@ -912,11 +919,92 @@ fn quota_1000_roles(c: &mut Criterion) {
 
 // ---------------------------------------------------------------------------------------
 
+// ---------------------------------------------------------------------------------------
+// 5. scrub_1m
+// ---------------------------------------------------------------------------------------
+
+/// The CPU time (user + system) this process has used, from `/proc/self/stat` (10 ms ticks
+/// on Linux's usual `CLK_TCK` of 100).
+fn process_cpu() -> Duration {
+    let stat = fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("stat")
+        .1
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    Duration::from_millis(ticks * 10)
+}
+
+fn scrub_1m(c: &mut Criterion) {
+    let records = if quick() {
+        SCRUB_RECORDS.1
+    } else {
+        SCRUB_RECORDS.0
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let loading = Engine::open(dir.path(), load_config()).expect("open");
+    let value = value();
+    run_txns(&loading, 0, records / LOAD_TXN_OPS, |n| TxnRequest {
+        success: (0..LOAD_TXN_OPS)
+            .map(|i| {
+                RequestOp::Put(PutRequest::new(
+                    format!("/scrub/{:09}", n * LOAD_TXN_OPS + i),
+                    value.clone(),
+                ))
+            })
+            .collect(),
+        ..TxnRequest::default()
+    });
+    loading.close().expect("close");
+    let engine = Engine::open(dir.path(), durable_config()).expect("reopen");
+    let (load, mut group) = start_group(c, "scrub_1m");
+    group.throughput(Throughput::Elements(records));
+    let samples = Cell::new(Samples::default());
+    let cpu = Cell::new(Duration::ZERO);
+    let checked = Cell::new(0_u64);
+    group.bench_function("pass", |b| {
+        b.iter_custom(|iters| {
+            let cpu_before = process_cpu();
+            let start = Instant::now();
+            for _ in 0..iters {
+                let report = engine.scrub().expect("a sound store");
+                checked.set(report.records);
+            }
+            let elapsed = start.elapsed();
+            cpu.set(process_cpu() - cpu_before);
+            let mut all = samples.take();
+            all.record(iters, elapsed);
+            samples.set(all);
+            elapsed
+        });
+    });
+    group.finish();
+    let samples = samples.take();
+    let file = fs::metadata(dir.path().join("kvd.redb")).map_or(0, |m| m.len());
+    if let Some(secs) = samples.median_secs() {
+        report(format!(
+            "scrub_1m: {} records ({} in the file), a pass {secs:.3} s, {} records/s; \
+             the last sample's CPU {:.2} µs per record (load {load})",
+            checked.get(),
+            mib(file as f64),
+            fmt_rate(checked.get() as f64 / secs),
+            cpu.get().as_secs_f64() * 1e6 / (checked.get().max(1) as f64)
+        ));
+    }
+    engine.close().expect("close");
+}
+
 fn main() {
     run_groups(&[
         watch_fanout_1000,
         watch_idle_10000,
         defrag_stall,
         quota_1000_roles,
+        scrub_1m,
     ]);
 }
