@@ -1563,29 +1563,6 @@ impl Engine {
         Ok(accounts.drift(&index))
     }
 
-    /// Returns how many stored history records have no checksum (REC-4): records a build
-    /// before checksums wrote, read unchecked until compaction removes them. Reads every
-    /// record, checking the others' checksums on the way: for `kvd check`, not for a
-    /// running server.
-    pub(crate) fn unchecked_history_records(&self) -> Result<u64> {
-        let shared = self.shared()?;
-        let snapshot = shared.reads.store.snapshot()?;
-        let mut unchecked = 0;
-        snapshot.scan_history(.., usize::MAX, |key, value| {
-            if !crate::mvcc::record::Record::decode_head(key, value)?.checksummed() {
-                unchecked += 1;
-            }
-            Ok(true)
-        })?;
-        Ok(unchecked)
-    }
-
-    /// Checks the seal of every stored row and meta value (ROW-1); returns how many it
-    /// checked. For `kvd check`.
-    pub(crate) fn checked_rows(&self) -> Result<u64> {
-        Ok(self.shared()?.reads.store.check_seals()?)
-    }
-
     /// Replaces drifted consumption counters with the recount, through the apply path
     /// (idempotent); returns how many rows changed.
     pub fn repair_consumption(&self) -> Result<usize> {

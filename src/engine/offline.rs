@@ -60,8 +60,7 @@ pub fn check_data_dir(dir: &Path, config: Config) -> Result<CheckReport> {
     })?;
     let hash = engine.hash_kv(0)?;
     let drift_rows = engine.consumption_drift()?.len();
-    let unchecked_records = engine.unchecked_history_records()?;
-    let checked_rows = engine.checked_rows()?;
+    let checked = engine.check_checksums()?;
     let report = CheckReport {
         repaired: integrity == Integrity::Repaired,
         revision: status.header.revision,
@@ -69,8 +68,8 @@ pub fn check_data_dir(dir: &Path, config: Config) -> Result<CheckReport> {
         keys: all.count,
         hash_kv: hash.hash,
         drift_rows,
-        unchecked_records,
-        checked_rows,
+        unchecked_records: checked.unchecked,
+        checked_rows: checked.rows,
     };
     engine.close()?;
     Ok(report)
