@@ -581,17 +581,7 @@ mod tests {
     fn dumps_carry_values_without_seals_and_restores_seal_them() {
         // A dump of a build before row seals (schema 2) holds the same bytes as one of this
         // build but for its version: both restore to sealed rows of this build's schema.
-        const LEASES: RowTable = RowTable::new("leases");
-        let options = || crate::storage::StoreOptions {
-            cache_size_bytes: 1 << 20,
-            sync: crate::storage::CommitSync::Durable,
-            row_tables: vec![LEASES],
-            faults: None,
-            wal_file_bytes: crate::storage::wal::WAL_FILE_BYTES_MIN,
-            wal_defrag_room_bytes: 0,
-            accept_missing_log: false,
-            check_history: None,
-        };
+        use crate::storage::tests::{LEASES, options};
         let mut builder = DumpBuilder::new();
         builder.meta(MetaKey::SchemaVersion, 2);
         builder.meta(MetaKey::CurrentRevision, 5);
@@ -617,8 +607,8 @@ mod tests {
         let mut again = Vec::new();
         while dump.fill(&mut again, 1 << 16).unwrap() {}
         drop(dump);
-        let mut row = vec![TAG_ROW, 0, 6];
-        row.extend_from_slice(b"leases");
+        let mut row = vec![TAG_ROW, 0, 11];
+        row.extend_from_slice(b"test_leases");
         put_bytes(&mut row, b"lease-1");
         put_bytes(&mut row, b"ttl 60");
         let mut revision = vec![TAG_META];

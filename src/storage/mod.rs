@@ -1145,9 +1145,10 @@ fn storage_error(e: impl Into<redb::Error>) -> StorageError {
 mod tests {
     use super::*;
 
-    const LEASES: RowTable = RowTable::new("test_leases");
+    pub(super) const LEASES: RowTable = RowTable::new("test_leases");
 
-    fn options() -> StoreOptions {
+    /// A durable store with one row table, [`LEASES`].
+    pub(super) fn options() -> StoreOptions {
         StoreOptions {
             cache_size_bytes: 1 << 20,
             sync: CommitSync::Durable,
