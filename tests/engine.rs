@@ -185,6 +185,91 @@ fn nested_compare_sees_state_at_txn_start() {
 }
 
 #[test]
+fn ignore_flags_after_a_from_key_delete_of_the_same_txn_are_refused() {
+    // etcd's duplicate-key check lets a from-key delete (range end "\0") and a Put it covers
+    // into one branch; a Put with an ignore flag after that delete finds no key to keep,
+    // and etcd panics at apply. kvd refuses the whole Txn with `key not found` (WRITE-4).
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(&dir);
+    put(&engine, "a/1", "one");
+    let before = put(&engine, "b", "two");
+    let delete_from_a = || {
+        RequestOp::DeleteRange(DeleteRangeRequest {
+            key: "a".into(),
+            range_end: "\0".into(),
+            prev_kv: false,
+        })
+    };
+    let keep_value = PutRequest {
+        ignore_value: true,
+        ..PutRequest::new("a/1", "")
+    };
+    let keep_lease = PutRequest {
+        ignore_lease: true,
+        ..PutRequest::new("b", "new")
+    };
+    let nested = |op| {
+        RequestOp::Txn(TxnRequest {
+            compare: vec![],
+            success: vec![op],
+            failure: vec![],
+        })
+    };
+    for branch in [
+        vec![delete_from_a(), RequestOp::Put(keep_value.clone())],
+        vec![delete_from_a(), RequestOp::Put(keep_lease.clone())],
+        vec![
+            nested(delete_from_a()),
+            nested(RequestOp::Put(keep_value.clone())),
+        ],
+    ] {
+        let txn = TxnRequest {
+            compare: vec![],
+            success: branch.clone(),
+            failure: vec![],
+        };
+        assert!(
+            matches!(engine.txn(txn), Err(Error::KeyNotFound)),
+            "{branch:?}"
+        );
+        assert_eq!(
+            engine.status().unwrap().header.revision,
+            before,
+            "{branch:?}"
+        );
+        assert_eq!(get(&engine, "a/1", 0).unwrap().unwrap().0, "one");
+    }
+
+    // The same Put before the delete keeps its key when it runs, as in etcd: accepted, and
+    // the delete that follows removes the key in the same revision.
+    let txn = TxnRequest {
+        compare: vec![],
+        success: vec![RequestOp::Put(keep_value), delete_from_a()],
+        failure: vec![],
+    };
+    let resp = engine.txn(txn).unwrap();
+    assert_eq!(resp.header.revision, before + 1);
+    assert_eq!(get(&engine, "a/1", 0).unwrap(), None);
+    assert_eq!(get(&engine, "a/1", before + 1).unwrap(), None);
+    // A delete from a key above the Put's leaves it alone.
+    put(&engine, "b", "again");
+    let txn = TxnRequest {
+        compare: vec![],
+        success: vec![
+            RequestOp::DeleteRange(DeleteRangeRequest {
+                key: "c".into(),
+                range_end: "\0".into(),
+                prev_kv: false,
+            }),
+            RequestOp::Put(keep_lease),
+        ],
+        failure: vec![],
+    };
+    engine.txn(txn).unwrap();
+    assert_eq!(get(&engine, "b", 0).unwrap().unwrap().0, "new");
+}
+
+#[test]
 fn range_limit_count_and_sort_quirk_match_etcd() {
     // spec §2.4: s1(v3), s2(v3), s3(v2), s4(v1); target VERSION, limit 2:
     // order NONE → [s3, s1], ASCEND → [s4, s3]; count is 4 either way.

@@ -13,6 +13,11 @@
 //!   change can only come from storage, which poisons the batch.
 //! - WRITE-3: all compares of a Txn, nested ones on the chosen branches included, are
 //!   evaluated against the state at `begin`, before any op runs (etcd).
+//! - WRITE-4: an `ignore_value` or `ignore_lease` Put of a Txn needs its key when it runs,
+//!   not only at `begin`: one whose key a from-key DeleteRange (`range_end == "\0"`) of the
+//!   same Txn removes before it is refused with `key not found`, before any change. etcd's
+//!   duplicate-key check lets that pair through (the `"\0"` quirk) and etcd then panics at
+//!   apply; kvd refuses the Txn instead.
 //!
 //! Contact points: the engine's apply thread creates one per write request.
 
@@ -126,8 +131,15 @@ impl<'a, 't> TxnWriter<'a, 't> {
     }
 
     /// Checks a Put inside a Txn: the key the ignore flags need, then the lease (etcd's
-    /// order for txn ops).
-    fn check_txn_put(&self, req: &PutRequest) -> Result<(), Error> {
+    /// order for txn ops). `deleted_from` is the lowest start of the from-key deletes
+    /// (`range_end == "\0"`) the Txn runs before this Put: a key at or above it is gone by
+    /// the time the Put runs (WRITE-4).
+    fn check_txn_put(&self, req: &PutRequest, deleted_from: Option<&[u8]>) -> Result<(), Error> {
+        if (req.ignore_value || req.ignore_lease)
+            && deleted_from.is_some_and(|start| req.key.as_ref() >= start)
+        {
+            return Err(Error::KeyNotFound);
+        }
         self.check_put_key(req)?;
         self.check_put_lease(req)
     }
@@ -331,22 +343,30 @@ impl<'a, 't> TxnWriter<'a, 't> {
     /// write), then Ranges (WRITE-2).
     pub fn check_txn(&self, req: &TxnRequest, path: &TxnPath) -> Result<(), Error> {
         if !req.is_read_only() {
-            self.check_branch(req, path, &|w, op| match op {
-                RequestOp::Put(p) => w.check_txn_put(p),
+            let mut deleted_from: Option<&[u8]> = None;
+            self.check_branch(req, path, &mut |w, op| match op {
+                RequestOp::Put(p) => w.check_txn_put(p, deleted_from),
+                RequestOp::DeleteRange(d) if d.range_end.as_ref() == b"\0" => {
+                    let start = d.key.as_ref();
+                    deleted_from = Some(deleted_from.map_or(start, |s| s.min(start)));
+                    Ok(())
+                }
                 _ => Ok(()),
             })?;
         }
-        self.check_branch(req, path, &|w, op| match op {
+        self.check_branch(req, path, &mut |w, op| match op {
             RequestOp::Range(r) => w.check_txn_range(r),
             _ => Ok(()),
         })
     }
 
-    fn check_branch(
+    /// Calls `check` on every op of the branches `path` chose, nested ones included, in the
+    /// order the Txn runs them.
+    fn check_branch<'r>(
         &self,
-        req: &TxnRequest,
+        req: &'r TxnRequest,
         path: &TxnPath,
-        check: &dyn Fn(&Self, &RequestOp) -> Result<(), Error>,
+        check: &mut dyn FnMut(&Self, &'r RequestOp) -> Result<(), Error>,
     ) -> Result<(), Error> {
         let branch = if path.succeeded {
             &req.success

@@ -605,10 +605,8 @@ impl<S: Source> Builder<S> {
     }
 
     fn emit(&mut self, op: Op) {
-        if self.model.op_defined(&op) {
-            self.model.apply(&op);
-            self.ops.push(op);
-        }
+        self.model.apply(&op);
+        self.ops.push(op);
     }
 
     /// A lazy watch on a wide range, then 128 to 191 Puts: more responses than a watch may

@@ -287,13 +287,4 @@ impl Model {
             Op::QueueBurst(puts) => Reply::QueueBurst(self.queue_burst(puts)),
         }
     }
-
-    /// Returns false if `op` is a txn whose outcome etcd leaves undefined (see
-    /// [`Model::txn_defined`]).
-    pub fn op_defined(&self, op: &Op) -> bool {
-        match op {
-            Op::Txn(t) => self.txn_defined(t),
-            _ => true,
-        }
-    }
 }

@@ -100,11 +100,6 @@ pub const BURST_PAGES_MARGIN_BYTES: u64 = 1 << 20;
 /// The free space the filesystem guard reads until a sequence sets another figure.
 pub const FREE_SPACE_PLENTY_BYTES: u64 = 1 << 50;
 
-/// Execution reached a state whose outcome etcd leaves undefined (etcd 3.5+ panics there);
-/// sequences must not contain such a request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Undefined(pub &'static str);
-
 /// One change to one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -339,8 +334,7 @@ impl Model {
         let mut w = Writer::new(self);
         let resp = w.put(req);
         w.finish();
-        // The existence check above makes the write defined.
-        resp.map_err(|u| Error::InvalidArgument(format!("model bug: {u:?}")))
+        Ok(resp)
     }
 
     /// A standalone DeleteRange.
@@ -410,22 +404,31 @@ impl Model {
         reply
     }
 
-    /// A Txn. Panics if the txn is one whose outcome etcd leaves undefined; check with
-    /// [`Model::txn_defined`] first.
+    /// A Txn.
     pub fn txn(&mut self, req: &TxnRequest) -> Result<TxnResponse, Error> {
-        match self.try_txn(req) {
-            Ok(result) => result,
-            Err(u) => panic!("model: txn with undefined outcome ({}): {req:?}", u.0),
+        self.admit_txn(req)?;
+        if !req.is_read_only() {
+            self.apply_gate(space::txn_cost(req))?;
         }
-    }
-
-    /// Returns false if running `req` now would reach a state etcd leaves undefined: an
-    /// `ignore_value`/`ignore_lease` Put that passed the pre-check (the key existed at the
-    /// start of the txn) but whose key an earlier op of the same txn deleted (only possible
-    /// through the `range_end = "\0"` quirk of the duplicate-key check). etcd 3.5+ panics
-    /// there.
-    pub fn txn_defined(&self, req: &TxnRequest) -> bool {
-        self.clone().try_txn(req).is_ok()
+        let path = self.path(req);
+        self.precheck(req, &path)?;
+        if !req.is_read_only() {
+            let mut puts = Vec::new();
+            chosen_puts(req, &path, &mut puts);
+            let planned: Vec<PlannedPut> = puts.into_iter().map(|p| self.planned_put(p)).collect();
+            self.check_limits(&planned)?;
+        }
+        let mut w = Writer::new(self);
+        let responses = w.txn(req, &path);
+        let header = ResponseHeader {
+            revision: w.read_rev(),
+        };
+        w.finish();
+        Ok(TxnResponse {
+            header,
+            succeeded: path.succeeded,
+            responses,
+        })
     }
 
     /// A compaction. The model keeps the history: reads below the compaction revision are
@@ -1195,43 +1198,6 @@ impl Model {
 
     // ---- Txn -------------------------------------------------------------------------------
 
-    fn try_txn(&mut self, req: &TxnRequest) -> Result<Result<TxnResponse, Error>, Undefined> {
-        if let Err(e) = self.admit_txn(req) {
-            return Ok(Err(e));
-        }
-        if !req.is_read_only()
-            && let Err(e) = self.apply_gate(space::txn_cost(req))
-        {
-            return Ok(Err(e));
-        }
-        let path = self.path(req);
-        if let Err(e) = self.precheck(req, &path) {
-            return Ok(Err(e));
-        }
-        if !req.is_read_only() {
-            let mut puts = Vec::new();
-            chosen_puts(req, &path, &mut puts);
-            let planned: Vec<PlannedPut> = puts.into_iter().map(|p| self.planned_put(p)).collect();
-            if let Err(e) = self.check_limits(&planned) {
-                return Ok(Err(e));
-            }
-        }
-        // Run on a copy so that an undefined outcome leaves the model untouched.
-        let mut work = self.clone();
-        let mut w = Writer::new(&mut work);
-        let responses = w.txn(req, &path)?;
-        let header = ResponseHeader {
-            revision: w.read_rev(),
-        };
-        w.finish();
-        *self = work;
-        Ok(Ok(TxnResponse {
-            header,
-            succeeded: path.succeeded,
-            responses,
-        }))
-    }
-
     /// The checks before anything runs: for a txn that may write the alarm gate, then
     /// validation (the op budget, keys, duplicate keys), then the request size.
     fn admit_txn(&mut self, req: &TxnRequest) -> Result<(), Error> {
@@ -1282,11 +1248,21 @@ impl Model {
     fn precheck(&self, req: &TxnRequest, path: &Path) -> Result<(), Error> {
         if !req.is_read_only() {
             // Inside a txn each Put checks the key the ignore flags need, then its lease,
-            // one Put after the other.
+            // one Put after the other. The key must still be there when the Put runs: a
+            // from-key delete earlier in the txn (which etcd's duplicate-key check lets
+            // through, and after which etcd panics) removes it, and kvd refuses the txn.
+            let mut from_key_deletes: Vec<Vec<u8>> = Vec::new();
             walk_chosen(req, path, &mut |op| match op {
+                RequestOp::DeleteRange(d) if d.range_end.as_ref() == [0] => {
+                    from_key_deletes.push(d.key.to_vec());
+                    Ok(())
+                }
                 RequestOp::Put(p)
                     if (p.ignore_value || p.ignore_lease)
-                        && self.get(&p.key, self.current).is_none() =>
+                        && (self.get(&p.key, self.current).is_none()
+                            || from_key_deletes
+                                .iter()
+                                .any(|start| p.key.as_ref() >= &start[..])) =>
                 {
                     Err(Error::KeyNotFound)
                 }
@@ -1586,14 +1562,13 @@ impl<'m> Writer<'m> {
         self.model.range_at(req, rev, cur)
     }
 
-    fn put(&mut self, req: &PutRequest) -> Result<PutResponse, Undefined> {
+    fn put(&mut self, req: &PutRequest) -> PutResponse {
         let rev = self.begin + 1;
         let prev = self.model.get(&req.key, self.read_rev()).cloned();
-        if (req.ignore_value || req.ignore_lease) && prev.is_none() {
-            return Err(Undefined(
-                "ignore_value/ignore_lease Put of a key deleted earlier in the txn",
-            ));
-        }
+        assert!(
+            prev.is_some() || !(req.ignore_value || req.ignore_lease),
+            "model bug: the pre-check let through an ignore flag with no key to keep: {req:?}"
+        );
         let value = match (&prev, req.ignore_value) {
             (Some(p), true) => p.value.clone(),
             _ => req.value.clone(),
@@ -1620,10 +1595,10 @@ impl<'m> Writer<'m> {
                 kv: Some(kv),
             });
         self.changes += 1;
-        Ok(PutResponse {
+        PutResponse {
             header: ResponseHeader { revision: rev },
             prev_kv: if req.prev_kv { prev } else { None },
-        })
+        }
     }
 
     fn delete(&mut self, req: &DeleteRangeRequest) -> DeleteRangeResponse {
@@ -1650,7 +1625,7 @@ impl<'m> Writer<'m> {
         }
     }
 
-    fn txn(&mut self, req: &TxnRequest, path: &Path) -> Result<Vec<ResponseOp>, Undefined> {
+    fn txn(&mut self, req: &TxnRequest, path: &Path) -> Vec<ResponseOp> {
         let branch = if path.succeeded {
             &req.success
         } else {
@@ -1661,22 +1636,22 @@ impl<'m> Writer<'m> {
         for op in branch {
             let resp = match op {
                 RequestOp::Range(r) => ResponseOp::Range(self.range(r)),
-                RequestOp::Put(p) => ResponseOp::Put(self.put(p)?),
+                RequestOp::Put(p) => ResponseOp::Put(self.put(p)),
                 RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(self.delete(d)),
                 RequestOp::Txn(t) => {
-                    let Some(p) = nested.next() else {
-                        return Err(Undefined("model bug: compare path shorter than the txn"));
-                    };
+                    let p = nested
+                        .next()
+                        .expect("model bug: compare path shorter than the txn");
                     // Nested txn responses carry an all-zero header.
                     ResponseOp::Txn(TxnResponse {
                         header: ResponseHeader::default(),
                         succeeded: p.succeeded,
-                        responses: self.txn(t, p)?,
+                        responses: self.txn(t, p),
                     })
                 }
             };
             responses.push(resp);
         }
-        Ok(responses)
+        responses
     }
 }
