@@ -97,7 +97,8 @@ read -r -a ETCD_EXTRA <<<"${ETCD_ARGS:-}"
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer, got '$ROUNDS'"
 [[ $TOTAL_SCALE =~ ^[1-9][0-9]*$ ]] || die "TOTAL_SCALE must be a positive integer, got '$TOTAL_SCALE'"
 for w in $WORKLOADS; do
-  case $w in put64|put1|range1k|watch|put16c1) ;; *) die "unknown workload '$w' (known: put64 put1 range1k watch put16c1)" ;; esac
+  case $w in put64|put1|range1k|watch|put16c1|range64|range64s|txn64|lease64|stm64|watchlat) ;;
+    *) die "unknown workload '$w' (known: put64 put1 range1k watch put16c1 range64 range64s txn64 lease64 stm64 watchlat)" ;; esac
 done
 [[ -n ${WORKLOADS// /} ]] || die "WORKLOADS is empty"
 
@@ -114,7 +115,7 @@ ETCD=${ETCD:-etcd}
 ETCD_BIN=$(command -v "$ETCD" 2>/dev/null) || die "etcd not found (ETCD=$ETCD); install it (Debian: apt-get install etcd-server) or set ETCD"
 [[ -x $ETCD_BIN ]] || die "ETCD=$ETCD_BIN is not executable"
 
-if [[ " $WORKLOADS " == *" range1k "* ]]; then
+if [[ " $WORKLOADS " == *" range1k "* || " $WORKLOADS " == *" range64"* ]]; then
   ETCDCTL=${ETCDCTL:-etcdctl}
   ETCDCTL_BIN=$(command -v "$ETCDCTL" 2>/dev/null) || die "etcdctl not found (ETCDCTL=$ETCDCTL); needed to preload range1k (Debian: apt-get install etcd-client) or set ETCDCTL"
 fi
@@ -440,12 +441,35 @@ bench_args() {
     watch)
       t=$(scaled 2000 1); OPS=$((t * 10 * 100))   # every put reaches all 10*100 watchers of the one key
       BENCH+=(watch --streams 10 --watch-per-stream 100 --put-total "$t" --put-rate 100000) ;;
+    range64)
+      t=$(scaled 100000); OPS=$t
+      BENCH+=(--clients=64 --conns=8 range one --total="$t") ;;
+    range64s)
+      t=$(scaled 100000); OPS=$t
+      BENCH+=(--clients=64 --conns=8 range one --consistency=s --total="$t") ;;
+    txn64)
+      t=$(scaled 50000); OPS=$t
+      BENCH+=(--clients=64 --conns=8 txn-put --total="$t" --txn-ops=4 --val-size=256 --key-size=16 --key-space-size=1000000000) ;;
+    lease64)
+      t=$(scaled 100000); OPS=$t
+      BENCH+=(--clients=64 --conns=8 lease-keepalive --total="$t") ;;
+    stm64)
+      t=$(scaled 20000); OPS=$t
+      BENCH+=(--clients=64 --conns=8 stm --total="$t" --keys=100000 --keys-per-txn=4 --val-size=256) ;;
+    watchlat)
+      t=$(scaled 2000); OPS=$t
+      BENCH+=(watch-latency --total="$t" --put-rate=1000 --key-size=16 --val-size=256) ;;
   esac
 }
 
 # preload WORKLOAD PORT LOGFILE
 preload() {
   local w=$1 port=$2 logf=$3
+  if [[ $w == range64 || $w == range64s ]]; then
+    printf 'v%.0s' {1..256} | ETCDCTL_API=3 timeout 60 "$ETCDCTL_BIN" --endpoints="127.0.0.1:$port" put one >>"$logf" 2>&1 ||
+      { log "ERROR: preload of 'one' failed (see $logf)"; return 1; }
+    return 0
+  fi
   [[ $w == range1k ]] || return 0
   local val txn b i count
   val=$(printf 'v%.0s' {1..256})

@@ -536,7 +536,7 @@ fn last_event(create: &WatchCreateRequest, end: i64) -> Option<i64> {
         None
     } else if !no_delete && start <= end {
         Some(end)
-    } else if !no_put && start <= end - 1 {
+    } else if !no_put && start < end {
         Some(end - 1)
     } else {
         None
