@@ -31,8 +31,9 @@
 #   Also needed: python3, curl, coreutils' timeout; etcdctl for range1k.
 #   KVD_ARGS        extra flags for kvd  (word-split), e.g. KVD_ARGS="--log-level warn"
 #   ETCD_ARGS       extra flags for etcd (word-split)
-#   WORKLOADS       space-separated subset of: put64 put1 range1k watch put16c1
-#                   (default: the first four, issue 9's; put16c1 only when named)
+#   WORKLOADS       space-separated subset of: put64 put1 range1k watch put16c1 range64
+#                   range64s txn64 lease64 stm64 watchlat (default: the first four, issue
+#                   9's; the others only when named)
 #   ROUNDS          rounds per workload (default 3)
 #   TOTAL_SCALE     divide every workload's request total by this (default 1;
 #                   e.g. 20 or 50 for a quick smoke run), but not below 100 requests
@@ -63,6 +64,19 @@
 #           (The benchmark's own `put --sequential-keys` writes binary varint keys,
 #           the first of which is all NUL bytes, which no argv can name; so its keys
 #           cannot be covered by one range given on the command line.)
+#   range64 preload one key `one` (256-byte value) with etcdctl, then: --clients=64 --conns=8
+#           range one --total=100000/S   (linearizable); range64s the same with
+#           --consistency=s (serializable)
+#   txn64   --clients=64 --conns=8 txn-put --total=50000/S --txn-ops=4 --val-size=256
+#           --key-size=16 --key-space-size=1000000000
+#   lease64 --clients=64 --conns=8 lease-keepalive --total=100000/S
+#   stm64   --clients=64 --conns=8 stm --total=20000/S --keys=100000 --keys-per-txn=4
+#           --val-size=256   (repeatable-read STM: a read of 4 keys, then a Txn whose
+#           compares check their mod revisions and writes half of them)
+#   watchlat watch-latency --total=2000/S --put-rate=1000 --key-size=16 --val-size=256:
+#           throughput is about the put rate asked; p99 is the time from a put's
+#           answer to its event at the one watcher (near zero when the event came
+#           before the answer)
 #   watch   watch --streams 10 --watch-per-stream 100 --put-total 2000/S --put-rate 100000
 #           All 1,000 watchers watch the same key, so each put produces 1,000 events;
 #           throughput = "Requests/sec" of the "Watch events received summary" (events
