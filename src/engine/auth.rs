@@ -17,6 +17,11 @@
 //!   it in apply order left it; a refusal there changes nothing. So a write admitted before
 //!   a permission is revoked, and applied after the revoke, is refused, as etcd's applier
 //!   refuses it.
+//! - PERM-5: the `auth_check_*` calls first run the request's own checks that etcd makes
+//!   before its permission check (the alarm gate of a write, etcd's quota check; then
+//!   validation, VAL-1), so a request both invalid and denied gets etcd's error, which is
+//!   the validation's (etcd checks permissions when it applies or serves a request, after
+//!   its gRPC layer validated it).
 //!
 //! Contact points: `server::auth` and the KV, Watch, Lease and Maintenance services.
 
@@ -26,6 +31,7 @@ use crate::api::{DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnReq
 use crate::auth::{Access, AuthRequest, Role, User};
 use crate::engine::Completion;
 use crate::error::{Result, StorageError};
+use crate::mvcc::validate;
 use crate::storage::WriteBatch;
 use crate::sync;
 
@@ -104,29 +110,34 @@ impl Engine {
         Ok(sync::read(&self.shared()?.auth).is_root(user))
     }
 
-    /// Checks a Range: read on its range.
+    /// Checks a Range: its validation, then read on its range (PERM-5).
     pub fn auth_check_range(&self, user: Option<&str>, req: &RangeRequest) -> Result<()> {
+        validate::check_range(req)?;
         self.auth_check(user, &req.key, &req.range_end, Access::Read)
     }
 
-    /// Checks a Put: write on its key, write on the keys of its lease (PERM-3), read on
-    /// its key for `prev_kv`.
+    /// Checks a Put: the checks before it is queued (PERM-5), then write on its key, write
+    /// on the keys of its lease (PERM-3), read on its key for `prev_kv`.
     pub fn auth_check_put(&self, user: Option<&str>, req: &PutRequest) -> Result<()> {
+        self.admit_put(req)?;
         check_put(self.shared()?, user, req)
     }
 
-    /// Checks a DeleteRange: read on its range for `prev_kv`, then write on it.
+    /// Checks a DeleteRange: its validation (PERM-5), then read on its range for
+    /// `prev_kv`, then write on it.
     pub fn auth_check_delete_range(
         &self,
         user: Option<&str>,
         req: &DeleteRangeRequest,
     ) -> Result<()> {
+        validate::check_delete(req)?;
         check_delete_range(self.shared()?, user, req)
     }
 
-    /// Checks a Txn: every compare needs read, every op of both branches its own check,
-    /// nested Txns included (PERM-2).
+    /// Checks a Txn: the checks before it is queued or served (PERM-5), then every compare
+    /// needs read, every op of both branches its own check, nested Txns included (PERM-2).
     pub fn auth_check_txn(&self, user: Option<&str>, req: &TxnRequest) -> Result<()> {
+        self.admit_txn(req)?;
         check_txn(self.shared()?, user, req)
     }
 

@@ -844,10 +844,7 @@ impl Engine {
         options: &WriteOptions,
         done: Completion<PutResponse>,
     ) {
-        let admitted = self
-            .alarm_gate(space::put_cost(req.key.len(), req.value.len()))
-            .and_then(|()| validate::check_put(&req));
-        if let Err(e) = admitted {
+        if let Err(e) = self.admit_put(&req) {
             return done(Err(e));
         }
         self.enqueue_with(Proposal::Put(req, done), options);
@@ -934,21 +931,11 @@ impl Engine {
         options: &WriteOptions,
         done: Completion<TxnResponse>,
     ) {
-        let max_txn_ops = match self.shared() {
-            Ok(shared) => shared.config.max_txn_ops,
-            Err(e) => return done(Err(e)),
-        };
-        if req.is_read_only() {
-            // A read: no alarm gate, served locally (etcd serves it under CORRUPT too).
-            let answer =
-                validate::check_txn(&req, max_txn_ops).and_then(|()| self.read_only_txn(&req));
-            return done(answer);
-        }
-        let admitted = self
-            .alarm_gate(space::txn_cost(&req))
-            .and_then(|()| validate::check_txn(&req, max_txn_ops));
-        if let Err(e) = admitted {
+        if let Err(e) = self.admit_txn(&req) {
             return done(Err(e));
+        }
+        if req.is_read_only() {
+            return done(self.read_only_txn(&req));
         }
         self.enqueue_with(Proposal::Txn(req, done), options);
     }
@@ -1746,6 +1733,24 @@ impl Engine {
     /// request): refuses fast while an alarm blocks a write of `cost`. The space check
     /// itself is exact only in the apply thread, which measures when the estimate is near
     /// the quota.
+    /// A Put's checks before it is queued, in etcd's order: the alarm gate (etcd's quota
+    /// check), then validation (VAL-1). The permission check comes after them (PERM-5).
+    pub(super) fn admit_put(&self, req: &PutRequest) -> Result<()> {
+        self.alarm_gate(space::put_cost(req.key.len(), req.value.len()))?;
+        validate::check_put(req)
+    }
+
+    /// A Txn's checks before it is queued or served, as [`Engine::admit_put`]'s. A
+    /// read-only Txn passes no alarm gate: it is a read, served locally (etcd serves it
+    /// under CORRUPT too).
+    pub(super) fn admit_txn(&self, req: &TxnRequest) -> Result<()> {
+        let max_txn_ops = self.shared()?.config.max_txn_ops;
+        if !req.is_read_only() {
+            self.alarm_gate(space::txn_cost(req))?;
+        }
+        validate::check_txn(req, max_txn_ops)
+    }
+
     fn alarm_gate(&self, cost: u64) -> Result<()> {
         let shared = self.shared()?;
         let alarms = crate::sync::lock(&shared.alarms);

@@ -204,6 +204,54 @@ fn the_auth_store_and_the_enabled_state_survive_a_restart_as_in_etcd() {
 }
 
 #[tokio::test]
+async fn an_invalid_request_gets_its_validation_error_before_a_denial() {
+    // etcd validates a request in its gRPC layer and checks permissions only when it
+    // serves or applies it (PERM-5): alice, who may not touch /other/, gets the
+    // validation's error for an invalid request there, and the denial for a valid one.
+    let server = common::start_kvd(&[]);
+    let channel = connect(&server.endpoint).await;
+    let (_root, alice) = tenant(&channel).await;
+    let mut kv = KvClient::new(channel);
+    let op = |key: &str| pb::RequestOp {
+        request: Some(pb::request_op::Request::RequestPut(put(key, "x"))),
+    };
+    let twice = pb::TxnRequest {
+        success: vec![op("/other/a"), op("/other/a")],
+        ..pb::TxnRequest::default()
+    };
+    let message = "etcdserver: duplicate key given in txn request";
+    assert_status(
+        kv.txn(common::with_token(&alice, twice)).await,
+        Code::InvalidArgument,
+        message,
+    );
+    let keep_value = pb::PutRequest {
+        ignore_value: true,
+        ..put("/other/a", "x")
+    };
+    assert_status(
+        kv.put(common::with_token(&alice, keep_value)).await,
+        Code::InvalidArgument,
+        "etcdserver: value is provided",
+    );
+    let once = pb::TxnRequest {
+        success: vec![op("/other/a")],
+        ..pb::TxnRequest::default()
+    };
+    assert_status(
+        kv.txn(common::with_token(&alice, once)).await,
+        Code::PermissionDenied,
+        DENIED,
+    );
+    assert_status(
+        kv.put(common::with_token(&alice, put("/other/a", "x")))
+            .await,
+        Code::PermissionDenied,
+        DENIED,
+    );
+}
+
+#[tokio::test]
 async fn the_three_etcd_3_4_holes_are_closed() {
     let mut server = common::start_kvd(&[]);
     let channel = connect(&server.endpoint).await;
