@@ -8,8 +8,8 @@
 //!   a temporary data directory, run etcdctl bounded in time, plain HTTP requests).
 //! - `client_crate`: the `etcd-client` crate (0.21) against kvd.
 //! - `differential`: seeded random sequences of KV, lease and watch calls, and of KV calls
-//!   under auth with permission changes, over gRPC to kvd and to etcd 3.4.23, every answer
-//!   compared.
+//!   under auth with permission changes, over gRPC (and the KV and lease calls as JSON
+//!   through the gateways) to kvd and to etcd 3.4.23, every answer compared.
 //! - `etcdctl`: etcdctl 3.4 scenarios against kvd and against etcd 3.4.23, the transcripts
 //!   compared.
 //! - `gateway`: the JSON gateway (`/v3/...`) over plain HTTP, differential against etcd
