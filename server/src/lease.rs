@@ -19,6 +19,8 @@
 //!   the lease (PERM-3); grant, keep-alive, time-to-live and list are unchecked (etcd 3.4).
 //! - LEASE-SRV-6: LeaseGrant and LeaseRevoke take a `kvd-operation-id` as the KV writes do
 //!   (KV-2, OPID-1).
+//! - LEASE-SRV-7: a keep-alive is answered in the stream's own task on the connection's
+//!   thread (`Node::quick`: the lessor's lock, no disk), never through the blocking pool.
 //!
 //! Contact points: `server::convert` (messages), `server::node` (engine calls, shutdown),
 //! `server::operation` (operation ids).
@@ -166,9 +168,11 @@ async fn keep_alive_loop(
                 return;
             }
         };
+        // LEASE-SRV-7: a renewal takes the lessor's lock for a moment and touches no disk,
+        // so it runs here, not on the blocking pool (a hop there and back cost two thread
+        // wake-ups per keep-alive).
         let answer = node
-            .call(move |engine| engine.lease_keep_alive(id))
-            .await
+            .quick(|engine| engine.lease_keep_alive(id))
             .map(|resp| node.ids.lease_keep_alive(resp));
         let failed = answer.is_err();
         // LEASE-SRV-3: `send` waits for room before the next request is read.

@@ -186,8 +186,8 @@ impl Node {
     }
 
     /// Runs `f` against the engine in the caller's thread: only for the auth store's reads
-    /// and permission checks, which take short locks and never touch the disk (an
-    /// exception to NODE-1, like admission).
+    /// and permission checks and lease renewals, which take short locks and never touch the
+    /// disk (an exception to NODE-1, like admission).
     pub fn quick<T>(&self, f: impl FnOnce(&Engine) -> Result<T>) -> std::result::Result<T, Status> {
         let engine = self.engine()?;
         f(&engine).map_err(|err| self.engine_error(&err, false))
