@@ -25,7 +25,9 @@
 //! A second sequence does the same under auth: root, three users and three roles with
 //! random permissions; each KV call is made as a random user (or root, or nobody), and one
 //! call in eight grants or revokes a permission or a role as root. Denials are compared as
-//! any other answer. It keeps out what kvd does as etcd 3.6 does, on purpose
+//! any other answer. Halfway both servers are stopped and started again on their data: the
+//! auth store, the permissions and the keys must come back, and the old tokens be refused
+//! alike. It keeps out what kvd does as etcd 3.6 does, on purpose
 //! (`docs/design/auth.md`): nested Txns, a Put's `prev_kv` inside a Txn, inverted ranges,
 //! and a re-grant on a key that holds a permission with another range end.
 //!
@@ -258,8 +260,8 @@ async fn kvd_grants_and_denies_a_random_call_sequence_as_etcd_does() {
         .ok()
         .map(|text| text.parse().expect("KVD_DIFFERENTIAL_CALLS is a count"))
         .unwrap_or(AUTH_CALLS);
-    let kvd = common::start_kvd(&[]);
-    let etcd = common::start_etcd();
+    let mut kvd = common::start_kvd(&[]);
+    let mut etcd = common::start_etcd();
     let mut servers = [
         Secured::connect(&kvd.endpoint).await,
         Secured::connect(&etcd.endpoint).await,
@@ -306,7 +308,13 @@ async fn kvd_grants_and_denies_a_random_call_sequence_as_etcd_does() {
 
     let mut tally = Tally::default();
     let mut denied = 0;
+    // The servers started again halfway, kept here so that the first ones' data directories
+    // (which `kvd` and `etcd` own) outlive them.
+    let mut restarted: Vec<common::Server> = Vec::new();
     for index in 0..calls {
+        if index == calls / 2 {
+            restarted = restart_both(&mut kvd, &mut etcd, &mut servers).await;
+        }
         let (label, answers) = if draw.chance(12) {
             let admin = match draw.admin(&held) {
                 Admin::Grant(role, perm) => Admin::Grant(role, held.regrant(role, perm)),
@@ -354,6 +362,7 @@ async fn kvd_grants_and_denies_a_random_call_sequence_as_etcd_does() {
         }
         draw.learn(&from_kvd);
     }
+    drop(restarted);
     println!("seed {seed:#x}: {calls} calls compared under auth, {denied} denied; {tally:?}");
     if calls == AUTH_CALLS {
         assert!(denied >= 100, "only {denied} denials");
@@ -405,6 +414,49 @@ impl Held {
             _ => {}
         }
     }
+}
+
+/// Stops both servers with SIGTERM and starts them again on their data, and checks that the
+/// tokens issued before are refused alike (neither keeps tokens across a restart); then
+/// logs everyone in again. Returns the new servers; `servers` talks to them.
+async fn restart_both(
+    kvd: &mut common::Server,
+    etcd: &mut common::Server,
+    servers: &mut [Secured; 2],
+) -> Vec<common::Server> {
+    let old_tokens = [
+        servers[0].tokens["u0"].clone(),
+        servers[1].tokens["u0"].clone(),
+    ];
+    assert_eq!(
+        kvd.signal_and_wait("-TERM"),
+        Some(0),
+        "kvd's exit; log:\n{}",
+        kvd.log()
+    );
+    etcd.signal_and_wait("-TERM");
+    let kvd_again = common::start_kvd_in(&kvd.data_dir, &[]).unwrap();
+    let etcd_again = common::restart_etcd(etcd);
+    *servers = [
+        Secured::connect(&kvd_again.endpoint).await,
+        Secured::connect(&etcd_again.endpoint).await,
+    ];
+    let read = Call::Range(RangeRequest {
+        key: Bytes::from_static(b"a"),
+        ..RangeRequest::default()
+    });
+    let [kvd_client, etcd_client] = servers;
+    let from_kvd = kvd_client.client.send_as(&read, Some(&old_tokens[0])).await;
+    let from_etcd = etcd_client
+        .client
+        .send_as(&read, Some(&old_tokens[1]))
+        .await;
+    assert_eq!(from_kvd, from_etcd, "a token from before the restart");
+    assert!(matches!(from_kvd, Answer::Refused { .. }), "{from_kvd:?}");
+    for server in servers.iter_mut() {
+        server.log_in().await;
+    }
+    vec![kvd_again, etcd_again]
 }
 
 /// Makes `admin` on both servers, kvd first.
