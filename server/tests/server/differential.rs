@@ -971,46 +971,24 @@ fn last_event(create: &WatchCreateRequest, end: i64) -> Option<i64> {
 /// Returns the events of revisions `from` to `to` of every key, as a watch with previous
 /// key-values sends them, one line per event.
 async fn history(endpoint: &str, from: i64, to: i64) -> Vec<String> {
-    let (requests, receiver) = tokio::sync::mpsc::channel(1);
-    let create = WatchCreateRequest {
+    let mut watches = Watches::open(endpoint).await;
+    let everything = WatchCreateRequest {
         key: Bytes::from_static(b"\x00"),
         range_end: Bytes::from_static(b"\x00"),
         start_revision: from,
         prev_kv: true,
         ..WatchCreateRequest::default()
     };
-    requests
-        .send(WatchRequest {
-            request_union: Some(RequestUnion::CreateRequest(create)),
-        })
-        .await
-        .unwrap();
-    let mut responses = WatchClient::new(connect(endpoint).await)
-        .watch(ReceiverStream::new(receiver))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut events = Vec::new();
-    let mut last = 0;
-    while last < to {
-        let response = tokio::time::timeout(PATIENCE, responses.message())
-            .await
-            .unwrap_or_else(|_| panic!("the history reached revision {last} of {to}"))
-            .unwrap()
-            .expect("the watch stream stays open");
-        assert!(!response.canceled, "{response:?}");
-        for event in &response.events {
-            let kv = event.kv.clone().unwrap_or_default();
-            last = kv.mod_revision;
-            let mut line = format!("{:?} ", event.r#type);
-            describe_kv(&mut line, &kv);
-            line.push_str(" prev ");
-            line.push_str(&describe_prev(event.prev_kv.as_ref()));
-            events.push(line);
-        }
-    }
-    drop(requests);
-    events
+    let created = watches.create(everything).await;
+    assert!(matches!(created, Answer::Done { .. }), "{created:?}");
+    watches.settle(to).await;
+    assert!(
+        watches.canceled.is_empty(),
+        "the history's watch was canceled"
+    );
+    // The one watch's lines, after its creation.
+    let lines = watches.seen.into_values().next().unwrap_or_default();
+    lines.into_iter().skip(1).collect()
 }
 
 /// Returns `message` as a request, with the auth `token` if there is one.
