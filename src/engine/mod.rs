@@ -1729,10 +1729,6 @@ impl Engine {
         read::read_only_txn(&index, &snapshot, req, current)
     }
 
-    /// The admission half of the alarm gate (etcd checks the quota before validating the
-    /// request): refuses fast while an alarm blocks a write of `cost`. The space check
-    /// itself is exact only in the apply thread, which measures when the estimate is near
-    /// the quota.
     /// A Put's checks before it is queued, in etcd's order: the alarm gate (etcd's quota
     /// check), then validation (VAL-1). The permission check comes after them (PERM-5).
     pub(super) fn admit_put(&self, req: &PutRequest) -> Result<()> {
@@ -1751,6 +1747,10 @@ impl Engine {
         validate::check_txn(req, max_txn_ops)
     }
 
+    /// The admission half of the alarm gate (etcd checks the quota before validating the
+    /// request): refuses fast while an alarm blocks a write of `cost`. The space check
+    /// itself is exact only in the apply thread, which measures when the estimate is near
+    /// the quota.
     fn alarm_gate(&self, cost: u64) -> Result<()> {
         let shared = self.shared()?;
         let alarms = crate::sync::lock(&shared.alarms);
