@@ -74,9 +74,10 @@
 #           --val-size=256   (repeatable-read STM: a read of 4 keys, then a Txn whose
 #           compares check their mod revisions and writes half of them)
 #   watchlat watch-latency --total=2000/S --put-rate=1000 --key-size=16 --val-size=256:
-#           throughput is about the put rate asked; p99 is the time from a put's
-#           answer to its event at the one watcher (near zero when the event came
-#           before the answer)
+#           throughput is the put rate the client reached (its limiter lets a burst
+#           of --put-rate puts go at once, so 2,000 puts take about a second); p99 is
+#           the time from a put's answer to its event at the one watcher (near zero
+#           when the event came before the answer)
 #   watch   watch --streams 10 --watch-per-stream 100 --put-total 2000/S --put-rate 100000
 #           All 1,000 watchers watch the same key, so each put produces 1,000 events;
 #           throughput = "Requests/sec" of the "Watch events received summary" (events
