@@ -9,7 +9,8 @@
 //! - AUTHZ-1: while auth is enabled each RPC resolves its caller and passes the engine's
 //!   permission check before the engine call (read on a Range's range, write on a Put's key
 //!   and its lease's keys, read and write on a DeleteRange's range, every compare and op of
-//!   a Txn, nested ones included); a denial changes nothing. Compact is unchecked (etcd).
+//!   a Txn, nested ones included); a denial changes nothing, and an invalid request gets its
+//!   validation error first (PERM-5). Compact is unchecked (etcd).
 //! - AUTHZ-2: every write goes to the engine with its caller, so the engine checks it
 //!   again in apply order (PERM-4): a write admitted before a permission was revoked and
 //!   applied after the revoke is refused.
@@ -55,11 +56,9 @@ impl Kv for KvService {
     ) -> Result<Response<RangeResponse>, Status> {
         let user = auth::authenticated_user(&self.node, &request)?;
         let req = convert::range_request(request.into_inner());
-        // An empty key fails validation first, as in etcd (AUTHZ-1).
-        if !req.key.is_empty() {
-            self.node
-                .quick(|e| e.auth_check_range(user.as_deref(), &req))?;
-        }
+        // The check validates first (an empty key is `key is not provided`, PERM-5).
+        self.node
+            .quick(|e| e.auth_check_range(user.as_deref(), &req))?;
         // RWIRE-1: the key-values go out as the engine wrote them.
         let answer = self.node.range(req).await?;
         Ok(Response::new(RangeResponse {
@@ -75,10 +74,8 @@ impl Kv for KvService {
         let options = operation::write_options(request.metadata())?;
         let user = auth::authenticated_user(&self.node, &request)?;
         let req = convert::put_request(request.into_inner());
-        if !req.key.is_empty() {
-            self.node
-                .quick(|e| e.auth_check_put(user.as_deref(), &req))?;
-        }
+        self.node
+            .quick(|e| e.auth_check_put(user.as_deref(), &req))?;
         // AUTHZ-2: checked again in apply order, as this caller.
         let with = kvd::WriteOptions {
             caller: Some(user.clone()),
@@ -103,10 +100,8 @@ impl Kv for KvService {
         let options = operation::write_options(request.metadata())?;
         let user = auth::authenticated_user(&self.node, &request)?;
         let req = convert::delete_range_request(request.into_inner());
-        if !req.key.is_empty() {
-            self.node
-                .quick(|e| e.auth_check_delete_range(user.as_deref(), &req))?;
-        }
+        self.node
+            .quick(|e| e.auth_check_delete_range(user.as_deref(), &req))?;
         // AUTHZ-2: checked again in apply order, as this caller.
         let with = kvd::WriteOptions {
             caller: Some(user.clone()),

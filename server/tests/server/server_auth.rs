@@ -249,6 +249,24 @@ async fn an_invalid_request_gets_its_validation_error_before_a_denial() {
         Code::PermissionDenied,
         DENIED,
     );
+    // An empty key is `key is not provided` for every kind, never a denial.
+    let empty = "etcdserver: key is not provided";
+    assert_status(
+        kv.range(common::with_token(&alice, range("", b""))).await,
+        Code::InvalidArgument,
+        empty,
+    );
+    assert_status(
+        kv.put(common::with_token(&alice, put("", "x"))).await,
+        Code::InvalidArgument,
+        empty,
+    );
+    let delete = pb::DeleteRangeRequest::default();
+    assert_status(
+        kv.delete_range(common::with_token(&alice, delete)).await,
+        Code::InvalidArgument,
+        empty,
+    );
 }
 
 #[tokio::test]
