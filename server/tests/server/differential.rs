@@ -1611,7 +1611,7 @@ fn gateway_request(call: &Call) -> (&'static str, String) {
 fn gateway_answer(endpoint: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
     let answer = crate::gateway::post(endpoint, path, body);
     let mut value = answer.body;
-    mask_identity(&mut value);
+    crate::gateway::mask_keys(&mut value, crate::gateway::IDENTITY);
     if path == "/v3/lease/timetolive" {
         let ttl = value["TTL"].as_str().and_then(|t| t.parse::<i64>().ok());
         if let Some(ttl) = ttl {
@@ -1627,21 +1627,4 @@ fn gateway_answer(endpoint: &str, path: &str, body: &str) -> (u16, serde_json::V
         }
     }
     (answer.status, value)
-}
-
-/// Replaces the cluster id, member id and raft term with a mark, at any depth.
-fn mask_identity(value: &mut serde_json::Value) {
-    match value {
-        serde_json::Value::Object(map) => {
-            for (key, field) in map.iter_mut() {
-                if ["cluster_id", "member_id", "raft_term"].contains(&key.as_str()) {
-                    *field = serde_json::json!("<masked>");
-                } else {
-                    mask_identity(field);
-                }
-            }
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(mask_identity),
-        _ => {}
-    }
 }

@@ -66,8 +66,9 @@ pub fn post_with(endpoint: &str, path: &str, body: &str, headers: &str) -> Answe
     request(endpoint, "POST", path, body, headers)
 }
 
-/// Returns `value` with the fields named in `keys` replaced by "<masked>", at any depth.
-fn mask_keys(value: &mut Value, keys: &[&str]) {
+/// Returns `value` with the fields named in `keys` replaced by "<masked>", at any depth;
+/// `differential` uses it too.
+pub fn mask_keys(value: &mut Value, keys: &[&str]) {
     match value {
         Value::Object(map) => {
             for (key, field) in map.iter_mut() {
@@ -96,7 +97,7 @@ fn drop_keys(value: &mut Value, keys: &[&str]) {
 }
 
 /// Fields that differ between any two servers: identity and raft term.
-const IDENTITY: &[&str] = &["cluster_id", "member_id", "raft_term"];
+pub const IDENTITY: &[&str] = &["cluster_id", "member_id", "raft_term"];
 
 /// One step of the scenario: a request and what to mask in its answer.
 struct Step {
