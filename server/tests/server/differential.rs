@@ -97,14 +97,7 @@ const LEASES: [i64; 3] = [7_001, 7_002, 7_003];
 
 #[tokio::test]
 async fn kvd_answers_a_random_call_sequence_as_etcd_does() {
-    let seed = std::env::var("KVD_DIFFERENTIAL_SEED")
-        .ok()
-        .map(|text| text.parse().expect("KVD_DIFFERENTIAL_SEED is a u64"))
-        .unwrap_or(SEED);
-    let calls = std::env::var("KVD_DIFFERENTIAL_CALLS")
-        .ok()
-        .map(|text| text.parse().expect("KVD_DIFFERENTIAL_CALLS is a count"))
-        .unwrap_or(CALLS);
+    let (seed, calls) = sequence(SEED, CALLS);
     let kvd = common::start_kvd(&[]);
     let etcd = common::start_etcd();
     let mut kvd_client = Client::connect(&kvd.endpoint).await;
@@ -252,14 +245,7 @@ const ROLES: [&str; 3] = ["r0", "r1", "r2"];
 
 #[tokio::test]
 async fn kvd_grants_and_denies_a_random_call_sequence_as_etcd_does() {
-    let seed = std::env::var("KVD_DIFFERENTIAL_SEED")
-        .ok()
-        .map(|text| text.parse().expect("KVD_DIFFERENTIAL_SEED is a u64"))
-        .unwrap_or(AUTH_SEED);
-    let calls = std::env::var("KVD_DIFFERENTIAL_CALLS")
-        .ok()
-        .map(|text| text.parse().expect("KVD_DIFFERENTIAL_CALLS is a count"))
-        .unwrap_or(AUTH_CALLS);
+    let (seed, calls) = sequence(AUTH_SEED, AUTH_CALLS);
     let mut kvd = common::start_kvd(&[]);
     let mut etcd = common::start_etcd();
     let mut servers = [
@@ -625,6 +611,23 @@ impl Secured {
             },
         }
     }
+}
+
+/// The seed and call count of a sequence: `KVD_DIFFERENTIAL_SEED` and
+/// `KVD_DIFFERENTIAL_CALLS` when set (to run another sequence by hand), else the ones CI
+/// runs.
+fn sequence(seed: u64, calls: usize) -> (u64, usize) {
+    let seed = std::env::var("KVD_DIFFERENTIAL_SEED")
+        .ok()
+        .map_or(seed, |text| {
+            text.parse().expect("KVD_DIFFERENTIAL_SEED is a u64")
+        });
+    let calls = std::env::var("KVD_DIFFERENTIAL_CALLS")
+        .ok()
+        .map_or(calls, |text| {
+            text.parse().expect("KVD_DIFFERENTIAL_CALLS is a count")
+        });
+    (seed, calls)
 }
 
 /// One call of the sequence.
@@ -1543,14 +1546,7 @@ fn the_json_gateway_answers_a_random_call_sequence_as_etcds() {
     // and the two answers compared as JSON: status, and body with ids and the raft term
     // masked. This checks the mapping of every answer's shape (omitted defaults, int64s as
     // strings, base64 bytes, nested Txn answers, error bodies) against etcd's.
-    let seed = std::env::var("KVD_DIFFERENTIAL_SEED")
-        .ok()
-        .map(|text| text.parse().expect("KVD_DIFFERENTIAL_SEED is a u64"))
-        .unwrap_or(GATEWAY_SEED);
-    let calls = std::env::var("KVD_DIFFERENTIAL_CALLS")
-        .ok()
-        .map(|text| text.parse().expect("KVD_DIFFERENTIAL_CALLS is a count"))
-        .unwrap_or(GATEWAY_CALLS);
+    let (seed, calls) = sequence(GATEWAY_SEED, GATEWAY_CALLS);
     let kvd = common::start_kvd(&[]);
     let etcd = common::start_etcd();
     let mut draw = Draw::new(seed);
