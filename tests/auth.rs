@@ -446,3 +446,64 @@ fn writes_with_a_caller_are_checked_again_in_apply_order() {
     assert_eq!(engine.range(&RangeRequest::key("/x")).unwrap().count, 1);
     engine.close().unwrap();
 }
+
+#[test]
+fn a_write_with_a_caller_gets_its_own_errors_before_a_denial_and_reads_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path());
+    tenant(&engine);
+    let as_alice = kvd::WriteOptions {
+        caller: Some(Some("alice".into())),
+        ..kvd::WriteOptions::default()
+    };
+    // Invalid and denied: the validation's error, as etcd (PERM-5).
+    let invalid = PutRequest {
+        ignore_value: true,
+        ..PutRequest::new("/other/a", "v")
+    };
+    assert_eq!(
+        engine.put_with(invalid, &as_alice).unwrap_err(),
+        Error::ValueProvided
+    );
+    let no_key = DeleteRangeRequest::key("");
+    assert_eq!(
+        engine.delete_range_with(no_key, &as_alice).unwrap_err(),
+        Error::KeyNotProvided
+    );
+    let revision = engine.status().unwrap().header.revision;
+    assert_eq!(
+        engine
+            .put_with(PutRequest::new("/other/a", "v"), &as_alice)
+            .unwrap_err(),
+        Error::Auth(AuthError::PermissionDenied)
+    );
+    assert_eq!(
+        engine.status().unwrap().header.revision,
+        revision,
+        "the denied write changed nothing"
+    );
+    // A read-only Txn is served only if the caller may read every range it names.
+    engine
+        .put_with(PutRequest::new("/dev/a", "1"), &as_alice)
+        .unwrap();
+    let reads = |key: &str| TxnRequest {
+        compare: vec![],
+        success: vec![RequestOp::Range(RangeRequest::key(key.to_owned()))],
+        failure: vec![],
+    };
+    let mine = engine.txn_with(reads("/dev/a"), &as_alice).unwrap();
+    assert!(mine.succeeded);
+    assert_eq!(mine.responses.len(), 1);
+    assert_eq!(
+        engine.txn_with(reads("/other/a"), &as_alice).unwrap_err(),
+        Error::Auth(AuthError::PermissionDenied)
+    );
+    assert_eq!(
+        engine.txn_with(reads(""), &as_alice).unwrap_err(),
+        Error::KeyNotProvided,
+        "validation first"
+    );
+    // Without a caller nothing is checked (the embedder's own reads).
+    assert!(engine.txn(reads("/other/a")).unwrap().succeeded);
+    engine.close().unwrap();
+}

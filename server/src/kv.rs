@@ -3,17 +3,18 @@
 //! Owns: nothing but the glue from gRPC to [`kvd::Engine`].
 //!
 //! Invariants:
-//! - KV-1: each RPC translates its request (`convert`), makes one engine call (a read on the
-//!   blocking pool, a write submitted and awaited, NODE-1), and translates the answer or the
-//!   error (`status`); no semantics live here.
-//! - AUTHZ-1: while auth is enabled each RPC resolves its caller and passes the engine's
-//!   permission check before the engine call (read on a Range's range, write on a Put's key
-//!   and its lease's keys, read and write on a DeleteRange's range, every compare and op of
-//!   a Txn, nested ones included); a denial changes nothing, and an invalid request gets its
-//!   validation error first (PERM-5). Compact is unchecked (etcd).
-//! - AUTHZ-2: every write goes to the engine with its caller, so the engine checks it
-//!   again in apply order (PERM-4): a write admitted before a permission was revoked and
-//!   applied after the revoke is refused.
+//! - KV-1: each RPC translates its request (`convert`), makes one engine call (a read where
+//!   NODE-1 puts it, a write submitted and awaited), and translates the answer or the error
+//!   (`status`); no semantics live here.
+//! - AUTHZ-1: while auth is enabled each RPC resolves its caller and the engine checks its
+//!   permission (read on a Range's range, write on a Put's key and its lease's keys, read
+//!   and write on a DeleteRange's range, every compare and op of a Txn, nested ones
+//!   included) after the request's own checks (PERM-5): a Range through
+//!   `auth_check_range` before the read, a write or a read-only Txn as the caller it is
+//!   submitted with; a denial changes nothing. Compact is unchecked (etcd).
+//! - AUTHZ-2: every write goes to the engine with its caller, so the engine checks it at
+//!   admission and again in apply order (PERM-4): a write admitted before a permission was
+//!   revoked and applied after the revoke is refused.
 //! - KV-2: a write's `kvd-operation-id` metadata is checked before the engine is called and
 //!   handed to it as the write's options (OPID-1); a retry's answer is the engine's
 //!   recorded response, translated as any other.
@@ -74,9 +75,8 @@ impl Kv for KvService {
         let options = operation::write_options(request.metadata())?;
         let user = auth::authenticated_user(&self.node, &request)?;
         let req = convert::put_request(request.into_inner());
-        self.node
-            .quick(|e| e.auth_check_put(user.as_deref(), &req))?;
-        // AUTHZ-2: checked again in apply order, as this caller.
+        // PERM-5, AUTHZ-2: checked as this caller after the request's own checks, and
+        // again in apply order.
         let with = kvd::WriteOptions {
             caller: Some(user.clone()),
             ..options.clone()
@@ -100,9 +100,8 @@ impl Kv for KvService {
         let options = operation::write_options(request.metadata())?;
         let user = auth::authenticated_user(&self.node, &request)?;
         let req = convert::delete_range_request(request.into_inner());
-        self.node
-            .quick(|e| e.auth_check_delete_range(user.as_deref(), &req))?;
-        // AUTHZ-2: checked again in apply order, as this caller.
+        // PERM-5, AUTHZ-2: checked as this caller after the request's own checks, and
+        // again in apply order.
         let with = kvd::WriteOptions {
             caller: Some(user.clone()),
             ..options.clone()
@@ -124,19 +123,18 @@ impl Kv for KvService {
         let user = auth::authenticated_user(&self.node, &request)?;
         let req = convert::txn_request(request.into_inner(), self.node.settings.max_txn_ops)
             .map_err(|err| status::from_error(&err))?;
-        self.node
-            .quick(|e| e.auth_check_txn(user.as_deref(), &req))?;
-        if req.is_read_only() {
-            // A read, served in the caller's thread: keep it off the reactor (NODE-1). It
-            // changes nothing, so its id (if any) records nothing.
-            let resp = self.node.call(move |engine| engine.txn(req)).await?;
-            return Ok(Response::new(self.node.ids.txn(resp)));
-        }
-        // AUTHZ-2: checked again in apply order, as this caller.
+        // PERM-5, AUTHZ-2: checked as this caller after the request's own checks, and
+        // again in apply order.
         let with = kvd::WriteOptions {
             caller: Some(user.clone()),
             ..options.clone()
         };
+        if req.is_read_only() {
+            // A read: served here if small, else on the blocking pool (NODE-1). It changes
+            // nothing, so its id (if any) records nothing.
+            let resp = self.node.read_only_txn(req, with).await?;
+            return Ok(Response::new(self.node.ids.txn(resp)));
+        }
         let resp = self
             .node
             .submit(move |engine, done| {

@@ -16,7 +16,9 @@
 //! - LEASE-SRV-4: a request that cannot be decoded ends the stream with the decoder's status
 //!   (`INTERNAL`, as gRPC-go), never with OK.
 //! - LEASE-SRV-5: while auth is enabled LeaseRevoke needs write on every key attached to
-//!   the lease (PERM-3); grant, keep-alive, time-to-live and list are unchecked (etcd 3.4).
+//!   the lease (PERM-3), checked by the engine as the caller it is submitted with, at
+//!   admission and in apply order; grant, keep-alive, time-to-live and list are unchecked
+//!   (etcd 3.4).
 //! - LEASE-SRV-6: LeaseGrant and LeaseRevoke take a `kvd-operation-id` as the KV writes do
 //!   (KV-2, OPID-1).
 //! - LEASE-SRV-7: a keep-alive is answered in the stream's own task on the connection's
@@ -85,10 +87,9 @@ impl Lease for LeaseService {
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
         let options = operation::write_options(request.metadata())?;
         let id = request.get_ref().id;
-        // AUTH: write on every key attached to the lease (PERM-3).
+        // AUTH: write on every key attached to the lease (PERM-3), checked at submission
+        // and again in apply order.
         let user = auth::authenticated_user(&self.node, &request)?;
-        self.node
-            .quick(|e| e.auth_check_lease_revoke(user.as_deref(), id))?;
         let with = kvd::WriteOptions {
             caller: Some(user),
             ..options.clone()

@@ -7,7 +7,8 @@
 //! - NODE-1: an engine call that may block for long (large reads, defrag, snapshot, hash)
 //!   runs on tokio's blocking pool ([`Node::call`]), never on a reactor thread; a Range of
 //!   at most [`RANGE_INLINE_RECORDS_MAX`] records is read on the reactor thread
-//!   ([`Node::range`]). A write is
+//!   ([`Node::range`]), and so is a read-only Txn whose compares and ranges are bounded to
+//!   as many ([`Node::read_only_txn`]). A write is
 //!   submitted from the reactor thread ([`Node::submit`]: admission takes only short
 //!   locks and never waits) and its answer awaited there, so no thread is parked per
 //!   write in flight.
@@ -41,6 +42,33 @@ use kvd::{Error, Result};
 /// the request (NODE-1): a hop to the blocking pool and back costs two thread wake-ups,
 /// more than reading a few records from redb's cache.
 pub const RANGE_INLINE_RECORDS_MAX: usize = 1_000;
+
+/// An upper bound of the records a read-only Txn reads: its compares', then the larger
+/// branch's (one runs); `usize::MAX` when a compare over a range or a Range without a
+/// limit has none.
+fn read_only_txn_records(req: &api::TxnRequest) -> usize {
+    let compares = req.compare.iter().map(|c| {
+        if c.range_end.is_empty() {
+            1
+        } else {
+            usize::MAX
+        }
+    });
+    let branch = |ops: &[api::RequestOp]| {
+        ops.iter()
+            .map(|op| match op {
+                api::RequestOp::Range(r) if r.range_end.is_empty() => 1,
+                api::RequestOp::Range(r) if r.limit > 0 => {
+                    usize::try_from(r.limit).unwrap_or(usize::MAX)
+                }
+                _ => usize::MAX,
+            })
+            .fold(0, usize::saturating_add)
+    };
+    compares
+        .fold(0, usize::saturating_add)
+        .saturating_add(branch(&req.success).max(branch(&req.failure)))
+}
 
 /// The version kvd reports as its etcd server version (Status `version`, `/version`).
 ///
@@ -246,6 +274,21 @@ impl Node {
         self.call(move |_| prepared.finish_wire()).await
     }
 
+    /// Serves a read-only Txn (NODE-1) with `options` (its caller): on the reactor thread
+    /// when it reads at most [`RANGE_INLINE_RECORDS_MAX`] records (every compare and every
+    /// Range names one key or has a limit), else on the blocking pool. etcd's STM reads
+    /// its keys with such Txns, one key each.
+    pub async fn read_only_txn(
+        &self,
+        req: api::TxnRequest,
+        options: kvd::WriteOptions,
+    ) -> std::result::Result<api::TxnResponse, Status> {
+        if read_only_txn_records(&req) <= RANGE_INLINE_RECORDS_MAX {
+            return self.quick(|e| e.txn_with(req, &options));
+        }
+        self.call(move |e| e.txn_with(req, &options)).await
+    }
+
     /// Runs `f` against the engine on the blocking pool (NODE-1) and maps its error to
     /// etcd's gRPC status.
     pub async fn call<T, F>(&self, f: F) -> std::result::Result<T, Status>
@@ -335,5 +378,53 @@ where
             tracing::error!(error = %join, "engine call did not finish");
             Err(status::from_join_error(&join))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(key: &str, range_end: &str, limit: i64) -> api::RequestOp {
+        api::RequestOp::Range(api::RangeRequest {
+            range_end: range_end.to_owned().into(),
+            limit,
+            ..api::RangeRequest::key(key.to_owned())
+        })
+    }
+
+    fn txn(compare_end: Option<&str>, success: Vec<api::RequestOp>) -> api::TxnRequest {
+        let compare = compare_end.map(|end| api::Compare {
+            range_end: end.to_owned().into(),
+            ..api::Compare::new(
+                "a",
+                api::CompareResult::Equal,
+                api::CompareTarget::Version(1),
+            )
+        });
+        api::TxnRequest {
+            compare: compare.into_iter().collect(),
+            success,
+            failure: vec![get("f", "", 0)],
+        }
+    }
+
+    #[test]
+    fn a_read_only_txn_is_bounded_by_its_keys_and_limits() {
+        // An STM read: one key.
+        assert_eq!(read_only_txn_records(&txn(None, vec![get("k", "", 0)])), 1);
+        let four = vec![
+            get("a", "", 0),
+            get("b", "", 0),
+            get("c", "z", 2),
+            get("d", "", 0),
+        ];
+        assert_eq!(read_only_txn_records(&txn(Some(""), four)), 1 + 5);
+        let unbounded = vec![get("a", "z", 0)];
+        assert_eq!(read_only_txn_records(&txn(None, unbounded)), usize::MAX);
+        let over_a_range = txn(Some("z"), vec![get("a", "", 0)]);
+        assert_eq!(read_only_txn_records(&over_a_range), usize::MAX);
+        let past = vec![get("a", "z", 1_000), get("b", "", 0)];
+        assert!(read_only_txn_records(&txn(None, past)) > RANGE_INLINE_RECORDS_MAX);
     }
 }

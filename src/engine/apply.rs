@@ -906,7 +906,7 @@ impl Applier {
             }
             Proposal::Authorized(a) => {
                 // PERM-4: checked here, in apply order, against the store as it is now.
-                match super::auth::check_in_apply(&self.shared, a.caller.as_deref(), &a.inner) {
+                match super::auth::check_write(&self.shared, a.caller.as_deref(), &a.inner) {
                     Ok(()) => self.apply_tagged(batch, a.inner, tag),
                     Err(refusal) => Ok(refused(a.inner, refusal)),
                 }

@@ -17,11 +17,13 @@
 //!   it in apply order left it; a refusal there changes nothing. So a write admitted before
 //!   a permission is revoked, and applied after the revoke, is refused, as etcd's applier
 //!   refuses it.
-//! - PERM-5: while auth is on, the `auth_check_*` calls first run the request's own checks
-//!   that etcd makes before its permission check (the alarm gate of a write, etcd's quota
-//!   check; then validation, VAL-1), so a request both invalid and denied gets etcd's
-//!   error, which is the validation's (etcd checks permissions when it applies or serves a
-//!   request, after its gRPC layer validated it).
+//! - PERM-5: a request's own checks that etcd makes before its permission check (the alarm
+//!   gate of a write, etcd's quota check; then validation, VAL-1) come first, so a request
+//!   both invalid and denied gets etcd's error, which is the validation's (etcd checks
+//!   permissions when it applies or serves a request, after its gRPC layer validated it). A
+//!   write submitted with a caller is checked right after its admission, once, before it
+//!   takes a queue slot; while auth is on, the `auth_check_*` calls run the same checks in
+//!   the same order for callers that check before submitting.
 //!
 //! Contact points: `server::auth` and the KV, Watch, Lease and Maintenance services.
 
@@ -153,6 +155,17 @@ impl Engine {
         check_txn(self.shared()?, user, req)
     }
 
+    /// Checks a write submitted with a caller (`WriteOptions::caller`) once its own checks
+    /// passed (PERM-5); it is checked again when applied (PERM-4).
+    pub(super) fn check_caller(&self, caller: Option<&str>, proposal: &Proposal) -> Result<()> {
+        check_write(self.shared()?, caller, proposal)
+    }
+
+    /// Checks a read-only Txn submitted with a caller once its own checks passed (PERM-5).
+    pub(super) fn auth_check_txn_as(&self, caller: Option<&str>, req: &TxnRequest) -> Result<()> {
+        check_txn(self.shared()?, caller, req)
+    }
+
     /// Whether auth is on. While it is off every check passes, and the request's own
     /// checks are left to its submission.
     fn auth_enabled(&self) -> Result<bool> {
@@ -255,9 +268,10 @@ pub(super) fn authorized(proposal: Proposal, caller: Option<String>) -> Proposal
     }))
 }
 
-/// Checks a write as `caller` in the apply thread, against the store as every earlier
-/// request left it (PERM-4); writes without keys pass.
-pub(super) fn check_in_apply(
+/// Checks a write as `caller` against the auth store as it stands: at submission, after
+/// the write's own checks (PERM-5), and again in the apply thread, against the store as
+/// every earlier request left it (PERM-4); writes without keys pass.
+pub(super) fn check_write(
     shared: &Shared,
     caller: Option<&str>,
     proposal: &Proposal,
@@ -267,8 +281,8 @@ pub(super) fn check_in_apply(
         Proposal::DeleteRange(r, _) => check_delete_range(shared, caller, r),
         Proposal::Txn(r, _) => check_txn(shared, caller, r),
         Proposal::LeaseRevoke(r, _) => check_lease_revoke(shared, caller, r.id),
-        Proposal::Identified(op) => check_in_apply(shared, caller, &op.inner),
-        Proposal::Authorized(a) => check_in_apply(shared, a.caller.as_deref(), &a.inner),
+        Proposal::Identified(op) => check_write(shared, caller, &op.inner),
+        Proposal::Authorized(a) => check_write(shared, a.caller.as_deref(), &a.inner),
         Proposal::Compaction(..)
         | Proposal::LeaseGrant(..)
         | Proposal::Alarm(..)

@@ -234,9 +234,10 @@ pub struct WriteOptions {
     /// Makes the write exactly-once (OPER-2): a later write with the same id and the same
     /// request gets the recorded response instead of being applied again.
     pub operation_id: Option<String>,
-    /// Checks the write against the auth store in apply order as this caller (PERM-4):
-    /// `Some(None)` is a caller without identity; `None` checks nothing (the embedder's own
-    /// writes).
+    /// Checks the write against the auth store as this caller, once its own checks passed
+    /// (PERM-5), and again in apply order (PERM-4); a read-only Txn is checked before it is
+    /// served. `Some(None)` is a caller without identity; `None` checks nothing (the
+    /// embedder's own writes).
     pub caller: Option<Option<String>>,
 }
 
@@ -935,6 +936,11 @@ impl Engine {
             return done(Err(e));
         }
         if req.is_read_only() {
+            if let Some(caller) = &options.caller
+                && let Err(e) = self.auth_check_txn_as(caller.as_deref(), &req)
+            {
+                return done(Err(e));
+            }
             return done(self.read_only_txn(&req));
         }
         self.enqueue_with(Proposal::Txn(req, done), options);
@@ -1767,7 +1773,14 @@ impl Engine {
     /// marked pending under it until its completion ran; then [`Engine::enqueue`].
     fn enqueue_with(&self, proposal: Proposal, options: &WriteOptions) {
         let proposal = match &options.caller {
-            Some(caller) => auth::authorized(proposal, caller.clone()),
+            Some(caller) => {
+                // PERM-5: the permission check follows the write's own checks, and a
+                // denied write is refused before it takes a slot in the queue.
+                if let Err(e) = self.check_caller(caller.as_deref(), &proposal) {
+                    return proposal.refuse(e);
+                }
+                auth::authorized(proposal, caller.clone())
+            }
             None => proposal,
         };
         let Some(id) = &options.operation_id else {
