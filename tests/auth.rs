@@ -62,6 +62,14 @@ fn tenant(engine: &Engine) {
     }
 }
 
+/// Options that check a write as `name` (PERM-4, PERM-5).
+fn as_user(name: &str) -> kvd::WriteOptions {
+    kvd::WriteOptions {
+        caller: Some(Some(name.into())),
+        ..kvd::WriteOptions::default()
+    }
+}
+
 fn denied(result: kvd::Result<()>) -> bool {
     result == Err(Error::Auth(AuthError::PermissionDenied))
 }
@@ -379,10 +387,7 @@ fn writes_with_a_caller_are_checked_again_in_apply_order() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path());
     tenant(&engine);
-    let as_alice = kvd::WriteOptions {
-        caller: Some(Some("alice".into())),
-        ..kvd::WriteOptions::default()
-    };
+    let as_alice = as_user("alice");
     engine
         .put_with(PutRequest::new("/dev/a", "1"), &as_alice)
         .unwrap();
@@ -452,10 +457,7 @@ fn a_write_with_a_caller_gets_its_own_errors_before_a_denial_and_reads_are_check
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path());
     tenant(&engine);
-    let as_alice = kvd::WriteOptions {
-        caller: Some(Some("alice".into())),
-        ..kvd::WriteOptions::default()
-    };
+    let as_alice = as_user("alice");
     // Invalid and denied: the validation's error, as etcd (PERM-5).
     let invalid = PutRequest {
         ignore_value: true,
