@@ -72,8 +72,8 @@ fn read_only_txn_records(req: &api::TxnRequest) -> usize {
 
 /// The version kvd reports as its etcd server version (Status `version`, `/version`).
 ///
-/// kvd follows etcd 3.6 semantics where 3.4 and 3.6 differ (`design/product.md`, decision 1),
-/// so it reports the etcd API level it implements, not its own crate version.
+/// kvd follows etcd 3.6 semantics where 3.4 and 3.6 differ (`docs/operations.md`), so it
+/// reports the etcd API level it implements, not its own crate version.
 pub const ETCD_SERVER_VERSION: &str = "3.6.0";
 /// The cluster version kvd reports (`/version` `etcdcluster`, Status `storageVersion`).
 pub const ETCD_CLUSTER_VERSION: &str = "3.6.0";
