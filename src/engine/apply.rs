@@ -3,11 +3,11 @@
 //! (`engine::commit`) without waiting for it to be durable; compaction steps run between
 //! batches.
 //!
-//! Each loop takes every queued proposal (up to `batch_requests_max`; sleeps if there is
-//! none and no compaction work), applies them in order in one `Store::write_logged`
-//! transaction (committed without I/O, its changes framed as one log record), and hands the
-//! batch with its record, its events and its answers to the commit thread, which makes the
-//! record durable, publishes and answers. Meanwhile this thread applies the next batch: one
+//! Each loop takes every queued proposal into its per-role lanes (sleeps if there is none
+//! and no compaction work), forms a batch of up to `batch_requests_max` from them (PREP-4),
+//! applies it in order in one `Store::write_logged` transaction (committed without I/O, its
+//! changes framed as one log record), and hands the batch with its record, its events and
+//! its answers to the commit thread, which makes the record durable, publishes and answers. Meanwhile this thread applies the next batch: one
 //! batch's `fdatasync` overlaps the next one's apply (`docs/design/write-path.md`).
 //!
 //! Invariants:
