@@ -55,8 +55,8 @@ const _: () =
 /// returns its fixed-point form. The error is Mesos's message without the
 /// `Invalid QuotaConfig: ` prefix that [`validate_update`] adds.
 ///
-/// The engine also runs this on registry rows it decodes, as Mesos's registry operation
-/// re-validates every configuration before it writes.
+/// Rows read back from the registry are not validated again: every config was validated
+/// before it was written, and its seal (ROW-1) shows it is as written.
 pub fn validate_config(raw: &RawQuotaConfig) -> Result<QuotaConfig, String> {
     validate_role(&raw.role).map_err(|error| messages::config_role_invalid(&error))?;
     check_caps("guarantees", &raw.guarantees)?;
