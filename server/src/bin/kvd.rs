@@ -8,7 +8,9 @@
 //!   but does not act on yet say so in their help text and in a warning at startup.
 //! - BIN-2: the process exits 0 after a clean shutdown (SIGINT/SIGTERM) and non-zero with
 //!   one clear line on stderr when it cannot start (for example, the data directory is in
-//!   use by another kvd).
+//!   use by another kvd). A command line that cannot be parsed (an unknown flag or command,
+//!   a missing argument, a word where a number goes) exits 1 with clap's error, for every
+//!   command, so that 2 keeps the meaning `check`, `bench` and `reconcile` give it.
 //! - BIN-3: the listening URLs are printed on stdout, one line each, once every listener is
 //!   bound and the data directory is open: `kvd: listening for client requests on
 //!   http://HOST:PORT` (`https://` for a TLS listener). The listeners are bound before the
@@ -951,7 +953,20 @@ mod cli {
 
     /// Parses the flags, runs the server (or `bench`) and returns the exit code (BIN-2).
     pub fn main() -> ExitCode {
-        let cli = Cli::parse();
+        let cli = match Cli::try_parse() {
+            Ok(cli) => cli,
+            Err(e) => {
+                let _ = e.print();
+                // A command line that cannot be parsed is bad configuration: 1, as BIN-6's
+                // refusals, never 2, which `check`, `bench` and `reconcile` give a meaning.
+                // `--help` and `--version` print to stdout and are not errors.
+                return if e.use_stderr() {
+                    ExitCode::from(1)
+                } else {
+                    ExitCode::SUCCESS
+                };
+            }
+        };
         match cli.command {
             Some(Command::Bench(flags)) => return bench_main(flags),
             Some(Command::Reconcile(flags)) => return reconcile_main(&flags),

@@ -250,3 +250,24 @@ fn check_finds_damage_in_a_file_that_is_not_a_database() {
         "{out:?}"
     );
 }
+
+/// A command line that cannot be parsed exits 1 with clap's error, for the offline tools too,
+/// so that their 2 means only damage found (BIN-2, BIN-8); `--help` exits 0.
+#[test]
+fn an_unparsable_command_line_exits_1_and_help_exits_0() {
+    for args in [
+        vec!["check", "--data-dir"],
+        vec!["check", "--no-such-flag", "--data-dir", "x"],
+        vec!["defrag"],
+        vec!["bench", "put", "--clients", "many"],
+        vec!["no-such-command"],
+    ] {
+        let out = kvd(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.starts_with("error:"), "{args:?}: {stderr}");
+    }
+    let help = kvd(&["check", "--help"]);
+    assert_eq!(help.status.code(), Some(0), "{help:?}");
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--data-dir"));
+}
