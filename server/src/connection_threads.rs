@@ -7,8 +7,8 @@
 //! doing one call at a time there is nothing to steal, yet every call woke the other worker
 //! about 1.9 times: etcd's benchmark with one client measured 4.9 voluntary context switches
 //! per put across the server's threads, 3.1 with connections on these threads, and the
-//! server's CPU per put fell by about 15 %. A connection is one task whose calls are polled
-//! inside it (CONN-7), so stealing could only ever move whole connections between workers;
+//! server's CPU per put fell by about 15 %. A connection is one task whose unary calls are
+//! polled inside it, its long streams tasks of their own on the same thread (CONN-7), so stealing could only ever move whole connections between workers;
 //! placing each connection on a thread when it is accepted gives the same spread without
 //! the wake-ups.
 //!

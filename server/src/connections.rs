@@ -28,10 +28,13 @@
 //!   share the port. A refused connection (CONN-1) of such a listener is closed without the
 //!   plain-text GOAWAY, which a TLS client could not read. With `--client-cert-auth`, every
 //!   request of the connection carries its [`ClientCertificate`] extension (TLS-4).
-//! - CONN-7: a connection's calls run inside the connection's own task, a bounded number
-//!   per turn (`server::fair_streams`), not as tasks of their own: the runtime serves
+//! - CONN-7: a connection's unary calls run inside the connection's own task, a bounded
+//!   number per turn (`server::fair_streams`), not as tasks of their own: the runtime serves
 //!   connections in turn, so a client with many calls in flight delays another client's
-//!   call by at most one turn per connection, not by all its calls.
+//!   call by at most one turn per connection, not by all its calls. Watch, LeaseKeepAlive
+//!   and Snapshot calls, which live long, run in a task of their own on the same thread
+//!   (`STREAMED_PATHS`), whose response frames go to the connection through a channel of
+//!   `STREAMED_FRAMES_AHEAD` (16) frames.
 //! - CONN-8: each connection's task takes its turns within its role's fair share
 //!   (`server::role_turns` TURN-1..3): a connection writing for a role that has had more
 //!   of the RPC layer's time than another role with a connection waiting steps aside until

@@ -10,7 +10,8 @@
 //! - LEASE-SRV-2: the keep-alive stream ends when the client closes its side (OK, as etcd),
 //!   when the client goes away, or when the server shuts down (NODE-3); it holds no engine
 //!   call between requests.
-//! - LEASE-SRV-3: at most [`KEEP_ALIVE_RESPONSES_MAX`] responses wait for a slow client; the
+//! - LEASE-SRV-3: at most [`KEEP_ALIVE_RESPONSES_MAX`] responses wait for a slow client
+//!   (plus the frames the streamed call's task reads ahead, CONN-7); the
 //!   loop waits for room before it reads the next request, so a client that sends without
 //!   reading is slowed down rather than buffered without bound.
 //! - LEASE-SRV-4: a request that cannot be decoded ends the stream with the decoder's status

@@ -6,7 +6,8 @@
 //!
 //! Invariants:
 //! - SRV-1: an engine call that may block for long runs on a blocking pool, never on a thread
-//!   that serves connections (NODE-1).
+//!   that serves connections (NODE-1); a lone write's apply and sync (APPLY-5), the
+//!   exception NODE-1 names, runs on the connection's thread.
 //! - SRV-2: the gRPC receive limit is `--max-request-bytes` + 512 KiB, as etcd's; requests
 //!   between the two limits reach the engine, which refuses them with
 //!   `etcdserver: request is too large`.

@@ -11,7 +11,8 @@
 //!   as many ([`Node::read_only_txn`]). A write is
 //!   submitted from the reactor thread ([`Node::submit`]: admission takes only short
 //!   locks and never waits) and its answer awaited there, so no thread is parked per
-//!   write in flight.
+//!   write in flight; the exception is a lone write (nothing else queued or in flight),
+//!   which the engine applies and syncs in the submitting thread (APPLY-5).
 //! - NODE-2: the node holds no state of its own beyond configuration, the shutdown signal,
 //!   the auth tokens and failed-login counters (memory only, as etcd's simple tokens),
 //!   the gauges of open streams, the last consumption drift check's figure, the scrub's

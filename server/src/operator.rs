@@ -17,7 +17,8 @@
 //!   where (`Failed to parse body into JSON: ...`, `Failed to convert JSON into Call protobuf:
 //!   ...` naming the field, `Failed to validate master::Call: Expecting '<field>' to be
 //!   present`), in Mesos's order of checks (`Content-Type`, `Accept`, JSON, shape).
-//! - OPS-2: engine calls run on the blocking pool (NODE-1), one engine call per request.
+//! - OPS-2: engine calls run on the blocking pool (NODE-1), one engine call per request
+//!   (`RECONCILE_CONSUMPTION` with `repair`: the drift check, then the repair).
 //! - OPS-3: every engine error becomes an HTTP answer through one exhaustive `match` with no
 //!   `_` arm ([`http_code`]). A refused request (`QuotaRequest`, `QuotaExceeded`) is a 400
 //!   whose plain-text body is the engine's message verbatim: Mesos's text for UPDATE_QUOTA,

@@ -12,7 +12,8 @@
 //! - SNAPSHOT-2: memory per stream is bounded whatever the client's read rate: the pump
 //!   produces the next chunk only once the previous one is queued, and at most
 //!   [`SNAPSHOT_CHUNKS_QUEUED`] chunks wait for the client (plus one source call's output,
-//!   at most a chunk and one record).
+//!   at most a chunk and one record, and the frames the streamed call's task reads ahead,
+//!   CONN-7).
 //! - SNAPSHOT-3: a stream whose client has left the queue full for `--snapshot-stall-timeout`
 //!   is abandoned: its source (and the engine's read snapshot, SNAP-2) is dropped and its
 //!   slot freed at once; the client, if it ever reads again, gets `Aborted` after what was

@@ -28,7 +28,8 @@
 //!   identity of gateway requests.
 //! - TLS-5: the common-name reader is total: a certificate it cannot read gives `None`.
 //!
-//! Contact points: `server::run` calls [`configure`] once the data directory is locked;
+//! Contact points: `server::run` calls [`configure`] before the engine opens (so a bad TLS
+//! flag leaves no database behind);
 //! `server::connections` calls [`Tls::handshake`] for connections of `https://` listeners
 //! and sets [`ClientCertificate`] on their requests; request handlers read it with
 //! `request.extensions().get::<ClientCertificate>()` (tonic) or axum's `Extension`.

@@ -24,7 +24,8 @@
 //!   reopened (RECOVERY-3); dropping the engine's stream cancels its watches. The client closing
 //!   only its sending side ends nothing: watches keep delivering, as in etcd.
 //! - WATCH-SRV-5: a response is translated only when tonic asks for the next one, which it
-//!   does as the connection's flow control allows; a slow client leaves the responses in the
+//!   does as the connection's flow control allows, plus the frames the streamed call's task
+//!   reads ahead (CONN-7); a slow client leaves the responses in the
 //!   engine's per-watch buffers, which fill, and the engine moves the watch to catch-up from
 //!   history (WATCH-3) instead of growing memory. At most [`WATCH_CONTROL_BUFFERED`] of the
 //!   server's own answers (refused creates, an ending status) wait beside them.

@@ -23,8 +23,9 @@
 //!   for lease deadlines (memory only, reset on restart), for the allocation prepare queue's
 //!   fair share (which roles had an allocation admitted in the last 10 s; memory only; a
 //!   replicated log would carry the time in the entry), and to generate expiry revokes and
-//!   auto-compactions, which then go through apply like client requests (a replicated log
-//!   would carry them as entries), and for wall times stored in rows (an operation's
+//!   auto-compactions and the re-registration timeouts of recovered agents, which then go
+//!   through apply like client requests (a replicated log would carry them as entries), to
+//!   space the walks that measure the size in use, and for wall times stored in rows (an operation's
 //!   outcome, an agent's unreachable time) and the retention age of outcomes (OPER-4); the
 //!   history bytes never depend on it; the filesystem's free space comes from the injected
 //!   `FreeSpace`, read at most once per batch.

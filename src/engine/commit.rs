@@ -1,8 +1,8 @@
 //! The commit thread: makes applied batches durable in order, then publishes and answers
 //! them, while the apply thread goes on with the next batch.
 //!
-//! Each loop takes every batch the apply thread handed over since the last loop (sleeping
-//! while there is none), writes their log records in order and makes them durable with one
+//! Each loop takes the batches the apply thread handed over since the last loop, at most
+//! [`COMMIT_BATCHES_PER_SYNC_MAX`] (sleeping while there is none), writes their log records in order and makes them durable with one
 //! `fdatasync` (`storage::wal`), then, batch by batch, publishes the batch's revision with
 //! its events (the watch switch) and delivers its answers.
 //!

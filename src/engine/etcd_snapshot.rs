@@ -2,7 +2,8 @@
 //! ([`Engine::etcd_snapshot_stream`], written by `bbolt::write`), and a data directory made
 //! from an etcd snapshot ([`restore_etcd_snapshot`], read by `bbolt::read`).
 //!
-//! The mapping (kvd → etcd; the import is its inverse):
+//! The mapping (kvd → etcd; the import is its inverse but for `consistent_index`, which it
+//! does not read, so a restore writes no `applied_index`):
 //! - each history record `(main, sub)` → `key` bucket entry `main(8 BE) _ sub(8 BE)` (`t`
 //!   appended for a tombstone) → `mvccpb.KeyValue` (a tombstone holds only the key);
 //! - meta `applied_index` → `consistent_index`; the scheduled and finished compaction

@@ -4,10 +4,13 @@
 //! Invariants:
 //! - PUB-1: the value only grows (ENG-2).
 //! - PUB-2: `publish` is a release store and `load` an acquire load, so a reader that loads
-//!   revision `r` also sees every memory effect the apply thread made before publishing `r`
-//!   (the commit that holds `r`, the index entries up to `r`).
+//!   revision `r` also sees every memory effect made before `r` was published, by the apply
+//!   thread and by the thread that published it (the commit that holds `r`, the index
+//!   entries up to `r`).
 //!
-//! Contact points: the commit thread publishes after each durable batch; readers load before they
+//! Contact points: the thread that finishes a batch publishes after it is durable (the commit
+//! thread, or the apply thread or a lone writer's thread through `commit::finish_inline`);
+//! readers load before they
 //! look anything up. `loom-tests/` models this protocol with loom's atomics.
 
 use crate::sync::{AtomicI64, Ordering};

@@ -7,13 +7,14 @@
 //! - `history`: 16-byte big-endian revision `(main, sub)` → an encoded record (`mvcc::record`).
 //!   Revisions only grow, so the hot write path appends.
 //! - `meta`: a name → 8-byte big-endian integer (schema version, current revision, scheduled
-//!   and finished compaction revisions, applied index, the log's position), sealed.
+//!   and finished compaction revisions, applied index, the log's position), sealed but for
+//!   the schema version, which an older build must read as it is (`seal::UNSEALED_META`).
 //! - registered row tables ([`RowTable`]): byte key → byte value, for the layers above
 //!   (leases, alarms, auth, the quota registry, consumption, operation ids), written in the
 //!   same transaction as the data they describe, each value sealed.
 //!
-//! Seals (`seal`, ROW-1, ROW-2): every row and meta value is stored with a CRC-32 of its
-//! table, key and value, checked by every read here.
+//! Seals (`seal`, ROW-1, ROW-2): every row and meta value but the schema version is stored
+//! with a CRC-32 of its table, key and value, checked by every read here.
 //!
 //! Invariants:
 //! - STORE-1: a write batch is committed whole or not at all; a batch that fails part way is
@@ -39,7 +40,8 @@
 //! - STORE-5: a [`Snapshot`] is one redb read transaction; callers keep it for one request
 //!   only, because a long reader pins every page freed after it began.
 //!
-//! Contact points: `engine::apply` writes through [`Store::write`]; readers use
+//! Contact points: `engine::apply` writes its batches through [`Store::write_logged`] (and the
+//! clean stop's checkpoint through [`Store::write`]); readers use
 //! [`Store::snapshot`]; `mvcc::record` encodes the values stored in `history`.
 
 use std::fs::{self, File};

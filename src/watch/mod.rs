@@ -22,14 +22,16 @@
 //! - WATCH-2: `next_rev` of a watcher is greater than every revision it has been given and at
 //!   most the first matching revision it has not; a synced watcher has been given every
 //!   matching revision up to `published` at every moment the hub lock is free. Debug builds
-//!   assert the first part at every delivery.
-//! - WATCH-3: a watcher holds at most `WATCH_PENDING_RESPONSES_MAX` undelivered responses;
-//!   apply never waits for a consumer.
+//!   assert the first part at every live delivery.
+//! - WATCH-3: a watcher holds at most `WATCH_PENDING_RESPONSES_MAX` undelivered event
+//!   responses, plus its control responses (created, canceled, progress: at most one per
+//!   request of the consumer or per progress tick); publishing never waits for a consumer.
 //! - WATCH-4: a watcher whose next revision falls below the compaction revision is canceled
 //!   with that revision (etcd's compacted notice) instead of skipping history.
-//! - WATCH-5: apply finds the watchers of a change by key lookup (single-key watchers) and
+//! - WATCH-5: `publish` (on the thread that finishes a batch, normally the commit thread)
+//!   finds the watchers of a change by key lookup (single-key watchers) and
 //!   by distinct range (range watchers); idle watchers on other keys cost nothing per write.
-//! - WATCH-6: apply builds a revision's events once and hands every watcher that gets them
+//! - WATCH-6: `publish` builds a revision's events once and hands every watcher that gets them
 //!   a reference to that one list with the positions it wants ([`Picked`]); the events are
 //!   copied into a watcher's response by the stream's consumer, not by apply, so the
 //!   writer's cost per watcher is a reference count and a queue push.

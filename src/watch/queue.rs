@@ -1,5 +1,5 @@
-//! The hand-off of one watch stream: the apply thread, the sync thread and the stream's own
-//! requests push responses; the stream's one consumer takes them, either blocking a thread
+//! The hand-off of one watch stream: the thread that finishes a batch (normally the commit
+//! thread), the watch sync thread and the stream's own requests push responses; the stream's one consumer takes them, either blocking a thread
 //! (library users) or as a future polled by an asynchronous runtime (the server), so a
 //! stream costs no thread of its own.
 //!
