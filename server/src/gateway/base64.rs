@@ -10,11 +10,14 @@
 //!   extra bits ignored; what the generated mapping accepts besides (no `=` padding, the
 //!   URL-safe alphabet) stays accepted, and what neither accepts is still refused by the
 //!   mapping (code 3, HTTP 400).
-//! - GW-B64-2: [`BYTES_FIELDS`] names every `bytes` field of the requests kvd serves: `key`
-//!   and `range_end` of Range, DeleteRange, Compare, WatchCreate, authpb's Permission
-//!   (RoleGrantPermission's `perm`) and RoleRevokePermission, `value` of Put and Compare. No
-//!   other field of those requests has one of these names, so each name is a bytes field
-//!   wherever it appears in them (as GW-ENUM-2 does for enums).
+//! - GW-B64-2: [`BYTES_FIELDS`] names every `bytes` field of the KV, Watch and Auth requests
+//!   kvd serves: `key` and `range_end` of Range, DeleteRange, Compare, WatchCreate, authpb's
+//!   Permission (RoleGrantPermission's `perm`) and RoleRevokePermission, `value` of Put and
+//!   Compare. No other field of those requests has one of these names, so each name is a
+//!   bytes field wherever it appears in them (as GW-ENUM-2 does for enums). Not covered: the
+//!   `name` of the Lock and Election requests, a bytes field whose name the Auth requests
+//!   use for a string; Go's extra forms (line breaks, the last symbol's extra bits) are
+//!   refused there.
 //!
 //! Contact points: `gateway::decode_value` (and so every route and stream) calls
 //! [`as_go_reads_bytes`] before the generated decoding.
