@@ -78,7 +78,7 @@ impl Kv for KvService {
         // PERM-5, AUTHZ-2: checked as this caller after the request's own checks, and
         // again in apply order.
         let with = kvd::WriteOptions {
-            caller: Some(user.clone()),
+            caller: Some(user),
             ..options.clone()
         };
         let resp = self
@@ -103,7 +103,7 @@ impl Kv for KvService {
         // PERM-5, AUTHZ-2: checked as this caller after the request's own checks, and
         // again in apply order.
         let with = kvd::WriteOptions {
-            caller: Some(user.clone()),
+            caller: Some(user),
             ..options.clone()
         };
         let resp = self
@@ -126,7 +126,7 @@ impl Kv for KvService {
         // PERM-5, AUTHZ-2: checked as this caller after the request's own checks, and
         // again in apply order.
         let with = kvd::WriteOptions {
-            caller: Some(user.clone()),
+            caller: Some(user),
             ..options.clone()
         };
         if req.is_read_only() {
