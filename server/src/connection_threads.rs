@@ -22,10 +22,13 @@
 //! - THREAD-3: [`ConnectionThreads::stop`] ends every thread's runtime (tasks still there
 //!   are dropped, blocking calls get at most [`crate::SHUTDOWN_BLOCKING_MAX`]) and joins the
 //!   threads, so no connection outlives the server's shutdown.
+//! - THREAD-4: [`alone_here`] is true only on a connection thread whose count of open
+//!   connections (THREAD-2) is at most one; on every other thread it is false.
 //!
 //! Contact points: `server::run` starts the threads before serving and stops them after;
 //! `server::connections` places each accepted connection with [`ConnectionThreads::spawn`].
 
+use std::cell::OnceCell;
 use std::future::Future;
 use std::io;
 use std::thread::JoinHandle;
@@ -36,6 +39,21 @@ use tokio::sync::oneshot;
 use tokio::task::{AbortHandle, JoinSet};
 
 use crate::{BLOCKING_THREADS_MAX, RUNTIME_POLL_INTERVAL, SHUTDOWN_BLOCKING_MAX};
+
+thread_local! {
+    /// On a connection thread, its count of open connections (THREAD-2); `None` elsewhere.
+    static OPEN_HERE: OnceCell<Arc<AtomicUsize>> = const { OnceCell::new() };
+}
+
+/// Returns true if the caller runs on a connection thread that serves one connection at
+/// most (THREAD-4): a connection's task then has no other connection to yield to. False
+/// on any other thread.
+pub fn alone_here() -> bool {
+    OPEN_HERE.with(|here| {
+        here.get()
+            .is_some_and(|open| open.load(Ordering::Relaxed) <= 1)
+    })
+}
 
 /// The connection threads of one server.
 #[derive(Debug)]
@@ -79,13 +97,17 @@ impl ConnectionThreads {
                 .global_queue_interval(RUNTIME_POLL_INTERVAL)
                 .build()?;
             let (stop, stopped) = oneshot::channel::<()>();
+            let open = Arc::new(AtomicUsize::new(0));
             threads.push(Thread {
                 runtime: runtime.handle().clone(),
-                open: Arc::new(AtomicUsize::new(0)),
+                open: open.clone(),
             });
             let joined = std::thread::Builder::new()
                 .name(format!("kvd-conn-{index}"))
                 .spawn(move || {
+                    OPEN_HERE.with(|here| {
+                        here.get_or_init(|| open);
+                    });
                     // A dropped sender also means stop (THREAD-3).
                     let _ = runtime.block_on(stopped);
                     runtime.shutdown_timeout(SHUTDOWN_BLOCKING_MAX);
@@ -216,6 +238,51 @@ mod tests {
             while tasks.join_next().await.is_some() {}
             assert_eq!(threads.open_connections(), [0, 0]);
         });
+    }
+
+    /// Places a connection that reports [`alone_here`] once `ask` fires, then waits for
+    /// `released`.
+    async fn place_asking(
+        threads: &ConnectionThreads,
+        tasks: &mut JoinSet<()>,
+        ask: oneshot::Receiver<()>,
+        released: oneshot::Receiver<()>,
+    ) -> oneshot::Receiver<bool> {
+        let (answer, answered) = oneshot::channel();
+        threads.spawn(tasks, async move {
+            let _ = ask.await;
+            let _ = answer.send(alone_here());
+            let _ = released.await;
+        });
+        answered
+    }
+
+    #[test]
+    fn alone_here_only_on_a_connection_thread_with_one_connection() {
+        assert!(!alone_here(), "not a connection thread");
+        let threads = ConnectionThreads::start(1).expect("start");
+        on_runtime(async {
+            let mut tasks = JoinSet::new();
+            let (ask_first, first_asked) = oneshot::channel();
+            let (release_first, first_released) = oneshot::channel();
+            let first = place_asking(&threads, &mut tasks, first_asked, first_released).await;
+            ask_first.send(()).expect("the task waits");
+            assert!(
+                first.await.expect("answered"),
+                "one connection on the thread"
+            );
+            let (ask_second, second_asked) = oneshot::channel();
+            let (release_second, second_released) = oneshot::channel();
+            let second = place_asking(&threads, &mut tasks, second_asked, second_released).await;
+            ask_second.send(()).expect("the task waits");
+            assert!(!second.await.expect("answered"), "two connections share it");
+            drop((release_first, release_second));
+            while tasks.join_next().await.is_some() {}
+        });
+        assert!(
+            !alone_here(),
+            "the test's own thread is still no connection thread"
+        );
     }
 
     /// Counts its drops.

@@ -34,14 +34,15 @@
 //!   call by at most one turn per connection, not by all its calls. Watch, LeaseKeepAlive
 //!   and Snapshot calls, which live long, run in a task of their own on the same thread
 //!   (`STREAMED_PATHS`), whose response frames go to the connection through a channel of
-//!   `STREAMED_FRAMES_AHEAD` (16) frames.
+//!   `STREAMED_FRAMES_AHEAD` (16) frames. After a turn the connection's task yields to the
+//!   runtime unless it is alone on its thread (THREAD-4) and no call is left ready.
 //! - CONN-8: each connection's task takes its turns within its role's fair share
 //!   (`server::role_turns` TURN-1..3): a connection writing for a role that has had more
 //!   of the RPC layer's time than another role with a connection waiting steps aside until
 //!   that role has had its turn, so the turns of a greedy role's many connections do not
 //!   stand between a polite role's call and the CPU.
 //! - CONN-9: each accepted connection is served, from its TLS handshake to its end, on one
-//!   of the server's connection threads (`server::connection_threads` THREAD-1..3), the one
+//!   of the server's connection threads (`server::connection_threads` THREAD-1..4), the one
 //!   with the fewest open connections; the accept loops run on the main runtime.
 //! - CONN-10: a streamed call (CONN-7's own task) refused before its first message answers
 //!   gRPC's Trailers-Only form, as a unary call does: the status in one HEADERS frame that
@@ -68,7 +69,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::authority::AuthorityFix;
-use crate::connection_threads::ConnectionThreads;
+use crate::connection_threads::{self, ConnectionThreads};
 use crate::fair_streams::{self, StreamExecutor};
 use crate::http::{Answer, ClientPort};
 use crate::pong::PongHold;
@@ -522,8 +523,11 @@ async fn serve_connection<S>(
                 Verdict::Idle | Verdict::Healthy => {}
             },
         }
-        if turned {
-            // CONN-7: the turn polled some calls; let other connections have theirs.
+        if turned && (calls.has_ready() || !connection_threads::alone_here()) {
+            // CONN-7: the turn polled some calls; let other connections have theirs. A
+            // connection alone on its thread with no call left ready has none to let
+            // ahead: the loop goes on to write the answers without first sending the
+            // runtime through its I/O driver (one `epoll_wait` per lone call).
             tokio::task::yield_now().await;
         }
     }

@@ -200,6 +200,11 @@ impl Streams {
         Poll::Ready(())
     }
 
+    /// Returns true if woken calls wait for the next turn.
+    pub fn has_ready(&self) -> bool {
+        !lock(&self.wakes.state).ready.is_empty()
+    }
+
     /// Waits for and runs the next turn.
     pub async fn turn(&mut self) {
         std::future::poll_fn(|cx| self.poll_turn(cx)).await

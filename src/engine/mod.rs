@@ -268,7 +268,7 @@ impl Default for Config {
             quota_backend_bytes: 0,
             fs_reserve_bytes: None,
             member_id: 0,
-            free_space: Arc::new(StatvfsFreeSpace),
+            free_space: Arc::new(StatvfsFreeSpace::default()),
             wal_file_bytes: WAL_FILE_BYTES_DEFAULT,
             wal_defrag_room_bytes: WAL_DEFRAG_ROOM_BYTES_DEFAULT,
             accept_missing_log: false,
