@@ -34,8 +34,9 @@
 //!   call by at most one turn per connection, not by all its calls. Watch, LeaseKeepAlive
 //!   and Snapshot calls, which live long, run in a task of their own on the same thread
 //!   (`STREAMED_PATHS`), whose response frames go to the connection through a channel of
-//!   `STREAMED_FRAMES_AHEAD` (16) frames. After a turn the connection's task yields to the
-//!   runtime unless it is alone on its thread (THREAD-4) and no call is left ready.
+//!   `STREAMED_FRAMES_AHEAD` (16) frames. After a turn the connection's task writes the
+//!   turn's answers, then yields to the runtime unless it is alone on its thread
+//!   (THREAD-4) and no call is left ready.
 //! - CONN-8: each connection's task takes its turns within its role's fair share
 //!   (`server::role_turns` TURN-1..3): a connection writing for a role that has had more
 //!   of the RPC layer's time than another role with a connection waiting steps aside until
@@ -497,9 +498,7 @@ async fn serve_connection<S>(
         let mut turned = false;
         tokio::select! {
             result = connection.as_mut() => {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
+                log_end(result);
                 break;
             }
             () = calls.turn() => turned = true,
@@ -524,14 +523,28 @@ async fn serve_connection<S>(
             },
         }
         if turned && (calls.has_ready() || !connection_threads::alone_here()) {
-            // CONN-7: the turn polled some calls; let other connections have theirs. A
-            // connection alone on its thread with no call left ready has none to let
-            // ahead: the loop goes on to write the answers without first sending the
-            // runtime through its I/O driver (one `epoll_wait` per lone call).
+            // CONN-7: the turn polled some calls; let other connections have theirs, but
+            // only once the answers it made are written, or each would wait for every
+            // other connection's turn. A connection alone on its thread with no call left
+            // ready has none to let ahead: the loop goes on to write the answers without
+            // first sending the runtime through its I/O driver (one `epoll_wait` per lone
+            // call).
+            let polled = std::future::poll_fn(|cx| Poll::Ready(connection.as_mut().poll(cx)));
+            if let Poll::Ready(result) = polled.await {
+                log_end(result);
+                break;
+            }
             tokio::task::yield_now().await;
         }
     }
     drop(slot);
+}
+
+/// Logs how a connection's HTTP server ended, if with an error.
+fn log_end<E: std::fmt::Display>(result: Result<(), E>) {
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
 }
 
 /// The client port, counting each request as open until its response body is done
