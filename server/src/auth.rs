@@ -376,7 +376,7 @@ impl AuthService {
     }
 
     async fn header(&self) -> Result<Option<pb::ResponseHeader>, Status> {
-        Ok(Some(self.node.current_header().await?))
+        Ok(Some(self.node.current_header()?))
     }
 }
 

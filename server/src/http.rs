@@ -390,7 +390,7 @@ async fn health(State(shared): State<Shared>, RawQuery(query): RawQuery) -> Resp
             format!("{{\"health\":\"false\",\"reason\":\"{reason}\"}}"),
         );
     }
-    match shared.node.status().await {
+    match shared.node.status() {
         Ok(status) => {
             let active = status
                 .alarms

@@ -126,10 +126,16 @@ impl Lease for LeaseService {
         request: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
         let pb::LeaseTimeToLiveRequest { id, keys } = request.into_inner();
-        let resp = self
-            .node
-            .call(move |engine| engine.lease_time_to_live(id, keys))
-            .await?;
+        // NODE-1: without its keys the answer is a few numbers read under the lessor's
+        // lock; a lease's keys can be many, so listing them goes to the blocking pool.
+        let resp = if keys {
+            self.node
+                .call(move |engine| engine.lease_time_to_live(id, keys))
+                .await?
+        } else {
+            self.node
+                .quick(|engine| engine.lease_time_to_live(id, keys))?
+        };
         Ok(Response::new(self.node.ids.lease_time_to_live(resp)))
     }
 

@@ -145,7 +145,7 @@ impl Maintenance for MaintenanceService {
         &self,
         _request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        let status = self.node.status().await?;
+        let status = self.node.status()?;
         let reported = ReportedStatus {
             version: ETCD_SERVER_VERSION,
             storage_version: ETCD_CLUSTER_VERSION,

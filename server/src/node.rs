@@ -8,7 +8,8 @@
 //!   runs on tokio's blocking pool ([`Node::call`]), never on a reactor thread; a Range of
 //!   at most [`RANGE_INLINE_RECORDS_MAX`] records is read on the reactor thread
 //!   ([`Node::range`]), and so is a read-only Txn whose compares and ranges are bounded to
-//!   as many ([`Node::read_only_txn`]). A write is
+//!   as many ([`Node::read_only_txn`]), and so are Status and a LeaseTimeToLive that does
+//!   not list the lease's keys ([`Node::quick`]: short locks, no disk). A write is
 //!   submitted from the reactor thread ([`Node::submit`]: admission takes only short
 //!   locks and never waits) and its answer awaited there, so no thread is parked per
 //!   write in flight; the exception is a lone write (nothing else queued or in flight),
@@ -214,9 +215,10 @@ impl Node {
         }
     }
 
-    /// Runs `f` against the engine in the caller's thread: only for the auth store's reads
-    /// and permission checks and lease renewals, which take short locks and never touch the
-    /// disk (an exception to NODE-1, like admission).
+    /// Runs `f` against the engine in the caller's thread: only for calls that take short
+    /// locks and never wait for the disk (the auth store's reads and permission checks,
+    /// lease renewals and time-to-live reads, Status; an exception to NODE-1, like
+    /// admission).
     pub fn quick<T>(&self, f: impl FnOnce(&Engine) -> Result<T>) -> std::result::Result<T, Status> {
         let engine = self.engine()?;
         f(&engine).map_err(|err| self.engine_error(&err, false))
@@ -351,16 +353,17 @@ impl Node {
         }
     }
 
-    /// Returns the engine's status (revisions, sizes, applied index).
-    pub async fn status(&self) -> std::result::Result<api::Status, Status> {
-        self.call(Engine::status).await
+    /// Returns the engine's status (revisions, sizes, applied index), read in the caller's
+    /// thread: short locks and one `stat` of the database file (NODE-1).
+    pub fn status(&self) -> std::result::Result<api::Status, Status> {
+        self.quick(Engine::status)
     }
 
     /// Returns a full response header at the current revision.
-    pub async fn current_header(
+    pub fn current_header(
         &self,
     ) -> std::result::Result<crate::pb::etcdserverpb::ResponseHeader, Status> {
-        let status = self.status().await?;
+        let status = self.status()?;
         Ok(self.ids.header(status.header.revision))
     }
 }

@@ -314,7 +314,7 @@ pub fn authorize(
 /// reason is the gRPC error's Go text; the stream stays open (WATCH-SRV-7). Returns false
 /// if the client is gone.
 async fn refuse_watch(node: &Node, sender: &ResponseSender, denied: &Status) -> bool {
-    let header = match node.current_header().await {
+    let header = match node.current_header() {
         Ok(header) => header,
         Err(_) => node.ids.header(0),
     };

@@ -1349,7 +1349,7 @@ fn revoke_keys(
     lessor: &Lessor,
     id: i64,
 ) -> Result<Result<LeaseRevokeResponse>, StorageError> {
-    let Some(ttl) = lessor.time_to_live(id, Duration::ZERO) else {
+    let Some(ttl) = lessor.time_to_live(id, Duration::ZERO, true) else {
         return Ok(Err(Error::LeaseNotFound));
     };
     for key in ttl.keys {

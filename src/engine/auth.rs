@@ -255,7 +255,7 @@ fn lease_keys(shared: &Shared, id: i64) -> Vec<bytes::Bytes> {
     let now = shared.config.clock.now();
     let lessor = sync::lock(&shared.lessor);
     lessor
-        .time_to_live(id, now)
+        .time_to_live(id, now, true)
         .map(|t| t.keys)
         .unwrap_or_default()
 }

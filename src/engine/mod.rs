@@ -1238,14 +1238,14 @@ impl Engine {
             revision: shared.reads.published.load(),
         };
         let now = shared.config.clock.now();
-        let found = crate::sync::lock(&shared.lessor).time_to_live(id, now);
+        let found = crate::sync::lock(&shared.lessor).time_to_live(id, now, keys);
         Ok(match found {
             Some(t) => LeaseTimeToLiveResponse {
                 header,
                 id,
                 ttl: t.remaining,
                 granted_ttl: t.granted,
-                keys: if keys { t.keys } else { Vec::new() },
+                keys: t.keys,
             },
             None => LeaseTimeToLiveResponse {
                 header,

@@ -56,7 +56,7 @@ pub struct LeaseTtl {
     pub remaining: i64,
     /// The granted TTL.
     pub granted: i64,
-    /// The attached keys, in key order.
+    /// The attached keys, in key order (empty unless asked for).
     pub keys: Vec<Bytes>,
 }
 
@@ -162,14 +162,18 @@ impl Lessor {
         Some(lease.ttl)
     }
 
-    /// Returns what TimeToLive reports for lease `id`.
-    pub fn time_to_live(&self, id: i64, now: Duration) -> Option<LeaseTtl> {
+    /// Returns what TimeToLive reports for lease `id`, its attached keys only if `keys`.
+    pub fn time_to_live(&self, id: i64, now: Duration, keys: bool) -> Option<LeaseTtl> {
         let lease = self.leases.get(&id)?;
         let remaining = lease.deadline.saturating_sub(now).as_secs();
         Some(LeaseTtl {
             remaining: i64::try_from(remaining).unwrap_or(i64::MAX),
             granted: lease.ttl,
-            keys: lease.keys.iter().cloned().collect(),
+            keys: if keys {
+                lease.keys.iter().cloned().collect()
+            } else {
+                Vec::new()
+            },
         })
     }
 
@@ -251,9 +255,20 @@ mod tests {
         lessor.attach(&key("a"), 1);
         lessor.attach(&key("b"), 1);
         lessor.attach(&key("a"), 2);
-        let ttl = |lessor: &Lessor, id| lessor.time_to_live(id, Duration::ZERO).map(|t| t.keys);
+        let ttl = |lessor: &Lessor, id| {
+            lessor
+                .time_to_live(id, Duration::ZERO, true)
+                .map(|t| t.keys)
+        };
         assert_eq!(ttl(&lessor, 1), Some(vec![key("b")]));
         assert_eq!(ttl(&lessor, 2), Some(vec![key("a")]));
+        assert_eq!(
+            lessor
+                .time_to_live(2, Duration::ZERO, false)
+                .map(|t| t.keys),
+            Some(vec![]),
+            "keys only when asked"
+        );
         lessor.attach(&key("b"), 0);
         assert_eq!(ttl(&lessor, 1), Some(vec![]));
         assert_eq!(lessor.revoke(2), Some(vec![key("a")]));
@@ -269,7 +284,7 @@ mod tests {
         let at = |s| Duration::from_secs(s);
         assert_eq!(
             lessor
-                .time_to_live(7, at(1))
+                .time_to_live(7, at(1), true)
                 .map(|t| (t.remaining, t.granted)),
             Some((4, 5))
         );
@@ -284,7 +299,7 @@ mod tests {
         assert_eq!(lessor.expired(at(7), 10), vec![8, 7]);
         assert_eq!(lessor.keep_alive(99, at(3)), None);
         assert_eq!(
-            lessor.time_to_live(8, at(100)).map(|t| t.remaining),
+            lessor.time_to_live(8, at(100), false).map(|t| t.remaining),
             Some(0)
         );
     }
