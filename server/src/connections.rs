@@ -50,7 +50,7 @@
 //!   ends the stream, which is the only form grpc-go reads the status from.
 //!
 //! Contact points: `server::serve` runs one [`serve_listener`] per listener with a shared
-//! [`Connections`] and [`ConnectionThreads`] (and the listener's [`Tls`] for `https://`);
+//! [`Connections`] and `ConnectionThreads` (and the listener's `Tls` for `https://`);
 //! `server::authority` reports unfinished input through [`Activity`]; `/metrics` shows [`Connections::open`] and
 //! [`Connections::refused`].
 

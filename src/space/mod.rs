@@ -173,12 +173,12 @@ pub trait FreeSpace: Send + Sync + std::fmt::Debug {
 pub const FREE_SPACE_REREAD_AFTER: Duration = Duration::from_millis(10);
 
 /// The free space `statvfs` reports, read again once the last figure is
-/// [`FREE_SPACE_REREAD_AFTER`] old or was read for another directory.
+/// `FREE_SPACE_REREAD_AFTER` (10 ms) old or was read for another directory.
 ///
 /// Why not read every time: apply asks once per batch, and a single client's writes make a
 /// batch each, thousands a second, each paying a `statfs` system call with its path walk.
 /// What a figure 10 ms old misses is what the disk took in those 10 ms, far below any
-/// reserve (at least [`FS_RESERVE_BYTES_MIN`]).
+/// reserve (at least `FS_RESERVE_BYTES_MIN`, 64 MiB).
 #[derive(Debug, Default)]
 pub struct StatvfsFreeSpace {
     last: Mutex<Option<FreeSpaceReading>>,

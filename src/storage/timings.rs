@@ -89,7 +89,7 @@ pub struct DiskTimings {
     pub backend_commit: LatencyHistogram,
 }
 
-/// A snapshot of [`DiskTimings`].
+/// A snapshot of the disk timings (`DiskTimings`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DiskTimingsSnapshot {
     /// The log's `fdatasync`.
