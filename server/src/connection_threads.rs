@@ -41,7 +41,7 @@ use tokio::task::{AbortHandle, JoinSet};
 use crate::{BLOCKING_THREADS_MAX, RUNTIME_POLL_INTERVAL, SHUTDOWN_BLOCKING_MAX};
 
 thread_local! {
-    /// On a connection thread, its count of open connections (THREAD-2); `None` elsewhere.
+    /// On a connection thread, its count of open connections (THREAD-2); unset elsewhere.
     static OPEN_HERE: OnceCell<Arc<AtomicUsize>> = const { OnceCell::new() };
 }
 
