@@ -495,13 +495,14 @@ async fn serve_connection<S>(
     let mut tick = tokio::time::interval(connections.watchdog_tick());
     let mut closing = false;
     loop {
-        let mut turned = false;
+        // After a turn: whether woken calls still wait for the next one.
+        let mut turned = None;
         tokio::select! {
             result = connection.as_mut() => {
                 log_end(result);
                 break;
             }
-            () = calls.turn() => turned = true,
+            more_ready = calls.turn() => turned = Some(more_ready),
             _ = stopped.wait_for(|stop| *stop), if !closing => {
                 connection.as_mut().graceful_shutdown();
                 closing = true;
@@ -522,7 +523,9 @@ async fn serve_connection<S>(
                 Verdict::Idle | Verdict::Healthy => {}
             },
         }
-        if turned && (calls.has_ready() || !connection_threads::alone_here()) {
+        if let Some(more_ready) = turned
+            && (more_ready || !connection_threads::alone_here())
+        {
             // CONN-7: the turn polled some calls; let other connections have theirs, but
             // only once the answers it made are written, or each would wait for every
             // other connection's turn. A connection alone on its thread with no call left

@@ -142,8 +142,9 @@ pub fn streams() -> (StreamExecutor, Streams) {
 impl Streams {
     /// Runs one turn (FAIR-2): takes the calls that arrived, polls at most
     /// [`POLLS_PER_TURN`] woken ones, and is ready once it polled any, so the caller can
-    /// yield to the runtime before the next turn. Pending when nothing was woken.
-    pub fn poll_turn(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    /// yield to the runtime before the next turn; ready with true if woken calls still wait
+    /// for the next turn. Pending when nothing was woken.
+    pub fn poll_turn(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
         lock(&self.wakes.state).task = Some(cx.waker().clone());
         while let Poll::Ready(Some(call)) = self.arriving.poll_recv(cx) {
             let slot = match self.free.pop() {
@@ -193,20 +194,17 @@ impl Streams {
         if polled == 0 {
             return Poll::Pending;
         }
-        if !lock(&self.wakes.state).ready.is_empty() {
+        let more_ready = !lock(&self.wakes.state).ready.is_empty();
+        if more_ready {
             // FAIR-1: calls are still queued; come back after other tasks had their turn.
             cx.waker().wake_by_ref();
         }
-        Poll::Ready(())
+        Poll::Ready(more_ready)
     }
 
-    /// Returns true if woken calls wait for the next turn.
-    pub fn has_ready(&self) -> bool {
-        !lock(&self.wakes.state).ready.is_empty()
-    }
-
-    /// Waits for and runs the next turn.
-    pub async fn turn(&mut self) {
+    /// Waits for and runs the next turn; returns true if woken calls still wait for the
+    /// next one.
+    pub async fn turn(&mut self) -> bool {
         std::future::poll_fn(|cx| self.poll_turn(cx)).await
     }
 }
@@ -232,14 +230,19 @@ mod tests {
         }
         // First turns: each call polled once (parked on the watch), at most a turn's worth
         // at a time.
-        let mut turns = 0;
-        while std::future::poll_fn(|cx| Poll::Ready(streams.poll_turn(cx)))
-            .await
-            .is_ready()
+        let mut turns = Vec::new();
+        while let Poll::Ready(more_ready) =
+            std::future::poll_fn(|cx| Poll::Ready(streams.poll_turn(cx))).await
         {
-            turns += 1;
+            turns.push(more_ready);
         }
-        assert_eq!(turns, calls.div_ceil(POLLS_PER_TURN));
+        assert_eq!(turns.len(), calls.div_ceil(POLLS_PER_TURN));
+        assert!(
+            turns
+                .split_last()
+                .is_some_and(|(last, before)| !last && before.iter().all(|m| *m)),
+            "every turn but the last leaves calls ready: {turns:?}"
+        );
         assert_eq!(done.load(Ordering::SeqCst), 0);
         release.send(true).expect("calls listen");
         while done.load(Ordering::SeqCst) < calls {
