@@ -5,12 +5,12 @@
 //! worker so that it may steal ("the last searching worker notifies one more"), and a task
 //! scheduled while the worker's next-task slot is taken does the same. With one client
 //! doing one call at a time there is nothing to steal, yet every call woke the other worker
-//! about 1.9 times: etcd's benchmark with one client measured 4.9 voluntary context switches
-//! per put across the server's threads, 3.1 with connections on these threads, and the
-//! server's CPU per put fell by about 15 %. A connection is one task whose unary calls are
-//! polled inside it, its long streams tasks of their own on the same thread (CONN-7), so stealing could only ever move whole connections between workers;
-//! placing each connection on a thread when it is accepted gives the same spread without
-//! the wake-ups.
+//! about 1.9 times: etcd's benchmark with one client measured 4.9 voluntary context
+//! switches per put across the server's threads, 3.1 with connections on these threads, and
+//! the server's CPU per put fell by about 15 %. A connection is one task whose unary calls
+//! are polled inside it, its long streams tasks of their own on the same thread (CONN-7),
+//! so stealing could only ever move whole connections between workers; placing each
+//! connection on a thread when it is accepted gives the same spread without the wake-ups.
 //!
 //! Invariants:
 //! - THREAD-1: a connection's task, its calls and every task they spawn run on the one

@@ -7,8 +7,9 @@
 //! and no compaction work), forms a batch of up to `batch_requests_max` from them (PREP-4),
 //! applies it in order in one `Store::write_logged` transaction (committed without I/O, its
 //! changes framed as one log record), and hands the batch with its record, its events and
-//! its answers to the commit thread, which makes the record durable, publishes and answers. Meanwhile this thread applies the next batch: one
-//! batch's `fdatasync` overlaps the next one's apply (`docs/design/write-path.md`).
+//! its answers to the commit thread, which makes the record durable, publishes and answers.
+//! Meanwhile this thread applies the next batch: one batch's `fdatasync` overlaps the next
+//! one's apply (`docs/design/write-path.md`).
 //!
 //! Invariants:
 //! - APPLY-1: a request's answer is delivered only after the commit holding it is durable
@@ -19,16 +20,16 @@
 //!   a reader at the published revision never meets a compaction above it. Defrag steps
 //!   also run only after a barrier.
 //! - APPLY-3: apply is deterministic given its inputs: the same requests in the same order
-//!   give the same history bytes. It reads no randomness; it reads the engine's `Clock` only
-//!   for lease deadlines (memory only, reset on restart), for the allocation prepare queue's
-//!   fair share (which roles had an allocation admitted in the last 10 s; memory only; a
-//!   replicated log would carry the time in the entry), and to generate expiry revokes and
-//!   auto-compactions and the re-registration timeouts of recovered agents, which then go
-//!   through apply like client requests (a replicated log would carry them as entries), to
-//!   space the walks that measure the size in use, and for wall times stored in rows (an operation's
-//!   outcome, an agent's unreachable time) and the retention age of outcomes (OPER-4); the
-//!   history bytes never depend on it; the filesystem's free space comes from the injected
-//!   `FreeSpace`, read at most once per batch.
+//!   give the same history bytes. It reads no randomness; it reads the engine's `Clock`
+//!   only for lease deadlines (memory only, reset on restart), for the allocation prepare
+//!   queue's fair share (which roles had an allocation admitted in the last 10 s; memory
+//!   only; a replicated log would carry the time in the entry), and to generate expiry
+//!   revokes and auto-compactions and the re-registration timeouts of recovered agents,
+//!   which then go through apply like client requests (a replicated log would carry them as
+//!   entries), to space the walks that measure the size in use, and for wall times stored
+//!   in rows (an operation's outcome, an agent's unreachable time) and the retention age of
+//!   outcomes (OPER-4); the history bytes never depend on it; the filesystem's free space
+//!   comes from the injected `FreeSpace`, read at most once per batch.
 //! - APPLY-4: the apply thread never waits for a disk sync except in a checkpoint batch, a
 //!   compaction step, a defrag step, the size-in-use walk, and a batch it finishes itself
 //!   (`commit::finish_inline`) because the commit thread is idle and nothing is queued; it

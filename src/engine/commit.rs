@@ -2,9 +2,10 @@
 //! them, while the apply thread goes on with the next batch.
 //!
 //! Each loop takes the batches the apply thread handed over since the last loop, at most
-//! [`COMMIT_BATCHES_PER_SYNC_MAX`] (sleeping while there is none), writes their log records in order and makes them durable with one
-//! `fdatasync` (`storage::wal`), then, batch by batch, publishes the batch's revision with
-//! its events (the watch switch) and delivers its answers.
+//! [`COMMIT_BATCHES_PER_SYNC_MAX`] (sleeping while there is none), writes their log records
+//! in order and makes them durable with one `fdatasync` (`storage::wal`), then, batch by
+//! batch, publishes the batch's revision with its events (the watch switch) and delivers
+//! its answers.
 //!
 //! Invariants:
 //! - COMMIT-1: a batch is published and answered only after the `fdatasync` that covers

@@ -1,7 +1,8 @@
 //! The hand-off of one watch stream: the thread that finishes a batch (normally the commit
-//! thread), the watch sync thread and the stream's own requests push responses; the stream's one consumer takes them, either blocking a thread
-//! (library users) or as a future polled by an asynchronous runtime (the server), so a
-//! stream costs no thread of its own.
+//! thread), the watch sync thread and the stream's own requests push responses; the
+//! stream's one consumer takes them, either blocking a thread (library users) or as a
+//! future polled by an asynchronous runtime (the server), so a stream costs no thread of
+//! its own.
 //!
 //! Owns: the queued items, the consumer's waker, and the count of blocked consumers.
 //!
