@@ -5,45 +5,73 @@
 //! refuses both; this module rewrites such strings into the form it accepts, before it runs.
 //!
 //! Invariants:
-//! - GW-B64-1: a string under a bytes field name ([`BYTES_FIELDS`]) decodes to the bytes
+//! - GW-B64-1: a string under one of its request's bytes field names decodes to the bytes
 //!   Go's `StdEncoding.DecodeString` gives it, `\r` and `\n` skipped and the last symbol's
 //!   extra bits ignored; what the generated mapping accepts besides (no `=` padding, the
 //!   URL-safe alphabet) stays accepted, and what neither accepts is still refused by the
 //!   mapping (code 3, HTTP 400).
-//! - GW-B64-2: [`BYTES_FIELDS`] names every `bytes` field of the KV, Watch and Auth requests
-//!   kvd serves: `key` and `range_end` of Range, DeleteRange, Compare, WatchCreate, authpb's
-//!   Permission (RoleGrantPermission's `perm`) and RoleRevokePermission, `value` of Put and
-//!   Compare. No other field of those requests has one of these names, so each name is a
-//!   bytes field wherever it appears in them (as GW-ENUM-2 does for enums). Not covered: the
-//!   `name` of the Lock and Election requests, a bytes field whose name the Auth requests
-//!   use for a string; Go's extra forms (line breaks, the last symbol's extra bits) are
-//!   refused there.
+//! - GW-B64-2: each request names its bytes fields ([`GatewayRequest::BYTES_FIELDS`]). For
+//!   the KV, Watch and Auth requests kvd serves they are [`BYTES_FIELDS`]: `key` and
+//!   `range_end` of Range, DeleteRange, Compare, WatchCreate, authpb's Permission
+//!   (RoleGrantPermission's `perm`) and RoleRevokePermission, `value` of Put and Compare; the
+//!   Auth requests' `name` is a string and is not read as base64. For the Lock and Election
+//!   requests they are [`CONCURRENCY_BYTES_FIELDS`]: `name`, `key` (Unlock's, a LeaderKey's)
+//!   and `value` (Campaign's, Proclaim's). No other field of a request has one of its names,
+//!   so each name is a bytes field wherever it appears in that request (as GW-ENUM-2 does
+//!   for enums).
 //!
 //! Contact points: `gateway::decode_value` (and so every route and stream) calls
-//! [`as_go_reads_bytes`] before the generated decoding.
+//! [`as_go_reads_bytes`] with the request's fields before the generated decoding.
 
 use serde_json::Value;
 
-/// The JSON names (proto and lowerCamelCase) of the requests' bytes fields (GW-B64-2).
+use super::GatewayRequest;
+use crate::pb::{v3electionpb, v3lockpb};
+
+/// The JSON names (proto and lowerCamelCase) of the KV, Watch and Auth requests' bytes
+/// fields (GW-B64-2).
 pub const BYTES_FIELDS: [&str; 4] = ["key", "range_end", "rangeEnd", "value"];
 
-/// Rewrites, in place, every string under a bytes field name at any depth of `value` into
+/// The JSON names of the Lock and Election requests' bytes fields (GW-B64-2).
+pub const CONCURRENCY_BYTES_FIELDS: [&str; 3] = ["name", "key", "value"];
+
+/// Declares the Lock and Election requests: no enum fields, [`CONCURRENCY_BYTES_FIELDS`].
+macro_rules! concurrency_requests {
+    ($($request:ty),* $(,)?) => {
+        $(impl GatewayRequest for $request {
+            const BYTES_FIELDS: &'static [&'static str] = &CONCURRENCY_BYTES_FIELDS;
+        })*
+    };
+}
+
+concurrency_requests!(
+    v3lockpb::LockRequest,
+    v3lockpb::UnlockRequest,
+    v3electionpb::CampaignRequest,
+    v3electionpb::ProclaimRequest,
+    v3electionpb::LeaderRequest,
+    v3electionpb::ResignRequest,
+);
+
+/// Rewrites, in place, every string under one of `fields` at any depth of `value` into
 /// base64 the generated mapping decodes to what Go decodes it to (GW-B64-1).
-pub fn as_go_reads_bytes(value: &mut Value) {
+pub fn as_go_reads_bytes(value: &mut Value, fields: &[&str]) {
     match value {
         Value::Object(map) => {
             for (key, field) in map.iter_mut() {
                 match field {
-                    Value::String(text) if BYTES_FIELDS.contains(&key.as_str()) => {
+                    Value::String(text) if fields.contains(&key.as_str()) => {
                         if let Some(rewritten) = as_go_reads(text) {
                             *text = rewritten;
                         }
                     }
-                    other => as_go_reads_bytes(other),
+                    other => as_go_reads_bytes(other, fields),
                 }
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(as_go_reads_bytes),
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|item| as_go_reads_bytes(item, fields)),
         _ => {}
     }
 }
@@ -206,6 +234,36 @@ mod tests {
             (&revoke.key[..], &revoke.range_end[..]),
             (&b"a"[..], &b"b"[..])
         );
+    }
+
+    #[test]
+    fn lock_and_election_names_read_as_go_reads_them() {
+        let lock: v3lockpb::LockRequest = decode(br#"{"name":"YR==\n","lease":"7"}"#).unwrap();
+        assert_eq!((&lock.name[..], lock.lease), (&b"a"[..], 7));
+        let unlock: v3lockpb::UnlockRequest = decode(br#"{"key":"Yh=="}"#).unwrap();
+        assert_eq!(&unlock.key[..], b"b");
+        let campaign: v3electionpb::CampaignRequest =
+            decode(br#"{"name":"YR","value":"Y\r\nh=="}"#).unwrap();
+        assert_eq!(
+            (&campaign.name[..], &campaign.value[..]),
+            (&b"a"[..], &b"b"[..])
+        );
+        let leader: v3electionpb::LeaderRequest = decode(br#"{"name":"bGt="}"#).unwrap();
+        assert_eq!(&leader.name[..], b"lk");
+        let proclaim: v3electionpb::ProclaimRequest =
+            decode(br#"{"leader":{"name":"YR==","key":"Yh==","rev":"3"},"value":"bGt="}"#).unwrap();
+        let leader = proclaim.leader.expect("the leader key");
+        assert_eq!(
+            (&leader.name[..], &leader.key[..], leader.rev),
+            (&b"a"[..], &b"b"[..], 3)
+        );
+        assert_eq!(&proclaim.value[..], b"lk");
+        let resign: v3electionpb::ResignRequest =
+            decode(br#"{"leader":{"name":"YR==\n","key":"Yh=="}}"#).unwrap();
+        let leader = resign.leader.expect("the leader key");
+        assert_eq!((&leader.name[..], &leader.key[..]), (&b"a"[..], &b"b"[..]));
+        let error = decode::<v3lockpb::LockRequest>(br#"{"name":"Y!=="}"#).unwrap_err();
+        assert_eq!(error.code(), tonic::Code::InvalidArgument, "{error:?}");
     }
 
     #[test]

@@ -13,14 +13,14 @@
 //!   in those requests.
 //!
 //! Contact points: `gateway::decode` (and so the streams) call [`without_enum_numbers`] before
-//! the generated decoding and [`RawEnums::restore`] after it.
+//! the generated decoding and [`GatewayRequest::restore`] after it.
 
 use serde_json::Value;
 
+use super::GatewayRequest;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::request_op::Request;
 use crate::pb::etcdserverpb::watch_request::RequestUnion;
-use crate::pb::{v3electionpb, v3lockpb};
 
 /// The JSON names (proto and lowerCamelCase) of the enum fields carried (GW-ENUM-2).
 pub const ENUM_FIELDS: [&str; 9] = [
@@ -81,20 +81,14 @@ fn restore_number(target: &mut i32, json: &Value, proto: &str, camel: &str) {
     }
 }
 
-/// A decoded request whose enum numbers can be put back from its JSON (GW-ENUM-1).
-pub trait RawEnums {
-    /// Puts back the enum numbers of `json`, the request as sent.
-    fn restore(&mut self, _json: &Value) {}
-}
-
-impl RawEnums for pb::RangeRequest {
+impl GatewayRequest for pb::RangeRequest {
     fn restore(&mut self, json: &Value) {
         restore_number(&mut self.sort_order, json, "sort_order", "sortOrder");
         restore_number(&mut self.sort_target, json, "sort_target", "sortTarget");
     }
 }
 
-impl RawEnums for pb::TxnRequest {
+impl GatewayRequest for pb::TxnRequest {
     fn restore(&mut self, json: &Value) {
         if let Some(compares) = json.get("compare").and_then(Value::as_array) {
             for (compare, json) in self.compare.iter_mut().zip(compares) {
@@ -128,7 +122,7 @@ impl RawEnums for pb::TxnRequest {
     }
 }
 
-impl RawEnums for pb::WatchRequest {
+impl GatewayRequest for pb::WatchRequest {
     fn restore(&mut self, json: &Value) {
         let Some(RequestUnion::CreateRequest(create)) = &mut self.request_union else {
             return;
@@ -147,7 +141,7 @@ impl RawEnums for pb::WatchRequest {
     }
 }
 
-impl RawEnums for pb::AlarmRequest {
+impl GatewayRequest for pb::AlarmRequest {
     fn restore(&mut self, json: &Value) {
         restore_number(&mut self.action, json, "action", "action");
         restore_number(&mut self.alarm, json, "alarm", "alarm");
@@ -157,7 +151,7 @@ impl RawEnums for pb::AlarmRequest {
 /// Declares requests without enum fields kvd serves (GW-ENUM-2).
 macro_rules! no_raw_enums {
     ($($request:ty),* $(,)?) => {
-        $(impl RawEnums for $request {})*
+        $(impl GatewayRequest for $request {})*
     };
 }
 
@@ -199,19 +193,13 @@ no_raw_enums!(
     pb::AuthRoleDeleteRequest,
     pb::AuthRoleGrantPermissionRequest,
     pb::AuthRoleRevokePermissionRequest,
-    v3lockpb::LockRequest,
-    v3lockpb::UnlockRequest,
-    v3electionpb::CampaignRequest,
-    v3electionpb::ProclaimRequest,
-    v3electionpb::LeaderRequest,
-    v3electionpb::ResignRequest,
 );
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn decode<T: RawEnums + serde::de::DeserializeOwned>(json: &str) -> T {
+    fn decode<T: GatewayRequest + serde::de::DeserializeOwned>(json: &str) -> T {
         let value: Value = serde_json::from_str(json).unwrap();
         let mut request: T = serde_json::from_value(without_enum_numbers(&value)).unwrap();
         request.restore(&value);

@@ -67,7 +67,6 @@ use crate::pb::v3electionpb::election_server::Election;
 use crate::pb::v3lockpb::lock_server::Lock;
 use crate::snapshot::Snapshots;
 use crate::watch::WatchService;
-use enums::RawEnums;
 use kvd::sync::Arc;
 
 /// The path prefixes the gateway answers under: etcd 3.4 serves both.
@@ -400,7 +399,7 @@ async fn unary<Req, Resp, F, Fut>(
     call: F,
 ) -> Response
 where
-    Req: DeserializeOwned + Default + RawEnums,
+    Req: DeserializeOwned + Default + GatewayRequest,
     Resp: Serialize,
     F: FnOnce(Req) -> Fut,
     Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
@@ -430,8 +429,17 @@ where
     response
 }
 
+/// What the gateway knows of a request beyond its generated JSON mapping.
+pub trait GatewayRequest {
+    /// The JSON names of its bytes fields, read as Go reads base64 (GW-B64-1, GW-B64-2).
+    const BYTES_FIELDS: &'static [&'static str] = &base64::BYTES_FIELDS;
+
+    /// Puts back the enum numbers of `json`, the request as sent (GW-ENUM-1).
+    fn restore(&mut self, _json: &serde_json::Value) {}
+}
+
 /// Decodes a request body (GW-2): an empty body (whitespace only) is the all-zero request.
-fn decode<Req: DeserializeOwned + Default + RawEnums>(body: &[u8]) -> Result<Req, Status> {
+fn decode<Req: DeserializeOwned + Default + GatewayRequest>(body: &[u8]) -> Result<Req, Status> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Req::default());
     }
@@ -450,9 +458,11 @@ fn decode<Req: DeserializeOwned + Default + RawEnums>(body: &[u8]) -> Result<Req
 
 /// Decodes one JSON value as a `Req` (GW-2, GW-ENUM-1, GW-B64-1), or returns the decoder's
 /// error.
-fn decode_value<Req: DeserializeOwned + RawEnums>(value: serde_json::Value) -> Result<Req, String> {
+fn decode_value<Req: DeserializeOwned + GatewayRequest>(
+    value: serde_json::Value,
+) -> Result<Req, String> {
     let mut value = without_nulls(value);
-    base64::as_go_reads_bytes(&mut value);
+    base64::as_go_reads_bytes(&mut value, Req::BYTES_FIELDS);
     let mut request: Req =
         serde_json::from_value(enums::without_enum_numbers(&value)).map_err(|e| e.to_string())?;
     request.restore(&value);

@@ -37,8 +37,7 @@ use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::tokio_stream::{Stream, StreamExt};
 use tonic::{Code, Status};
 
-use super::enums::RawEnums;
-use super::{Gateway, decode_value, error_response, http_status};
+use super::{Gateway, GatewayRequest, decode_value, error_response, http_status};
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::lease_server::Lease;
 use crate::pb::etcdserverpb::maintenance_server::Maintenance;
@@ -140,7 +139,7 @@ async fn server_streaming<Req, Resp, F, Fut>(
     call: F,
 ) -> Response
 where
-    Req: DeserializeOwned + Default + RawEnums,
+    Req: DeserializeOwned + Default + GatewayRequest,
     Resp: Serialize + Send + 'static,
     F: FnOnce(Req) -> Fut,
     Fut: std::future::Future<
@@ -171,7 +170,7 @@ async fn bidi<Req, Resp, F, Fut>(
     call: F,
 ) -> Response
 where
-    Req: DeserializeOwned + Message + Default + RawEnums + Send + 'static,
+    Req: DeserializeOwned + Message + Default + GatewayRequest + Send + 'static,
     Resp: Serialize + Send + 'static,
     F: FnOnce(Streaming<Req>) -> Fut,
     Fut: std::future::Future<
@@ -342,7 +341,7 @@ impl JsonObjects {
 
     /// Returns the next object decoded as `T`, an error text for one that is not, or
     /// `None` at the end of the body.
-    async fn next<T: DeserializeOwned + RawEnums>(&mut self) -> Option<Result<T, String>> {
+    async fn next<T: DeserializeOwned + GatewayRequest>(&mut self) -> Option<Result<T, String>> {
         loop {
             let start = self
                 .buffer
