@@ -24,14 +24,24 @@
 //!   threads, so no connection outlives the server's shutdown.
 //! - THREAD-4: [`alone_here`] is true only on a connection thread whose count of open
 //!   connections (THREAD-2) is at most one; on every other thread it is false.
+//! - THREAD-5: while a connection thread answers writes with `ResourceExhausted` (the
+//!   prepare queue refusing them, [`note_answer`], within [`OVERLOAD_WINDOW`]), it offers
+//!   its CPU ([`share_cpu`], `sched_yield`) at the end of a connection's turn once it has run
+//!   [`SHARE_CPU_AFTER`] since it last woke or offered it. Otherwise it never does. Why: a
+//!   connection thread serving a flood runs until the scheduler's next tick (4 ms at 250 Hz)
+//!   while the apply thread, woken by its log sync or a new write on the same CPU, waits for
+//!   it; those waits were most of a polite tenant's tail beside a flood (`perf sched`,
+//!   `docs/benchmarks-features.md`). Below overload the yield is not made: in etcd's
+//!   64-client put benchmark it cost about 3 % more CPU per put.
 //!
 //! Contact points: `server::run` starts the threads before serving and stops them after;
 //! `server::connections` places each accepted connection with [`ConnectionThreads::spawn`].
 
-use std::cell::OnceCell;
+use std::cell::{Cell, OnceCell};
 use std::future::Future;
 use std::io;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use kvd::sync::{Arc, AtomicUsize, Mutex, Ordering, lock};
 use tokio::runtime::Handle;
@@ -43,6 +53,65 @@ use crate::{BLOCKING_THREADS_MAX, RUNTIME_POLL_INTERVAL, SHUTDOWN_BLOCKING_MAX};
 thread_local! {
     /// On a connection thread, its count of open connections (THREAD-2); unset elsewhere.
     static OPEN_HERE: OnceCell<Arc<AtomicUsize>> = const { OnceCell::new() };
+    /// On a connection thread, when it last woke or offered its CPU (THREAD-5).
+    static RUNNING_SINCE: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// When this thread last answered a write refused for overload (THREAD-5).
+    static OVERLOADED_AT: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// How long a connection thread runs without sleeping, while it refuses writes for
+/// overload, before it offers its CPU to the threads waiting for one (THREAD-5).
+pub const SHARE_CPU_AFTER: Duration = Duration::from_micros(500);
+
+/// How long after its last refusal for overload a thread keeps offering its CPU (THREAD-5).
+pub const OVERLOAD_WINDOW: Duration = Duration::from_secs(1);
+
+/// Records, if `code` is `ResourceExhausted` (a write refused for overload), that this
+/// thread is overloaded (THREAD-5). Called with the code of every gRPC and gateway answer.
+pub fn note_answer(code: tonic::Code) {
+    if code == tonic::Code::ResourceExhausted {
+        OVERLOADED_AT.set(Some(Instant::now()));
+    }
+}
+
+/// Offers the CPU to other runnable threads if this connection thread is overloaded and has
+/// run [`SHARE_CPU_AFTER`] since it last woke or offered it (THREAD-5). Costs one
+/// thread-local read when there is no overload.
+pub fn share_cpu() {
+    let Some(overloaded_at) = OVERLOADED_AT.get() else {
+        return;
+    };
+    match sharing(Instant::now(), RUNNING_SINCE.get(), overloaded_at) {
+        Sharing::Over => OVERLOADED_AT.set(None),
+        Sharing::Keep => {}
+        Sharing::Offer => {
+            std::thread::yield_now();
+            RUNNING_SINCE.set(Some(Instant::now()));
+        }
+    }
+}
+
+/// What [`share_cpu`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sharing {
+    /// The overload is over: forget it.
+    Over,
+    /// Keep the CPU.
+    Keep,
+    /// Offer the CPU.
+    Offer,
+}
+
+/// Decides THREAD-5 at `now` for a thread running since `running_since` (`None`: not a
+/// connection thread) that last refused a write for overload at `overloaded_at`.
+fn sharing(now: Instant, running_since: Option<Instant>, overloaded_at: Instant) -> Sharing {
+    if now.saturating_duration_since(overloaded_at) > OVERLOAD_WINDOW {
+        return Sharing::Over;
+    }
+    match running_since {
+        Some(since) if now.saturating_duration_since(since) >= SHARE_CPU_AFTER => Sharing::Offer,
+        _ => Sharing::Keep,
+    }
 }
 
 /// Returns true if the caller runs on a connection thread that serves one connection at
@@ -95,6 +164,7 @@ impl ConnectionThreads {
                 .thread_name(format!("kvd-conn-{index}"))
                 .event_interval(RUNTIME_POLL_INTERVAL)
                 .global_queue_interval(RUNTIME_POLL_INTERVAL)
+                .on_thread_unpark(|| RUNNING_SINCE.set(Some(Instant::now())))
                 .build()?;
             let (stop, stopped) = oneshot::channel::<()>();
             let open = Arc::new(AtomicUsize::new(0));
@@ -187,6 +257,55 @@ impl Drop for ConnectionThreads {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cpu_is_offered_only_under_recent_overload_after_a_long_run() {
+        let start = Instant::now();
+        let at = |us: u64| start + Duration::from_micros(us);
+        let after = SHARE_CPU_AFTER.as_micros() as u64;
+        let window = OVERLOAD_WINDOW.as_micros() as u64;
+        // Overloaded, running long enough: offer.
+        assert_eq!(sharing(at(after), Some(at(0)), at(0)), Sharing::Offer);
+        assert_eq!(sharing(at(after + 10), Some(at(0)), at(5)), Sharing::Offer);
+        // Overloaded, but woke or offered the CPU too recently: keep it.
+        assert_eq!(sharing(at(after - 1), Some(at(0)), at(0)), Sharing::Keep);
+        // Not a connection thread: never offers.
+        assert_eq!(sharing(at(after * 10), None, at(0)), Sharing::Keep);
+        // The last refusal is older than the window: the overload is over.
+        assert_eq!(sharing(at(window + 1), Some(at(0)), at(0)), Sharing::Over);
+        assert_eq!(sharing(at(window), Some(at(0)), at(0)), Sharing::Offer);
+    }
+
+    #[test]
+    fn share_cpu_forgets_an_old_overload_and_restarts_the_run_after_offering() {
+        std::thread::spawn(|| {
+            // No overload: nothing recorded, nothing changes.
+            RUNNING_SINCE.set(Some(Instant::now() - SHARE_CPU_AFTER * 4));
+            share_cpu();
+            assert_eq!(OVERLOADED_AT.get(), None);
+            // A recent refusal and a long run: the CPU is offered and the run starts again.
+            let long_ago = Instant::now() - SHARE_CPU_AFTER * 4;
+            RUNNING_SINCE.set(Some(long_ago));
+            note_answer(tonic::Code::Ok);
+            assert_eq!(
+                OVERLOADED_AT.get(),
+                None,
+                "only a refusal for overload counts"
+            );
+            note_answer(tonic::Code::ResourceExhausted);
+            share_cpu();
+            let restarted = RUNNING_SINCE.get().expect("set");
+            assert!(restarted > long_ago, "the run restarts after the offer");
+            assert!(OVERLOADED_AT.get().is_some());
+            // A refusal older than the window is forgotten.
+            OVERLOADED_AT.set(Some(Instant::now() - OVERLOAD_WINDOW * 2));
+            share_cpu();
+            assert_eq!(OVERLOADED_AT.get(), None);
+            assert_eq!(RUNNING_SINCE.get(), Some(restarted));
+        })
+        .join()
+        .expect("the test thread");
+    }
 
     /// Runs `f` on a current-thread runtime of the test's own.
     fn on_runtime<T>(f: impl Future<Output = T>) -> T {

@@ -537,6 +537,8 @@ async fn serve_connection<S>(
                 log_end(result);
                 break;
             }
+            // THREAD-5: under overload, let the pipeline threads have the CPU too.
+            connection_threads::share_cpu();
             tokio::task::yield_now().await;
         }
     }

@@ -58,6 +58,7 @@ use tonic::{Code, Status};
 
 use crate::auth::AuthService;
 use crate::cluster::ClusterService;
+use crate::connection_threads;
 use crate::connections::Connections;
 use crate::cors::{self, Cors};
 use crate::election::ElectionService;
@@ -294,6 +295,7 @@ async fn track(shared: &Shared, grpc: &GrpcServices, request: Request<Incoming>)
     // does not wait for; an answer without a status in its head succeeded.
     let code = Status::from_header_map(response.headers()).map_or(Code::Ok, |s| s.code());
     shared.metrics.record(&path, code, elapsed);
+    connection_threads::note_answer(code);
     let elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
     match code {
         Code::Internal | Code::DataLoss | Code::Unavailable | Code::Unknown => {

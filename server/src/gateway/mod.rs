@@ -426,6 +426,7 @@ where
         },
     };
     gateway.metrics.record(grpc_method, code, started.elapsed());
+    crate::connection_threads::note_answer(code);
     response
 }
 
