@@ -24,15 +24,16 @@
 //!   threads, so no connection outlives the server's shutdown.
 //! - THREAD-4: [`alone_here`] is true only on a connection thread whose count of open
 //!   connections (THREAD-2) is at most one; on every other thread it is false.
-//! - THREAD-5: while a connection thread answers writes with `ResourceExhausted` (the
-//!   prepare queue refusing them, [`note_answer`], within [`OVERLOAD_WINDOW`]), it offers
-//!   its CPU ([`share_cpu`], `sched_yield`) at the end of a connection's turn once it has run
-//!   [`SHARE_CPU_AFTER`] since it last woke or offered it. Otherwise it never does. Why: a
-//!   connection thread serving a flood runs until the scheduler's next tick (4 ms at 250 Hz)
-//!   while the apply thread, woken by its log sync or a new write on the same CPU, waits for
-//!   it; those waits were most of a polite tenant's tail beside a flood (`perf sched`,
-//!   `docs/benchmarks-features.md`). Below overload the yield is not made: in etcd's
-//!   64-client put benchmark it cost about 3 % more CPU per put.
+//! - THREAD-5: while a connection thread answers calls with `ResourceExhausted` (the
+//!   prepare queue refusing writes, or the space quota; [`note_answer`]; the last one
+//!   within [`OVERLOAD_WINDOW`]), it offers its CPU ([`share_cpu`], `sched_yield`) at the
+//!   end of a connection's turn once it has run [`SHARE_CPU_AFTER`] since it last woke or
+//!   offered it. Otherwise it never does. Why: a connection thread serving a flood runs
+//!   until the scheduler's next tick (4 ms at 250 Hz) while the apply thread, woken by its
+//!   log sync or a new write on the same CPU, waits for it; those waits were most of a
+//!   polite tenant's tail beside a flood (`perf sched`, `docs/benchmarks-features.md`).
+//!   Below overload the yield is not made: in etcd's 64-client put benchmark it cost about
+//!   3 % more CPU per put.
 //!
 //! Contact points: `server::run` starts the threads before serving and stops them after;
 //! `server::connections` places each accepted connection with [`ConnectionThreads::spawn`].
@@ -66,8 +67,9 @@ pub const SHARE_CPU_AFTER: Duration = Duration::from_micros(500);
 /// How long after its last refusal for overload a thread keeps offering its CPU (THREAD-5).
 pub const OVERLOAD_WINDOW: Duration = Duration::from_secs(1);
 
-/// Records, if `code` is `ResourceExhausted` (a write refused for overload), that this
-/// thread is overloaded (THREAD-5). Called with the code of every gRPC and gateway answer.
+/// Records, if `code` is `ResourceExhausted` (a write refused for overload, or for space),
+/// that this thread is overloaded (THREAD-5). Called with the code of every gRPC and
+/// gateway answer.
 pub fn note_answer(code: tonic::Code) {
     if code == tonic::Code::ResourceExhausted {
         OVERLOADED_AT.set(Some(Instant::now()));

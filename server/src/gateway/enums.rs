@@ -148,7 +148,9 @@ impl GatewayRequest for pb::AlarmRequest {
     }
 }
 
-/// Declares requests without enum fields kvd serves (GW-ENUM-2).
+/// Declares requests without enum fields kvd serves (GW-ENUM-2) whose bytes fields are the
+/// default ones, `base64::BYTES_FIELDS` (the Lock and Election requests are declared in
+/// `base64`).
 macro_rules! no_raw_enums {
     ($($request:ty),* $(,)?) => {
         $(impl GatewayRequest for $request {})*
