@@ -281,13 +281,17 @@ mod tests {
     #[test]
     fn share_cpu_forgets_an_old_overload_and_restarts_the_run_after_offering() {
         std::thread::spawn(|| {
-            // No overload: nothing recorded, nothing changes.
-            RUNNING_SINCE.set(Some(Instant::now() - SHARE_CPU_AFTER * 4));
-            share_cpu();
-            assert_eq!(OVERLOADED_AT.get(), None);
-            // A recent refusal and a long run: the CPU is offered and the run starts again.
+            // No overload: a long run keeps the CPU, so its start is left as it was.
             let long_ago = Instant::now() - SHARE_CPU_AFTER * 4;
             RUNNING_SINCE.set(Some(long_ago));
+            share_cpu();
+            assert_eq!(
+                RUNNING_SINCE.get(),
+                Some(long_ago),
+                "no offer without overload"
+            );
+            assert_eq!(OVERLOADED_AT.get(), None);
+            // A recent refusal and a long run: the CPU is offered and the run starts again.
             note_answer(tonic::Code::Ok);
             assert_eq!(
                 OVERLOADED_AT.get(),
