@@ -11,8 +11,11 @@
 #   3. both: the same polite run while GREEDY_CLIENTS greedy clients ask for GREEDY_FACTOR
 #      times D (paced; a refused request is not retried, the next one is sent on schedule).
 # Printed: D; the polite role's throughput, p50 and p99 alone and beside the greedy one, and
-# its refusals; the greedy role's requests, successes and refusals; the server's CPU per
-# successful write and its peak memory (VmHWM); and a speed probe of the host (a fixed loop).
+# its refusals; the same p50 and p99 inside the server (admission to answer, estimated from
+# the buckets of kvd_write_duration_seconds{role="polite"} as Prometheus's
+# histogram_quantile does); the greedy role's requests, successes and refusals; the server's
+# CPU per successful write and its peak memory (VmHWM); and a speed probe of the host (a
+# fixed loop).
 #
 # Environment: QUEUE (prepare queue length, default 256), DURATION (default 20s),
 # POLITE_SHARE (default 0.05), POLITE_CLIENTS (default 8), GREEDY_CLIENTS (default 1024),
@@ -90,6 +93,7 @@ log "drain rate D = $rate/s; polite rate = $polite_rate/s; greedy rate = $greedy
 
 log "2/3 polite alone for $DURATION"
 alone=$(bench "$POLITE_NICE" --clients "$POLITE_CLIENTS" --conns 2 --key-prefix /polite/ --rate "$polite_rate" --total 100000000 --duration "$DURATION")
+curl -s -m 10 "$endpoint/metrics" >"$work/metrics-alone"
 
 log "3/3 polite beside $GREEDY_CLIENTS greedy clients for $DURATION"
 ticks_before=$(cpu_ticks)
@@ -102,14 +106,40 @@ both=$(bench "$POLITE_NICE" --clients "$POLITE_CLIENTS" --conns 2 --key-prefix /
 wait "$greedy_pid" || true
 ticks_after=$(cpu_ticks)
 greedy=$(cat "$work/greedy.json")
-[ -z "${METRICS_OUT:-}" ] || curl -s -m 10 "$endpoint/metrics" >"$METRICS_OUT"
+curl -s -m 10 "$endpoint/metrics" >"$work/metrics-both"
+[ -z "${METRICS_OUT:-}" ] || cp "$work/metrics-both" "$METRICS_OUT"
 hwm=$(awk '/VmHWM/ {print $2, $3}' "/proc/$kvd_pid/status")
 hz=$(getconf CLK_TCK)
 
-python3 - "$rate" "$alone" "$both" "$greedy" "$((ticks_after - ticks_before))" "$hz" "$hwm" "$QUEUE" "$speed" <<'EOF'
-import json, sys
+python3 - "$rate" "$alone" "$both" "$greedy" "$((ticks_after - ticks_before))" "$hz" "$hwm" "$QUEUE" "$speed" \
+  "$work/metrics-alone" "$work/metrics-both" <<'EOF'
+import json, re, sys
 rate, alone, both, greedy = float(sys.argv[1]), *(json.loads(a) for a in sys.argv[2:5])
 ticks, hz, hwm, queue, speed = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8], sys.argv[9]
+def polite_buckets(path):
+    """The polite role's kvd_write_duration_seconds buckets: {upper bound in ms: cumulative count}."""
+    pattern = re.compile(r'^kvd_write_duration_seconds_bucket\{role="polite",le="([^"]+)"\} (\d+)$')
+    found = {}
+    for text in open(path):
+        m = pattern.match(text.strip())
+        if m:
+            found[float(m.group(1)) * 1000] = int(m.group(2))
+    return found
+def quantile(q, buckets):
+    """Prometheus's histogram_quantile: linear within the bucket that holds the quantile."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0
+    if total == 0:
+        return None
+    rank, lower, below = q * total, 0.0, 0
+    for bound in bounds:
+        if buckets[bound] >= rank:
+            if bound == float("inf"):
+                return lower
+            inside = buckets[bound] - below
+            return lower + (bound - lower) * (rank - below) / max(inside, 1)
+        lower, below = bound, buckets[bound]
+    return lower
 def line(name, r):
     l = r["latency_ms"]
     return (f"{name:<22} {r['throughput_rps']:>9.0f}/s  p50 {l['p50']:>7.2f} ms  p99 {l['p99']:>7.2f} ms"
@@ -122,6 +152,17 @@ asked = greedy["requests"] / max(greedy["elapsed_s"], 1e-9)
 print(f"greedy asked {asked:.0f} requests/s = {asked / rate:.1f}x the drain rate")
 ratio = both["latency_ms"]["p99"] / max(alone["latency_ms"]["p99"], 1e-9)
 print(f"polite p99 beside greedy / alone: {ratio:.2f}x; polite refusals: {both['errors']}")
+first = polite_buckets(sys.argv[10])
+second = polite_buckets(sys.argv[11])
+beside = {bound: count - first.get(bound, 0) for bound, count in second.items()}
+def server_line(name, buckets):
+    p50, p99 = quantile(0.5, buckets), quantile(0.99, buckets)
+    if p50 is None:
+        return f"{name:<22} no polite writes counted"
+    return f"{name:<22} p50 {p50:>7.2f} ms  p99 {p99:>7.2f} ms  (from the buckets of kvd_write_duration_seconds)"
+print("polite writes inside the server, admission to answer:")
+print(server_line("  alone", first))
+print(server_line("  beside greedy", beside))
 writes = both["succeeded"] + greedy["succeeded"]
 print(f"server CPU during phase 3: {ticks / hz:.1f} s, {ticks / hz / max(writes, 1) * 1e6:.1f} us per successful write; peak memory (VmHWM) {hwm}")
 EOF

@@ -53,11 +53,12 @@ pub use clock::{Clock, MANUAL_CLOCK_EPOCH, ManualClock, SystemClock};
 pub use engine::{
     AGENT_REREGISTER_TIMEOUT_DEFAULT, AllocationPrepareQueueReplaced, ApplyStats, AutoCompaction,
     CheckReport, CommitFailpoint, CommitStep, Completion, Config, DefragFailpoint, Engine,
-    EtcdMember, EtcdRestoreSummary, EtcdSnapshotStream, OfflineDefrag, PreparedRange, RoleQueue,
-    ScrubReport, SnapshotStream, WAL_DEFRAG_ROOM_BYTES_DEFAULT, WAL_FILE_BYTES_DEFAULT,
-    WAL_FILE_BYTES_MAX, WAL_FILE_BYTES_MIN, WriteOptions, WriteRequest, burst_hinted,
-    check_data_dir, defrag_data_dir, etcd_snapshot_status, in_burst, restore_etcd_snapshot,
-    restore_snapshot, snapshot_summary, write_cost,
+    EtcdMember, EtcdRestoreSummary, EtcdSnapshotStream, OfflineDefrag, PreparedRange,
+    RoleDurations, RoleQueue, ScrubReport, SnapshotStream, WAL_DEFRAG_ROOM_BYTES_DEFAULT,
+    WAL_FILE_BYTES_DEFAULT, WAL_FILE_BYTES_MAX, WAL_FILE_BYTES_MIN, WRITE_DURATION_BOUNDS_MICROS,
+    WriteOptions, WriteRequest, burst_hinted, check_data_dir, defrag_data_dir,
+    etcd_snapshot_status, in_burst, restore_etcd_snapshot, restore_snapshot, snapshot_summary,
+    write_cost,
 };
 pub use error::{AuthError, Error, Result, StorageError};
 pub use mvcc::read::EncodedRange;

@@ -1,4 +1,4 @@
-//! The write prepare queue (PREP-1..4, `docs/design/load-soothing.md`): its bound, the
+//! The write prepare queue (PREP-1..5, `docs/design/load-soothing.md`): its bound, the
 //! refusal and its retry hint, and fairness between roles, with commits held back by the
 //! fault backend so the queue really fills.
 
@@ -10,7 +10,10 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use kvd::quota::RawQuotaConfig;
-use kvd::{Config, Engine, Error, Faults, PutRequest, RangeRequest, Result};
+use kvd::{
+    Config, Engine, Error, Faults, ManualClock, PutRequest, RangeRequest, Result,
+    WRITE_DURATION_BOUNDS_MICROS,
+};
 
 /// How long a test waits for one answer before it fails.
 const ANSWER_WAIT: Duration = Duration::from_secs(30);
@@ -220,5 +223,48 @@ fn a_role_alone_leaves_half_the_queue_for_the_next_one() {
         answer(rx).unwrap();
     }
     assert_eq!(engine.apply_stats().unwrap().queue_depth, 0);
+    engine.close().unwrap();
+}
+
+/// PREP-5: a write's duration runs from its admission to its answer, so the wait for its log
+/// sync is in it; each admitted write is counted once in its role's histogram, and a refused
+/// write in none.
+#[test]
+fn a_writes_duration_runs_from_admission_to_answer_and_refusals_are_not_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::new());
+    let clock = Arc::new(ManualClock::new());
+    let config = Config {
+        prepare_queue_length: 1,
+        faults: Some(faults.clone()),
+        clock: clock.clone(),
+        ..Config::default()
+    };
+    let engine = Engine::open(dir.path(), config).unwrap();
+    register(&engine, &["team".to_owned()]);
+    let held = Held::new(&faults);
+    let admitted = submit(&engine, "/team/a");
+    let refused = answer(&submit(&engine, "/team/b")).unwrap_err();
+    assert!(refused.is_too_many_requests(), "{refused:?}");
+    clock.advance(Duration::from_millis(30));
+    drop(held);
+    answer(&admitted).unwrap();
+    let durations = engine.apply_stats().unwrap().durations;
+    let team = durations
+        .iter()
+        .find(|d| d.role == "team")
+        .unwrap_or_else(|| panic!("no durations of team in {durations:?}"));
+    // 30 ms: above the 25 ms bound, at most the 50 ms one.
+    let bucket = WRITE_DURATION_BOUNDS_MICROS
+        .iter()
+        .position(|bound| *bound == 50_000)
+        .unwrap();
+    let mut expected = [0; WRITE_DURATION_BOUNDS_MICROS.len() + 1];
+    expected[bucket] = 1;
+    assert_eq!(
+        team.buckets, expected,
+        "one write, the refused one not counted"
+    );
+    assert_eq!(team.sum_micros, 30_000);
     engine.close().unwrap();
 }

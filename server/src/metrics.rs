@@ -556,6 +556,28 @@ fn kvd_apply(families: &mut Vec<MetricFamily>, apply: &kvd::ApplyStats) {
         MetricType::COUNTER,
         refused,
     ));
+    let bounds: Vec<f64> = kvd::WRITE_DURATION_BOUNDS_MICROS
+        .iter()
+        .map(|micros| seconds(*micros))
+        .collect();
+    let durations = apply
+        .durations
+        .iter()
+        .map(|d| {
+            histogram(
+                &[("role", &d.role)],
+                &bounds,
+                &d.buckets,
+                seconds(d.sum_micros),
+            )
+        })
+        .collect();
+    families.push(family(
+        "kvd_write_duration_seconds",
+        "Time from a write's admission into the prepare queue to its answer (queued, applied, made durable), by the role that owns it.",
+        MetricType::HISTOGRAM,
+        durations,
+    ));
     let last = apply.batch_sizes.len().saturating_sub(1);
     let batches = apply
         .batch_sizes
@@ -1073,6 +1095,16 @@ mod tests {
                     queued: 5,
                     refused: 9,
                 }],
+                durations: vec![kvd::RoleDurations {
+                    role: "polite".into(),
+                    buckets: {
+                        let mut b = [0; 17];
+                        b[3] = 2; // at most 1 ms
+                        b[16] = 1; // above 10 s
+                        b
+                    },
+                    sum_micros: 12_001_500,
+                }],
             },
             allocation_prepare_queue: kvd::AllocationPrepareQueue {
                 length: 8,
@@ -1109,6 +1141,12 @@ mod tests {
             "kvd_prepare_queue_capacity 5000",
             "kvd_prepare_queue_depth{role=\"greedy\"} 5",
             "kvd_too_many_requests_total{role=\"greedy\"} 9",
+            "kvd_write_duration_seconds_bucket{role=\"polite\",le=\"0.0005\"} 0",
+            "kvd_write_duration_seconds_bucket{role=\"polite\",le=\"0.001\"} 2",
+            "kvd_write_duration_seconds_bucket{role=\"polite\",le=\"10\"} 2",
+            "kvd_write_duration_seconds_bucket{role=\"polite\",le=\"+Inf\"} 3",
+            "kvd_write_duration_seconds_sum{role=\"polite\"} 12.0015",
+            "kvd_write_duration_seconds_count{role=\"polite\"} 3",
             "kvd_allocation_prepare_queue_depth 3",
             "kvd_allocation_prepare_queue_capacity 8",
             "kvd_group_commit_batches_total{requests_at_most=\"1\"} 3",

@@ -102,7 +102,7 @@ use lanes::Queued;
 use mailbox::Mailbox;
 pub use offline::{CheckReport, OfflineDefrag, check_data_dir, defrag_data_dir};
 use prepare::PrepareQueue;
-pub use prepare::RoleQueue;
+pub use prepare::{RoleDurations, RoleQueue, WRITE_DURATION_BOUNDS_MICROS};
 pub use proposal::{Completion, WriteRequest, write_cost};
 use proposal::{Identified, Proposal, ReconcileAnswer, ReconcileRequest};
 pub use publish::Published;
@@ -424,6 +424,9 @@ pub struct ApplyStats {
     pub inline_batches: u64,
     /// The roles with writes in the queue or refused since open ([`Engine::prepare_queue`]).
     pub roles: Vec<RoleQueue>,
+    /// The roles with writes completed since open, with how long each write took from its
+    /// admission to its completion (PREP-5).
+    pub durations: Vec<RoleDurations>,
 }
 
 impl ReadState {
@@ -1085,6 +1088,7 @@ impl Engine {
             batch_sizes,
             inline_batches: running.shared.stats.inline_batches.load(Ordering::Relaxed),
             roles: running.shared.prepare.roles(),
+            durations: running.shared.prepare.durations(),
         })
     }
 

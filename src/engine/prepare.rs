@@ -16,6 +16,9 @@
 //!   admitting role as active; a role that is the only active one holds at most
 //!   `max(1, capacity / 2)`, so the first write of any other role finds room.
 //! - PREP-3: a refused write changes nothing but its role's refusal counter.
+//! - PREP-5: every admitted write is counted once, at its release, in its role's duration
+//!   histogram: the engine clock's time from its admission to its completion
+//!   ([`WRITE_DURATION_BOUNDS_MICROS`]; a refused write is not counted).
 //!
 //! The file names only `crate::sync` and `crate::clock`, so `loom-tests/` compiles it as it
 //! is and checks PREP-1 with admissions, refusals and releases racing.
@@ -41,6 +44,14 @@ pub const RETRY_AFTER_MAX_MS: u64 = 5_000;
 const RETRY_AFTER_UNKNOWN_MS: u64 = 100;
 /// The window over which the drain rate is measured.
 const DRAIN_WINDOW: Duration = Duration::from_millis(200);
+/// Upper bounds of the write-duration histogram's buckets, in microseconds: 0.1 ms to 10 s
+/// in steps of 1, 2.5 and 5; one more bucket holds the longer ones (PREP-5).
+pub const WRITE_DURATION_BOUNDS_MICROS: [u64; 16] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000,
+];
+/// Buckets of the write-duration histogram: one per bound and one above them.
+pub const WRITE_DURATION_BUCKETS: usize = WRITE_DURATION_BOUNDS_MICROS.len() + 1;
 
 /// A refusal: the queue (or the role's share of it) is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +71,34 @@ pub struct RoleQueue {
     pub refused: u64,
 }
 
+/// One role's write durations, from admission to completion (PREP-5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleDurations {
+    /// The role.
+    pub role: String,
+    /// Writes completed since the engine opened, per bucket (not cumulative): bucket `i`
+    /// holds those that took at most `WRITE_DURATION_BOUNDS_MICROS[i]` and more than the
+    /// bound before; the last holds those above every bound.
+    pub buckets: [u64; WRITE_DURATION_BUCKETS],
+    /// Their durations added up, in microseconds.
+    pub sum_micros: u64,
+}
+
+#[derive(Debug, Default)]
+struct Durations {
+    buckets: [u64; WRITE_DURATION_BUCKETS],
+    sum_micros: u64,
+}
+
+impl Durations {
+    fn record(&mut self, took: Duration) {
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let bucket = WRITE_DURATION_BOUNDS_MICROS.partition_point(|bound| *bound < micros);
+        self.buckets[bucket] += 1;
+        self.sum_micros = self.sum_micros.saturating_add(micros);
+    }
+}
+
 #[derive(Debug)]
 struct Active {
     queued: usize,
@@ -73,6 +112,8 @@ struct State {
     active: BTreeMap<Name, Active>,
     /// Refusals since open, by role; never pruned.
     refused: BTreeMap<Name, u64>,
+    /// Durations of the completed writes since open, by role; never pruned (PREP-5).
+    durations: BTreeMap<Name, Durations>,
     last_prune: Duration,
     /// Completions in the current drain window, when it began, and the last full window's
     /// rate (writes per second).
@@ -101,6 +142,8 @@ impl std::fmt::Debug for PrepareQueue {
 pub struct Slot {
     queue: Arc<PrepareQueue>,
     role: Name,
+    /// The engine clock's reading at admission (PREP-5).
+    admitted: Duration,
 }
 
 impl Slot {
@@ -112,7 +155,7 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.queue.release(&self.role);
+        self.queue.release(&self.role, self.admitted);
     }
 }
 
@@ -172,6 +215,7 @@ impl PrepareQueue {
         Ok(Slot {
             queue: queue.clone(),
             role: name,
+            admitted: now,
         })
     }
 
@@ -183,15 +227,27 @@ impl PrepareQueue {
         if let Some((name, _)) = state.refused.get_key_value(role) {
             return name.clone();
         }
+        if let Some((name, _)) = state.durations.get_key_value(role) {
+            return name.clone();
+        }
         Name::from(role)
     }
 
-    fn release(&self, role: &str) {
+    fn release(&self, role: &Name, admitted: Duration) {
         let now = self.clock.now();
         let mut state = sync::lock(&self.state);
         state.total = state.total.saturating_sub(1);
         if let Some(active) = state.active.get_mut(role) {
             active.queued = active.queued.saturating_sub(1);
+        }
+        let took = now.saturating_sub(admitted);
+        match state.durations.get_mut(role) {
+            Some(durations) => durations.record(took),
+            None => {
+                let mut durations = Durations::default();
+                durations.record(took);
+                state.durations.insert(role.clone(), durations);
+            }
         }
         state.drained += 1;
         let elapsed = now.saturating_sub(state.window_start);
@@ -223,6 +279,21 @@ impl PrepareQueue {
                 q
             })
             .filter(|q| q.queued > 0 || q.refused > 0)
+            .collect()
+    }
+
+    /// Every role with a completed write since open, sorted by role, with the durations of
+    /// its writes (PREP-5).
+    pub fn durations(&self) -> Vec<RoleDurations> {
+        let state = sync::lock(&self.state);
+        state
+            .durations
+            .iter()
+            .map(|(role, d)| RoleDurations {
+                role: role.to_string(),
+                buckets: d.buckets,
+                sum_micros: d.sum_micros,
+            })
             .collect()
     }
 }
@@ -299,6 +370,38 @@ mod tests {
             .collect();
         assert!(PrepareQueue::admit(&q, "new").is_err(), "alone again: half");
         drop(held);
+    }
+
+    #[test]
+    fn each_completed_write_is_counted_once_by_its_duration() {
+        let (q, clock) = queue(4);
+        let quick = PrepareQueue::admit(&q, "a").unwrap();
+        let slow = PrepareQueue::admit(&q, "a").unwrap();
+        assert!(
+            PrepareQueue::admit(&q, "a").is_err(),
+            "PREP-2: half for a lone role"
+        );
+        drop(quick);
+        clock.advance(Duration::from_millis(3));
+        let other = PrepareQueue::admit(&q, "b").unwrap();
+        drop(slow);
+        clock.advance(Duration::from_secs(20));
+        drop(other);
+        let durations = q.durations();
+        let roles: Vec<&str> = durations.iter().map(|d| d.role.as_str()).collect();
+        assert_eq!(roles, ["a", "b"]);
+        let mut a = [0; WRITE_DURATION_BUCKETS];
+        a[0] = 1; // 0 µs: at most 100 µs
+        a[5] = 1; // 3 ms: above 2.5 ms, at most 5 ms
+        assert_eq!(
+            durations[0].buckets, a,
+            "two writes; the refused one not counted"
+        );
+        assert_eq!(durations[0].sum_micros, 3_000);
+        let mut b = [0; WRITE_DURATION_BUCKETS];
+        b[WRITE_DURATION_BUCKETS - 1] = 1; // 20 s: above every bound
+        assert_eq!(durations[1].buckets, b);
+        assert_eq!(durations[1].sum_micros, 20_000_000);
     }
 
     #[test]

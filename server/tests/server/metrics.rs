@@ -170,6 +170,22 @@ fn metrics_follow_the_store() {
         sample(&after, "grpc_server_handled_total", &put_ok),
         Some(3.0)
     );
+    // PREP-5: each put is counted once in its role's duration histogram (no registry entry:
+    // every key belongs to `*`), in buckets from 0.1 ms to 10 s.
+    let star = [("role", "*")];
+    let writes = |s: &Scrape| sample(s, "kvd_write_duration_seconds", &star).unwrap_or(0.0);
+    assert_eq!(writes(&after) - writes(&before), 3.0);
+    let durations = &shapes(&after)["kvd_write_duration_seconds"];
+    assert_eq!(durations.kind, "histogram");
+    assert_eq!(
+        durations.buckets.first().map(String::as_str),
+        Some("0.0001")
+    );
+    assert_eq!(
+        durations.buckets.len(),
+        17,
+        "16 bounds and +Inf: {durations:?}"
+    );
     let started = [("grpc_method", "Put"), ("grpc_type", "unary")];
     assert_eq!(
         sample(&after, "grpc_server_started_total", &started),
