@@ -84,6 +84,15 @@ pub struct RoleDurations {
     pub sum_micros: u64,
 }
 
+/// What a role did since open, kept whether or not it is active.
+#[derive(Debug, Default)]
+struct Totals {
+    /// Its refused writes (PREP-3).
+    refused: u64,
+    /// Its completed writes' durations (PREP-5).
+    durations: Durations,
+}
+
 #[derive(Debug, Default)]
 struct Durations {
     buckets: [u64; WRITE_DURATION_BUCKETS],
@@ -110,10 +119,8 @@ struct State {
     total: usize,
     /// Roles that are active (or were, until the next prune).
     active: BTreeMap<Name, Active>,
-    /// Refusals since open, by role; never pruned.
-    refused: BTreeMap<Name, u64>,
-    /// Durations of the completed writes since open, by role; never pruned (PREP-5).
-    durations: BTreeMap<Name, Durations>,
+    /// Refusals and durations since open, by role; never pruned.
+    totals: BTreeMap<Name, Totals>,
     last_prune: Duration,
     /// Completions in the current drain window, when it began, and the last full window's
     /// rate (writes per second).
@@ -200,7 +207,7 @@ impl PrepareQueue {
         if state.total >= this.capacity || held >= share {
             let retry_after_ms = retry_after(&state);
             let name = this.intern(&state, role);
-            *state.refused.entry(name).or_default() += 1;
+            state.totals.entry(name).or_default().refused += 1;
             return Err(Full { retry_after_ms });
         }
         let name = this.intern(&state, role);
@@ -224,10 +231,7 @@ impl PrepareQueue {
         if let Some((name, _)) = state.active.get_key_value(role) {
             return name.clone();
         }
-        if let Some((name, _)) = state.refused.get_key_value(role) {
-            return name.clone();
-        }
-        if let Some((name, _)) = state.durations.get_key_value(role) {
+        if let Some((name, _)) = state.totals.get_key_value(role) {
             return name.clone();
         }
         Name::from(role)
@@ -241,12 +245,12 @@ impl PrepareQueue {
             active.queued = active.queued.saturating_sub(1);
         }
         let took = now.saturating_sub(admitted);
-        match state.durations.get_mut(role) {
-            Some(durations) => durations.record(took),
+        match state.totals.get_mut(role) {
+            Some(totals) => totals.durations.record(took),
             None => {
-                let mut durations = Durations::default();
-                durations.record(took);
-                state.durations.insert(role.clone(), durations);
+                let mut totals = Totals::default();
+                totals.durations.record(took);
+                state.totals.insert(role.clone(), totals);
             }
         }
         state.drained += 1;
@@ -269,8 +273,8 @@ impl PrepareQueue {
         for (role, active) in &state.active {
             roles.entry(role).or_default().queued = active.queued;
         }
-        for (role, refused) in &state.refused {
-            roles.entry(role).or_default().refused = *refused;
+        for (role, totals) in &state.totals {
+            roles.entry(role).or_default().refused = totals.refused;
         }
         roles
             .into_iter()
@@ -287,12 +291,13 @@ impl PrepareQueue {
     pub fn durations(&self) -> Vec<RoleDurations> {
         let state = sync::lock(&self.state);
         state
-            .durations
+            .totals
             .iter()
-            .map(|(role, d)| RoleDurations {
+            .filter(|(_, totals)| totals.durations.buckets.iter().any(|n| *n > 0))
+            .map(|(role, totals)| RoleDurations {
                 role: role.to_string(),
-                buckets: d.buckets,
-                sum_micros: d.sum_micros,
+                buckets: totals.durations.buckets,
+                sum_micros: totals.durations.sum_micros,
             })
             .collect()
     }
