@@ -307,6 +307,7 @@ pub fn wal_ops(data: &[u8]) {
             Op::PutMeta(key, value) => log.put_meta(key, value),
             Op::PutRow(table, key, value) => log.put_row(table, key, value),
             Op::DeleteRow(table, key) => log.delete_row(table, key),
+            Op::ContinueAt(offset) => log.continue_at(offset),
         }
     }
     let record = log.frame(WAL_OPS_EPOCH, WAL_OPS_SEQ, 0);

@@ -30,9 +30,11 @@
 //!   in rows (an operation's outcome, an agent's unreachable time) and the retention age of
 //!   outcomes (OPER-4); the history bytes never depend on it; the filesystem's free space
 //!   comes from the injected `FreeSpace`, read at most once per batch.
-//! - APPLY-4: the apply thread never waits for a disk sync except in a checkpoint batch, a
-//!   compaction step, a defrag step, the size-in-use walk, and a batch it finishes itself
-//!   (`commit::finish_inline`) because the commit thread is idle and nothing is queued; it
+//! - APPLY-4: the apply thread never waits for a disk sync except in a checkpoint batch
+//!   whose sync cannot be deferred (WAL-8) or that comes before the last one's sync is done
+//!   (FILE-4), a compaction step, a defrag step, the size-in-use walk, and a batch it
+//!   finishes itself (`commit::finish_inline`) because the commit thread is idle and
+//!   nothing is queued; it
 //!   sleeps only when there is no proposal and no compaction work, or while a batch gathers
 //!   (APPLY-6).
 //! - APPLY-6: under a real-time priority (`Config::pipeline_priority`, RT-2) the thread
@@ -664,9 +666,9 @@ impl Applier {
                 self.shared.space.committed(self.batch_cost);
                 self.debug_check_accounts();
                 self.commits_since_stats += 1;
-                let step = match record {
-                    Some(_) => CommitStep::AfterApply,
-                    None => CommitStep::AfterCheckpoint,
+                let step = match &record {
+                    Some(record) if !record.is_checkpoint() => CommitStep::AfterApply,
+                    _ => CommitStep::AfterCheckpoint,
                 };
                 self.failpoint.reach(shared.config.commit_failpoint, step);
                 if record.is_some() {

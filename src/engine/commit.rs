@@ -41,7 +41,8 @@ pub const COMMIT_BATCHES_PER_SYNC_MAX: usize = 4_096;
 pub enum CommitStep {
     /// A logged batch is committed to redb (no I/O), not yet handed over.
     AfterApply,
-    /// A checkpoint batch's durable commit returned, not yet handed over.
+    /// A checkpoint batch's durable commit returned (its sync possibly still running,
+    /// WAL-8), not yet handed over.
     AfterCheckpoint,
     /// Records are written to the log, before their `fdatasync`.
     AfterLogWrite,

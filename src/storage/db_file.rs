@@ -1,6 +1,6 @@
 //! The backend redb reads and writes a database file through: redb's own file backend, with
-//! the test fault injector in front when one is set, and a switch that retires the file once
-//! a defrag has replaced it.
+//! the test fault injector in front when one is set, a switch that retires the file once a
+//! defrag has replaced it, and a thread that runs a checkpoint's sync off the apply thread.
 //!
 //! Why retire: a database a defrag replaced is closed when its last reader lets go, and redb's
 //! close makes its non-durable commits durable. Between checkpoints every batch is such a
@@ -8,6 +8,13 @@
 //! would write every page the writers dirtied while the copy ran and sync the file: work that
 //! grows with the defrag's length, done beside the writers' log syncs, for a file that is
 //! already unlinked and will never be read again.
+//!
+//! Why a sync thread: a checkpoint's `Immediate` commit writes the pages dirtied since the
+//! last one and then syncs the file, about a millisecond on this project's disk, during which
+//! the apply thread could apply nothing. The log already holds the checkpoint's batch and
+//! every batch since the last durable commit (`wal`, WAL-4), so the commit need not wait for
+//! its sync: the write path asks for the next sync to be deferred ([`FileControl::defer_next_sync`]),
+//! and the sync thread runs it while the apply thread goes on.
 //!
 //! Invariants:
 //! - FILE-1: until retired, every call reaches the file, through the fault injector when
@@ -25,9 +32,16 @@
 //!   stalled up to 630 ms after a 500 MiB defrag). In 8 MiB steps the longest sync beside a
 //!   1 GiB file's release was 12 ms in a standalone probe; beside a retired database's, single
 //!   syncs of 47–68 ms remained in two defrags of ten (`docs/benchmarks-features.md`).
+//! - FILE-4: a deferred sync is ordered as a synchronous one would be: no write, length
+//!   change or sync of the file starts until it has finished, and its failure is latched:
+//!   every later write, length change and sync returns it (a failed `fdatasync` may have
+//!   dropped the dirty pages, so no later sync can stand in for it). Only the sync the write
+//!   path asked to defer is deferred; every other (compaction and defrag steps, open, close)
+//!   is synchronous, after any deferred one.
 //!
 //! Contact points: `Store::open` and the defrag's copy open every database through [`open`];
-//! `Store::swap_defragged` retires the file it replaced.
+//! `Store::swap_defragged` retires the file it replaced; `Store::write_logged` defers a
+//! checkpoint's sync.
 
 use std::fmt;
 use std::fs::{self, File};
@@ -43,7 +57,7 @@ use redb::{BackendError, Database, StorageBackend};
 use super::faults::Faults;
 use super::{open_error, open_read_write};
 use crate::error::StorageError;
-use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock};
+use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering, lock};
 
 /// Bytes an unlinked file is shrunk by per step (FILE-3).
 pub const SHRINK_STEP_BYTES: u64 = 8 << 20;
@@ -52,40 +66,156 @@ pub const SHRINK_PAUSE: Duration = Duration::from_millis(5);
 
 /// Opens (or creates) the database at `path` through a [`DbFile`], with redb's page cache
 /// at `cache_size_bytes` and `faults` in front of the file when tests set them. Returns the
-/// database and the switch that retires its file.
+/// database and the switches of its file.
 pub(super) fn open(
     path: &Path,
     cache_size_bytes: usize,
     faults: Option<Arc<Faults>>,
-) -> Result<(Database, Retire), StorageError> {
+) -> Result<(Database, FileControl), StorageError> {
     let file = open_read_write(path)?;
+    let duplicate = |file: &File| {
+        file.try_clone()
+            .map_err(|e| super::io_error("duplicate the descriptor of", path, &e))
+    };
     // FILE-3: a second descriptor, which outlives redb's once the file is retired.
-    let spare = file
-        .try_clone()
-        .map_err(|e| super::io_error("duplicate the descriptor of", path, &e))?;
+    let spare = duplicate(&file)?;
+    // FILE-4: a third, which the sync thread syncs.
+    let synced = duplicate(&file)?;
     let inner = FileBackend::new(file).map_err(|e| open_error(path, e.into()))?;
-    let retire = Retire::default();
+    let control = FileControl {
+        retired: Arc::new(AtomicBool::new(false)),
+        syncs: Syncs::start(synced, faults.clone())
+            .map_err(|e| super::io_error("start the sync thread of", path, &e))?,
+    };
     let backend = DbFile {
         inner,
         faults,
-        retired: retire.0.clone(),
+        control: control.clone(),
         spare: Mutex::new(Some(spare)),
     };
     let db = redb::Builder::new()
         .set_cache_size(cache_size_bytes)
         .create_with_backend(backend)
         .map_err(|e| open_error(path, e.into()))?;
-    Ok((db, retire))
+    Ok((db, control))
 }
 
-/// The switch that retires one database file (FILE-2).
-#[derive(Debug, Default, Clone)]
-pub(super) struct Retire(Arc<AtomicBool>);
+/// The switches of one database file: retiring it (FILE-2) and deferring its next sync
+/// (FILE-4).
+#[derive(Debug, Clone)]
+pub(super) struct FileControl {
+    retired: Arc<AtomicBool>,
+    syncs: Arc<Syncs>,
+}
 
-impl Retire {
+impl FileControl {
     /// Drops every later write, length change and sync of the file (FILE-2).
     pub(super) fn retire(&self) {
-        self.0.store(true, Ordering::Release);
+        self.retired.store(true, Ordering::Release);
+    }
+
+    /// Makes the file's next sync run on the sync thread: the call returns at once, and the
+    /// file's next write, length change or sync waits for it (FILE-4).
+    pub(super) fn defer_next_sync(&self, on: bool) {
+        lock(&self.syncs.state).defer_next = on;
+    }
+
+    /// Waits until no deferred sync is running; returns its failure if one failed (FILE-4).
+    #[cfg(test)]
+    pub(super) fn wait_for_syncs(&self) -> io::Result<()> {
+        self.syncs.wait_idle()
+    }
+}
+
+/// The file's sync thread and what it has done (FILE-4).
+#[derive(Debug)]
+struct Syncs {
+    state: Mutex<SyncState>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct SyncState {
+    /// True if the next sync is to be deferred.
+    defer_next: bool,
+    /// Deferred syncs asked for and finished: one runs while they differ.
+    asked: u64,
+    finished: u64,
+    /// The first deferred sync's failure, latched.
+    failed: Option<String>,
+    /// True once the file's backend is gone: the thread ends.
+    stopped: bool,
+}
+
+impl Syncs {
+    /// Starts the thread that syncs `file` when asked.
+    fn start(file: File, faults: Option<Arc<Faults>>) -> io::Result<Arc<Syncs>> {
+        let syncs = Arc::new(Syncs {
+            state: Mutex::new(SyncState::default()),
+            changed: Condvar::new(),
+        });
+        let shared = syncs.clone();
+        std::thread::Builder::new()
+            .name("kvd-db-sync".into())
+            .spawn(move || shared.run(&file, faults.as_deref()))?;
+        Ok(syncs)
+    }
+
+    fn run(&self, file: &File, faults: Option<&Faults>) {
+        let mut state = lock(&self.state);
+        loop {
+            if state.asked != state.finished {
+                let asked = state.asked;
+                drop(state);
+                let synced = faults
+                    .map_or(Ok(()), Faults::allow)
+                    .and_then(|()| file.sync_data());
+                state = lock(&self.state);
+                if let Err(e) = synced {
+                    state.failed.get_or_insert_with(|| e.to_string());
+                }
+                state.finished = asked;
+                self.changed.notify_all();
+            } else if state.stopped {
+                return;
+            } else {
+                state = self
+                    .changed
+                    .wait(state)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+            }
+        }
+    }
+
+    /// Waits until no deferred sync is running; returns the latched failure, if any.
+    fn wait_idle(&self) -> io::Result<()> {
+        let mut state = lock(&self.state);
+        while state.asked != state.finished {
+            state = self
+                .changed
+                .wait(state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        match &state.failed {
+            Some(cause) => Err(io::Error::other(format!("deferred fdatasync: {cause}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Hands the sync to the thread if it was asked to be deferred; returns true if it was.
+    fn defer(&self) -> bool {
+        let mut state = lock(&self.state);
+        if !std::mem::take(&mut state.defer_next) {
+            return false;
+        }
+        state.asked += 1;
+        self.changed.notify_all();
+        true
+    }
+
+    fn stop(&self) {
+        lock(&self.state).stopped = true;
+        self.changed.notify_all();
     }
 }
 
@@ -129,7 +259,7 @@ pub(super) fn release_gradually(file: File) -> Option<JoinHandle<()>> {
 struct DbFile {
     inner: FileBackend,
     faults: Option<Arc<Faults>>,
-    retired: Arc<AtomicBool>,
+    control: FileControl,
     /// A second descriptor of the file, released step by step once the retired file closes
     /// (FILE-3); dropped with the backend otherwise.
     spare: Mutex<Option<File>>,
@@ -137,11 +267,13 @@ struct DbFile {
 
 impl DbFile {
     /// Returns true if the call that changes the file must be dropped (FILE-2); otherwise
-    /// asks the fault injector, whose error the call then returns (FILE-1).
+    /// waits for a deferred sync (FILE-4) and asks the fault injector, whose error the call
+    /// then returns (FILE-1).
     fn drop_change(&self) -> io::Result<bool> {
-        if self.retired.load(Ordering::Acquire) {
+        if self.control.retired.load(Ordering::Acquire) {
             return Ok(true);
         }
+        self.control.syncs.wait_idle()?;
         if let Some(faults) = &self.faults {
             faults.allow()?;
         }
@@ -149,11 +281,17 @@ impl DbFile {
     }
 }
 
+impl Drop for DbFile {
+    fn drop(&mut self) {
+        self.control.syncs.stop();
+    }
+}
+
 impl fmt::Debug for DbFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DbFile")
             .field("faults", &self.faults)
-            .field("retired", &self.retired.load(Ordering::Relaxed))
+            .field("retired", &self.control.retired.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -178,6 +316,9 @@ impl StorageBackend for DbFile {
         if self.drop_change()? {
             return Ok(());
         }
+        if self.control.syncs.defer() {
+            return Ok(());
+        }
         self.inner.sync_data()
     }
 
@@ -189,9 +330,11 @@ impl StorageBackend for DbFile {
     }
 
     fn close(&self) -> io::Result<()> {
-        let closed = self.inner.close();
+        // FILE-4: the file is closed only once its deferred sync is done.
+        let synced = self.control.syncs.wait_idle();
+        let closed = self.inner.close().and(synced);
         // redb never calls the backend again after `close`: the retired file's blocks can go.
-        if self.retired.load(Ordering::Acquire)
+        if self.control.retired.load(Ordering::Acquire)
             && let Some(spare) = lock(&self.spare).take()
         {
             release_gradually(spare);
@@ -257,7 +400,7 @@ mod tests {
     }
 
     /// Opens a database at `path` through [`open`] and commits one durable key to it.
-    fn database_with_a_durable_key(path: &Path) -> (Database, Retire) {
+    fn database_with_a_durable_key(path: &Path) -> (Database, FileControl) {
         let (db, retire) = open(path, 1 << 20, None).expect("open");
         insert(&db, "durable", Durability::Immediate);
         (db, retire)
@@ -268,15 +411,18 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("file");
         let file = open_read_write(&path).expect("open");
-        let retired = Arc::new(AtomicBool::new(false));
+        let control = FileControl {
+            retired: Arc::new(AtomicBool::new(false)),
+            syncs: Syncs::start(file.try_clone().expect("clone"), None).expect("sync thread"),
+        };
         let backend = DbFile {
             inner: FileBackend::new(file).expect("backend"),
             faults: None,
-            retired: retired.clone(),
+            control: control.clone(),
             spare: Mutex::new(None),
         };
         backend.write(0, b"abc").expect("write");
-        Retire(retired).retire();
+        control.retire();
         // FILE-2: every change is dropped and reports success.
         backend.write(0, b"xyz").expect("dropped write");
         backend.set_len(1).expect("dropped length change");
@@ -285,6 +431,68 @@ mod tests {
         backend.read(0, &mut read).expect("read");
         assert_eq!(&read, b"abc");
         assert_eq!(fs::read(&path).expect("file"), b"abc");
+    }
+
+    #[test]
+    fn a_deferred_sync_runs_before_the_next_change_of_the_file() {
+        // FILE-4: only the sync asked for is deferred, and the commit after it finds it done.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("db");
+        let (db, control) = database_with_a_durable_key(&path);
+        control.defer_next_sync(true);
+        insert(&db, "deferred", Durability::Immediate);
+        assert!(
+            !lock(&control.syncs.state).defer_next,
+            "the commit's sync took it"
+        );
+        insert(&db, "after", Durability::Immediate);
+        let state = lock(&control.syncs.state);
+        assert_eq!((state.asked, state.finished), (1, 1));
+        assert!(state.failed.is_none());
+        drop(state);
+        drop(db);
+        assert_eq!(keys_after_reopen(&path), ["after", "deferred", "durable"]);
+    }
+
+    #[test]
+    fn a_failed_deferred_sync_fails_every_later_change_of_the_file() {
+        // FILE-4. The injector lets `allowed` more writes and syncs through: the first
+        // count that lets the commit through is the one that fails the sync thread's turn.
+        for allowed in 0..256 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let faults = Arc::new(Faults::new());
+            let (db, control) =
+                open(&dir.path().join("db"), 1 << 20, Some(faults.clone())).expect("open");
+            insert(&db, "before", Durability::Immediate);
+            faults.fail_after(allowed);
+            control.defer_next_sync(true);
+            let txn = db.begin_write().expect("begin");
+            txn.open_table(TABLE)
+                .expect("table")
+                .insert("deferred", 1)
+                .expect("insert");
+            if txn.commit().is_err() {
+                continue;
+            }
+            let failed = control
+                .wait_for_syncs()
+                .expect_err("the deferred sync failed");
+            assert!(
+                failed.to_string().contains("deferred fdatasync"),
+                "{failed}"
+            );
+            // Latched: a healed disk does not bring the file back.
+            faults.heal();
+            let txn = db.begin_write().expect("begin");
+            txn.open_table(TABLE)
+                .expect("table")
+                .insert("later", 1)
+                .expect("insert");
+            let error = txn.commit().expect_err("every later change fails");
+            assert!(error.to_string().contains("deferred fdatasync"), "{error}");
+            return;
+        }
+        panic!("no commit went through");
     }
 
     #[test]

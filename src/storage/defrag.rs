@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
 
-use super::db_file::{self, Retire};
+use super::db_file::{self, FileControl};
 use super::{
     DB_FILE_NAME, HISTORY, HistoryCheck, InService, META, RevisionKey, Snapshot, Store, io_error,
     seal, storage_error,
@@ -73,8 +73,9 @@ pub struct Progress {
 /// The new file being filled.
 pub struct Target {
     db: Database,
-    /// Retires the new file once a later defrag replaces it in turn (FILE-2).
-    retire: Retire,
+    /// Retires the new file once a later defrag replaces it in turn (FILE-2), and defers its
+    /// checkpoints' syncs once it is in service (FILE-4).
+    control: FileControl,
     path: PathBuf,
     /// redb's page cache of the new file, as the store's.
     cache_size_bytes: usize,
@@ -93,10 +94,10 @@ impl Store {
     ) -> Result<Target, StorageError> {
         let path = self.dir.join(DEFRAG_FILE_NAME);
         remove_if_present(&path)?;
-        let (db, retire) = db_file::open(&path, self.cache_size_bytes, None)?;
+        let (db, control) = db_file::open(&path, self.cache_size_bytes, None)?;
         let mut target = Target {
             db,
-            retire,
+            control,
             cache_size_bytes: self.cache_size_bytes,
             path,
             last_history: None,
@@ -134,7 +135,7 @@ impl Store {
         target.copy_history(&mut || Ok(snapshot), None, self.check_history, progress)?;
         target.replace_small_tables(snapshot, &self.row_tables)?;
         let Target {
-            db, retire, path, ..
+            db, control, path, ..
         } = target;
         let live = self.dir.join(DB_FILE_NAME);
         fs::rename(&path, &live)
@@ -143,14 +144,14 @@ impl Store {
         // before anything else can fail, so no write can go to the old, unlinked file.
         let new = InService {
             db: Arc::new(db),
-            retire,
+            control,
         };
         let old = std::mem::replace(&mut *crate::sync::write(&self.db), new);
         let synced = sync_dir(&self.dir);
         // FILE-2: only a durable rename makes the old file unreachable; if the directory's
         // sync failed, its close still writes it out as any close does.
         if synced.is_ok() {
-            old.retire.retire();
+            old.control.retire();
         }
         // Dropping the old database frees its cache (and closes the file when no reader
         // holds it any more): off the write pause, on a thread of its own (readers still
@@ -181,10 +182,10 @@ impl Store {
         progress: &Progress,
     ) -> Result<u64, StorageError> {
         remove_if_present(path)?;
-        let (db, retire) = db_file::open(path, self.cache_size_bytes, None)?;
+        let (db, control) = db_file::open(path, self.cache_size_bytes, None)?;
         let mut target = Target {
             db,
-            retire,
+            control,
             cache_size_bytes: self.cache_size_bytes,
             path: path.to_path_buf(),
             last_history: None,
@@ -303,7 +304,7 @@ impl Target {
             .map_err(storage_error)?;
         let db = std::mem::replace(&mut self.db, placeholder);
         db.close().map_err(storage_error)?;
-        (self.db, self.retire) = db_file::open(&self.path, self.cache_size_bytes, None)?;
+        (self.db, self.control) = db_file::open(&self.path, self.cache_size_bytes, None)?;
         Ok(())
     }
 

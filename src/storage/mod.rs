@@ -64,7 +64,7 @@ pub mod wal;
 
 use crate::error::StorageError;
 use crate::sync::{Arc, Mutex, RwLock, lock};
-use db_file::Retire;
+use db_file::FileControl;
 use faults::Faults;
 use wal::{LogPosition, LogRecord, LogWriter, Op, OpLog};
 
@@ -243,7 +243,7 @@ pub struct Store {
 #[derive(Debug)]
 struct InService {
     db: Arc<Database>,
-    retire: Retire,
+    control: FileControl,
 }
 
 #[derive(Debug)]
@@ -301,7 +301,7 @@ impl Store {
                 log_path.display()
             )));
         }
-        let (db, retire) = db_file::open(&path, options.cache_size_bytes, options.faults.clone())?;
+        let (db, control) = db_file::open(&path, options.cache_size_bytes, options.faults.clone())?;
         // DEFRAG-2: a leftover copy is an unfinished defrag; kvd.redb is complete. Removed
         // only once redb holds kvd.redb's lock (STORE-3), so a second process that got past
         // the directory lock (its file deleted and made again) never removes a running
@@ -329,7 +329,7 @@ impl Store {
         let store = Store {
             db: RwLock::new(InService {
                 db: Arc::new(db),
-                retire,
+                control,
             }),
             row_tables: options.row_tables.clone(),
             check_history: options.check_history,
@@ -340,6 +340,7 @@ impl Store {
                 position: LogPosition {
                     next_seq: 1,
                     next_offset: 0,
+                    chain_start: 0,
                     checkpoint_bytes,
                     file_bytes,
                 },
@@ -399,6 +400,7 @@ impl Store {
         state.position = LogPosition {
             next_seq: last_seq.wrapping_add(1),
             next_offset: 0,
+            chain_start: 0,
             ..state.position
         };
         Ok(())
@@ -459,26 +461,39 @@ impl Store {
 
     /// Runs `f` as one batch commit of the write path (`wal`): committed without I/O and
     /// returned with its log record, which the caller must write with [`Store::log`] before
-    /// the batch counts as durable; or, when the log asks for a checkpoint, committed
-    /// durably and returned with no record.
+    /// the batch counts as durable. When the log asks for a checkpoint the commit is durable:
+    /// its sync deferred and the batch logged as any other, its record naming where the log
+    /// goes on (WAL-8); or, when that cannot be, synchronous and returned with no record.
     pub fn write_logged<R>(
         &self,
         f: impl FnOnce(&mut WriteBatch<'_>) -> Result<R, StorageError>,
     ) -> Result<(R, Option<LogRecord>), StorageError> {
         self.guarded(|state| {
-            let mut txn = self.database().begin_write().map_err(storage_error)?;
+            let (db, control) = {
+                let in_service = crate::sync::read(&self.db);
+                (in_service.db.clone(), in_service.control.clone())
+            };
+            let mut txn = db.begin_write().map_err(storage_error)?;
             let (result, ops) = run_batch(&txn, Some(OpLog::new()), f)?;
             if self.faults.as_ref().is_some_and(|f| f.take_batch_failure()) {
                 return Err(StorageError::Io("kvd: injected batch failure".into()));
             }
-            let ops = ops.unwrap_or_default();
+            let mut ops = ops.unwrap_or_default();
             let seq = state.position.next_seq;
             let len = ops.framed_len() as u64;
-            let checkpoint = state.position.needs_checkpoint(len, state.defragging);
-            let next_offset = if checkpoint {
-                0
-            } else {
-                state.position.next_offset + len
+            let position = state.position;
+            let checkpoint = position.needs_checkpoint(len, state.defragging);
+            let restart = checkpoint
+                .then(|| position.deferred_restart(len + wal::CONTINUE_AT_BYTES, state.defragging))
+                .flatten();
+            if let Some(start) = restart {
+                ops.continue_at(start);
+            }
+            let logged = !checkpoint || restart.is_some();
+            let (next_offset, chain_start) = match (checkpoint, restart) {
+                (false, _) => (position.next_offset + len, position.chain_start),
+                (true, Some(start)) => (start, start),
+                (true, None) => (0, 0),
             };
             {
                 let mut meta = txn.open_table(META).map_err(storage_error)?;
@@ -492,14 +507,23 @@ impl Store {
                     .map_err(|e| StorageError::Io(e.to_string()))?;
             }
             let started = std::time::Instant::now();
-            txn.commit().map_err(storage_error)?;
+            let committed = if restart.is_some() {
+                // WAL-8, FILE-4: the batch's record holds it until the sync is done.
+                control.defer_next_sync(true);
+                let committed = txn.commit();
+                control.defer_next_sync(false);
+                committed
+            } else {
+                txn.commit()
+            };
+            committed.map_err(storage_error)?;
             self.log.timings.backend_commit.observe(started.elapsed());
-            let record =
-                (!checkpoint).then(|| ops.frame(state.epoch, seq, state.position.next_offset));
+            let record = logged.then(|| ops.frame(state.epoch, seq, position.next_offset));
             state.position = LogPosition {
                 next_seq: seq + 1,
                 next_offset,
-                ..state.position
+                chain_start,
+                ..position
             };
             Ok((result, record))
         })
@@ -678,6 +702,8 @@ fn replay_op(
             let mut t = txn.open_table(definition).map_err(storage_error)?;
             t.remove(key).map_err(storage_error)?;
         }
+        // Where the log went on: replay has followed it already (WAL-8).
+        Op::ContinueAt(_) => {}
     }
     Ok(())
 }
@@ -1377,6 +1403,83 @@ mod tests {
             Err(StorageError::Corrupted(_))
         ));
         assert!(store.check_seals().is_err());
+    }
+
+    /// Writes batch `n`, a history record of 1 KiB under key `n`, and makes its record
+    /// durable as the commit thread would; returns the record.
+    fn logged_batch(store: &Store, n: u64) -> Option<LogRecord> {
+        let key = revision_key(n);
+        let ((), record) = store
+            .write_logged(|batch| batch.put_history(&key, &[b'v'; 1024]))
+            .unwrap();
+        if let Some(record) = &record {
+            store.log().write(&[record]).unwrap();
+            store.log().sync(&[record]).unwrap();
+        }
+        record
+    }
+
+    fn revision_key(n: u64) -> RevisionKey {
+        let mut key = [0u8; REVISION_KEY_BYTES];
+        key[..8].copy_from_slice(&n.to_be_bytes());
+        key
+    }
+
+    #[test]
+    fn a_checkpoint_whose_sync_never_reached_the_disk_is_replayed_from_the_log() {
+        // WAL-8: a power cut before a deferred checkpoint's sync leaves the database file as
+        // the durable commit before it left it; the log holds the checkpoint's batch and
+        // the batches after it, in the other region.
+        let dir = tempfile::tempdir().unwrap();
+        let options = StoreOptions {
+            wal_defrag_room_bytes: 1 << 20,
+            ..options()
+        };
+        let store = Store::open(dir.path(), &options).unwrap();
+        let db_path = dir.path().join(DB_FILE_NAME);
+        let mut n = 0;
+        let before_checkpoint = loop {
+            n += 1;
+            assert!(n < 1000, "no checkpoint in 1,000 batches of 1 KiB");
+            let durable = fs::read(&db_path).unwrap();
+            let record = logged_batch(&store, n).expect("a logged batch");
+            if record.is_checkpoint() {
+                break durable;
+            }
+        };
+        let checkpoint = n;
+        assert_eq!(
+            lock(&store.state).position.chain_start,
+            wal::WAL_FILE_BYTES_MIN
+        );
+        for _ in 0..5 {
+            n += 1;
+            assert!(!logged_batch(&store, n).expect("logged").is_checkpoint());
+        }
+        // The cut: the database file as it was before the checkpoint's commit, the log as
+        // it is now.
+        let cut = tempfile::tempdir().unwrap();
+        fs::write(cut.path().join(DB_FILE_NAME), &before_checkpoint).unwrap();
+        fs::copy(
+            dir.path().join(wal::WAL_FILE_NAME),
+            cut.path().join(wal::WAL_FILE_NAME),
+        )
+        .unwrap();
+        // Without the cut, the checkpoint's commit is durable once the next change waits
+        // for its sync.
+        store.close().unwrap();
+        for reopened in [
+            Store::open(cut.path(), &options).unwrap(),
+            Store::open(dir.path(), &options).unwrap(),
+        ] {
+            let snapshot = reopened.snapshot().unwrap();
+            for key in 1..=n {
+                assert!(
+                    snapshot.get_history(&revision_key(key)).unwrap().is_some(),
+                    "batch {key} of {n} lost (the checkpoint was {checkpoint})"
+                );
+            }
+        }
     }
 
     #[test]

@@ -8,9 +8,10 @@
 //! file-system metadata), and answers a batch only after the `fdatasync` that covers its
 //! record. When the next record would pass `wal_file_bytes` a batch is committed `Immediate`
 //! instead (a **checkpoint**): redb then holds every batch so far durably, and the log starts
-//! again at offset 0. While a defrag copies, the log may run on into the rest of the file
-//! (allocated, [`log_file_bytes`] in all: 16 MiB by default) before a
-//! checkpoint, so no checkpoint's `fsync` competes with the copy's.
+//! again at the start of the other of its two regions (offset 0 or `wal_file_bytes`), so the
+//! checkpoint's own sync can run off the apply thread (WAL-8). While a defrag copies, the log
+//! may run on into the rest of the file (allocated, [`log_file_bytes`] in all: 16 MiB by
+//! default) before a checkpoint, so no checkpoint's `fsync` competes with the copy's.
 //!
 //! Record layout (all integers big-endian): magic `KVDM` (u32), payload length (u32),
 //! CRC-32 of the epoch, the sequence number and the payload (u32), sequence number (u64), the
@@ -23,14 +24,17 @@
 //! - `3` put meta: meta code (u8), value (u64);
 //! - `4` put row: table name length (u8), name, key length (u32), key, value length (u32),
 //!   value;
-//! - `5` delete row: table name length (u8), name, key length (u32), key.
+//! - `5` delete row: table name length (u8), name, key length (u32), key;
+//! - `6` continue at: file offset (u64), only as a record's first operation: the next record
+//!   of the chain starts there, not after this one (a deferred checkpoint's record, WAL-8).
 //!
 //! Every batch commit (logged or checkpoint) also writes, in the same redb transaction,
 //! `wal_seq` (its sequence number) and `wal_offset` (where the next record goes). Recovery
 //! on open reads both, and `wal_epoch`, from redb's last durable commit and replays the
 //! records found from `wal_offset` that were written in that epoch and whose sequence numbers
-//! follow on from `wal_seq` one by one; the first record that is torn, fails its CRC (which
-//! folds in the epoch) or carries another sequence number ends the log. Open then commits
+//! follow on from `wal_seq` one by one, going on at the offset a record's "continue at" names;
+//! the first record that is torn, fails its CRC (which folds in the epoch) or carries another
+//! sequence number ends the log. Open then commits
 //! the replayed operations with the next epoch and the log restarting at offset 0, so records
 //! of a crashed run that were never acknowledged can never join a later run's chain.
 //!
@@ -44,8 +48,21 @@
 //!   batch whose answer was sent: a batch is answered after its record's `fdatasync`
 //!   (logged) or after its own `Immediate` commit (checkpoint), which also makes every
 //!   earlier batch durable in redb.
-//! - WAL-4: the log restarts at offset 0 only in a checkpoint, whose batch needs no record;
-//!   records after it overwrite only records of batches the checkpoint made durable.
+//! - WAL-4: the log restarts only in a checkpoint, and records after it overwrite only records
+//!   of batches that a durable redb commit holds: a checkpoint whose commit was synchronous
+//!   (no record; the log restarts at offset 0), or the deferred checkpoint before it (WAL-8).
+//! - WAL-8: a checkpoint's commit does not wait for its sync when its own record fits in the
+//!   log and one of the two regions (`[0, wal_file_bytes)`, `[wal_file_bytes, 2 *
+//!   wal_file_bytes)`) is clear of the chain redb's last durable commit replays (from its
+//!   `wal_offset` to the checkpoint's record): the checkpoint is then logged like any batch,
+//!   its record's first operation names that region's start, and its commit writes that start
+//!   as `wal_offset`. Until its sync is done the database file may hold the last durable
+//!   commit or the checkpoint (redb falls back by checksum), and both replay every batch: the
+//!   first through the checkpoint's record and on in the new region, the second from the new
+//!   region. The next checkpoint's commit writes the file only after that sync (FILE-4), so
+//!   its records, which may overwrite the old region, follow a durable checkpoint. Otherwise
+//!   (a record too large, or a defrag that filled both regions) the checkpoint is synchronous
+//!   and the log restarts at offset 0.
 //! - WAL-5: decoding is total: bad bytes end the log (tail) or give `Corrupted` (inside a
 //!   record whose CRC matched), never a panic.
 //! - WAL-7: a break in the chain is the log's end only if no later record of the epoch
@@ -119,6 +136,10 @@ pub const RECORD_HEADER_BYTES: usize = 32;
 /// Bytes of a record header as kvd wrote it before the durable mark (WAL-7): replayed, never
 /// written.
 const LEGACY_HEADER_BYTES: usize = 20;
+/// A batch makes a checkpoint once its record would pass its region's end less this fraction
+/// of the region, kept for the checkpoint's own record, which then fits unless it is that
+/// large itself (WAL-8).
+pub const CHECKPOINT_ROOM_DIVISOR: u64 = 8;
 /// Zeros written per call while the file is created.
 const FILL_CHUNK_BYTES: usize = 1 << 20;
 /// `KVDM`: a record with the durable mark (WAL-7).
@@ -131,6 +152,9 @@ const OP_DELETE_HISTORY: u8 = 2;
 const OP_PUT_META: u8 = 3;
 const OP_PUT_ROW: u8 = 4;
 const OP_DELETE_ROW: u8 = 5;
+const OP_CONTINUE_AT: u8 = 6;
+/// Bytes of a "continue at" operation: the tag and the offset.
+pub const CONTINUE_AT_BYTES: u64 = 9;
 
 const _: () = assert!(WAL_FILE_BYTES_DEFAULT >= WAL_FILE_BYTES_MIN);
 const _: () = assert!(RECORD_HEADER_BYTES == 4 + 4 + 4 + 8 + 8 + 4);
@@ -145,6 +169,16 @@ pub struct LogRecord {
     pub offset: u64,
     /// The framed record.
     pub bytes: Vec<u8>,
+}
+
+impl LogRecord {
+    /// Returns true if the record is a checkpoint's, naming where the log goes on (WAL-8).
+    pub fn is_checkpoint(&self) -> bool {
+        self.bytes
+            .get(RECORD_HEADER_BYTES..)
+            .and_then(continues_at)
+            .is_some()
+    }
 }
 
 /// Bytes an operation log reserves up front: a few dozen small Puts without a reallocation.
@@ -194,6 +228,14 @@ impl OpLog {
         put_bytes(&mut self.payload, key);
     }
 
+    /// Makes the record say that the chain goes on at `offset` (WAL-8): its first operation.
+    pub(crate) fn continue_at(&mut self, offset: u64) {
+        let mut op = [0u8; CONTINUE_AT_BYTES as usize];
+        op[0] = OP_CONTINUE_AT;
+        op[1..].copy_from_slice(&offset.to_be_bytes());
+        self.payload.splice(0..0, op);
+    }
+
     /// Returns the length the framed record will have.
     pub fn framed_len(&self) -> usize {
         RECORD_HEADER_BYTES + self.payload.len()
@@ -229,6 +271,8 @@ pub enum Op<'a> {
     PutRow(&'a str, &'a [u8], &'a [u8]),
     /// Delete a row of a named table.
     DeleteRow(&'a str, &'a [u8]),
+    /// The next record of the chain starts at this offset (WAL-8); changes nothing stored.
+    ContinueAt(u64),
 }
 
 /// Decodes the operations of a payload whose CRC matched (WAL-5).
@@ -257,6 +301,7 @@ pub fn decode_ops(mut payload: &[u8]) -> Result<Vec<Op<'_>>, StorageError> {
                 let table = take_name(&mut payload)?;
                 Op::DeleteRow(table, take_bytes(&mut payload)?)
             }
+            OP_CONTINUE_AT if ops.is_empty() => Op::ContinueAt(take_u64(&mut payload)?),
             other => return Err(corrupted(&format!("unknown operation {other}"))),
         };
         ops.push(op);
@@ -269,9 +314,12 @@ pub fn decode_ops(mut payload: &[u8]) -> Result<Vec<Op<'_>>, StorageError> {
 pub struct LogPosition {
     /// The sequence number of the next batch commit.
     pub next_seq: u64,
-    /// Where its record would start: also the record bytes placed since the last
-    /// checkpoint (WAL-4).
+    /// Where its record would start.
     pub next_offset: u64,
+    /// Where the log restarted at the last checkpoint (0 or `checkpoint_bytes`): the chain
+    /// redb's last durable commit replays starts there or later (a compaction's or defrag's
+    /// durable commit keeps the position after the batch before it) (WAL-8).
+    pub chain_start: u64,
     /// The log's length between checkpoints (`wal_file_bytes`, the zero-filled part).
     pub checkpoint_bytes: u64,
     /// The file's usable length, never below `checkpoint_bytes`: the room past it is used
@@ -280,17 +328,39 @@ pub struct LogPosition {
 }
 
 impl LogPosition {
-    /// Returns true if a record of `len` bytes must not be logged because it would not fit
-    /// before the log's end: the batch becomes a checkpoint instead. While a defrag copies
-    /// (`defragging`) the log's end is the file's, so no checkpoint's `fsync` competes with
-    /// the copy's for the disk unless the whole file fills.
+    /// Returns true if the batch whose record is `len` bytes makes a checkpoint: its record
+    /// would pass the log's end less the room kept for a checkpoint's record
+    /// ([`CHECKPOINT_ROOM_DIVISOR`]). The log's end is its region's, or while a defrag copies
+    /// (`defragging`) the file's, so no checkpoint's `fsync` competes with the copy's for the
+    /// disk unless the whole file fills.
     pub fn needs_checkpoint(&self, len: u64, defragging: bool) -> bool {
-        let end = if defragging {
+        let room = self.checkpoint_bytes / CHECKPOINT_ROOM_DIVISOR;
+        self.next_offset.saturating_add(len) > self.end(defragging).saturating_sub(room)
+    }
+
+    /// Returns where the log restarts after a checkpoint whose record of `len` bytes (its
+    /// "continue at" included) would go at `next_offset`, if the checkpoint's sync can be
+    /// deferred: the start of a region clear of the chain from `chain_start` to that record's
+    /// end, when the record fits before the log's end (WAL-8). `None`: the checkpoint must be
+    /// synchronous.
+    pub fn deferred_restart(&self, len: u64, defragging: bool) -> Option<u64> {
+        let end = self.next_offset.checked_add(len)?;
+        if end > self.end(defragging) {
+            return None;
+        }
+        let region = self.checkpoint_bytes;
+        [0, region].into_iter().find(|&start| {
+            let clear = start + region <= self.chain_start || start >= end;
+            start != self.chain_start && clear && start + region <= self.file_bytes
+        })
+    }
+
+    fn end(&self, defragging: bool) -> u64 {
+        if defragging {
             self.file_bytes
         } else {
-            self.checkpoint_bytes
-        };
-        self.next_offset.saturating_add(len) > end
+            self.chain_start.saturating_add(self.checkpoint_bytes)
+        }
     }
 }
 
@@ -570,8 +640,9 @@ pub fn log_file_bytes(checkpoint_bytes: u64, least_bytes: u64) -> u64 {
         .max(least_bytes)
 }
 
-/// Opens `dir`'s log file, creating it filled with zeros up to `checkpoint_bytes` and
-/// allocated up to `file_bytes` (and made durable) if it is missing or shorter. Returns the
+/// Opens `dir`'s log file, creating it filled with zeros over both regions (twice
+/// `checkpoint_bytes`, WAL-8; no further than `file_bytes`) and allocated up to `file_bytes`
+/// (and made durable) if it is missing or shorter. Returns the
 /// writer and the file's length: when the filesystem cannot allocate the defrag room (full,
 /// or no `fallocate`), the log goes without it. Nothing of the log is read here: replay reads
 /// only its records ([`read_records_after`]).
@@ -588,11 +659,15 @@ pub fn open(
         .metadata()
         .map_err(|e| io_error("read the length of", &path, &e))?
         .len();
-    if length < checkpoint_bytes {
-        fill_with_zeros(&file, length, checkpoint_bytes)
-            .map_err(|e| io_error("fill", &path, &e))?;
+    // Both regions (WAL-8). A file made before the second region was used has only the
+    // first zero-filled: the first lap through the second pays its extents' conversion.
+    let zeroed = checkpoint_bytes
+        .saturating_mul(2)
+        .min(file_bytes.max(checkpoint_bytes));
+    if length < zeroed {
+        fill_with_zeros(&file, length, zeroed).map_err(|e| io_error("fill", &path, &e))?;
     }
-    let mut usable = length.max(checkpoint_bytes);
+    let mut usable = length.max(zeroed);
     if usable < file_bytes {
         // The defrag room: allocated, not written (no zeros to write at open), so a record
         // there can never meet a full filesystem; its first overwrite of a block changes the
@@ -668,31 +743,65 @@ pub fn read_records_after(
         .metadata()
         .map_err(|e| io_error("read the length of", &path, &e))?
         .len();
-    let mut source = FileSource {
-        file: &file,
-        path: &path,
-        start: offset,
-        available: usize::try_from(length.saturating_sub(offset)).unwrap_or(usize::MAX),
+    let mut replayed = Replayed {
         bytes: Vec::new(),
+        records: Vec::new(),
     };
-    let scanned = scan(&mut source, last_seq, epoch)?;
-    if let Some(damage) = scanned.damage {
-        let (seq, durable) = damage.witness;
-        return Err(StorageError::Corrupted(format!(
-            "{} is damaged: the record of batch {} at offset {} cannot be read, but the record \
-             of batch {seq} at offset {}, written once every batch up to {durable} was durable, \
-             follows it; replaying only what comes before would lose acknowledged writes. \
-             Restore the data directory from a snapshot or a backup",
-            path.display(),
-            damage.missing,
-            offset + damage.at as u64,
-            offset + damage.witness_at as u64,
-        )));
+    let (mut start, mut last_seq) = (offset, last_seq);
+    loop {
+        let mut source = FileSource {
+            file: &file,
+            path: &path,
+            start,
+            available: usize::try_from(length.saturating_sub(start)).unwrap_or(usize::MAX),
+            bytes: Vec::new(),
+        };
+        let scanned = scan(&mut source, last_seq, epoch)?;
+        let mut damage = scanned.damage.map(|d| (d, start));
+        if damage.is_none()
+            && let Some((at, false)) = scanned.broke_at
+            && start > 0
+        {
+            // WAL-7 before the scan's start too: a chain that restarted in the second region
+            // goes on in the first (WAL-8).
+            let mut before = vec![0u8; usize::try_from(start).unwrap_or(usize::MAX)];
+            file.read_exact_at(&mut before, 0)
+                .map_err(|e| io_error("read", &path, &e))?;
+            damage =
+                witness_from(&before, 0, scanned.expected, epoch).map(|(witness_at, witness)| {
+                    let damage = Damage {
+                        at: at + usize::try_from(start).unwrap_or(usize::MAX),
+                        missing: scanned.expected,
+                        witness_at,
+                        witness,
+                    };
+                    (damage, 0)
+                });
+        }
+        if let Some((damage, base)) = damage {
+            let (seq, durable) = damage.witness;
+            return Err(StorageError::Corrupted(format!(
+                "{} is damaged: the record of batch {} at offset {} cannot be read, but the \
+                 record of batch {seq} at offset {}, written once every batch up to {durable} \
+                 was durable, comes after it; replaying only what comes before would lose \
+                 acknowledged writes. Restore the data directory from a snapshot or a backup",
+                path.display(),
+                damage.missing,
+                base + damage.at as u64,
+                base + damage.witness_at as u64,
+            )));
+        }
+        let shift = replayed.bytes.len();
+        replayed.records.extend(
+            (scanned.records.into_iter())
+                .map(|(seq, range)| (seq, range.start + shift..range.end + shift)),
+        );
+        replayed.bytes.extend_from_slice(&source.bytes);
+        match scanned.continues_at {
+            Some(next) => (start, last_seq) = (next, scanned.expected.wrapping_sub(1)),
+            None => return Ok(replayed),
+        }
     }
-    Ok(Replayed {
-        bytes: source.bytes,
-        records: scanned.records,
-    })
 }
 
 /// Where a scan of the log takes its bytes from: all of them at once, or read on demand.
@@ -747,6 +856,12 @@ struct Scanned {
     records: Vec<(u64, Range<usize>)>,
     /// Set when the chain broke at a record a later one proves was durable (WAL-7).
     damage: Option<Damage>,
+    /// Where the chain goes on, named by its last record (WAL-8); the scan stopped there.
+    continues_at: Option<u64>,
+    /// The sequence number of the record the chain needs next.
+    expected: u64,
+    /// Where the chain broke, if it did, and whether zeros are there (the end of a write).
+    broke_at: Option<(usize, bool)>,
 }
 
 /// A break in the chain that is damage, not the log's end (WAL-7).
@@ -783,6 +898,15 @@ fn scan<S: LogSource>(source: &mut S, last_seq: u64, epoch: u64) -> Result<Scann
                 records.push((seq, payload..next));
                 expected = expected.wrapping_add(1);
                 at = next;
+                if let Some(offset) = continues_at(&source.up_to(next)?[payload..next]) {
+                    return Ok(Scanned {
+                        records,
+                        damage: None,
+                        continues_at: Some(offset),
+                        expected,
+                        broke_at: None,
+                    });
+                }
             }
             _ => break,
         }
@@ -798,15 +922,40 @@ fn scan<S: LogSource>(source: &mut S, last_seq: u64, epoch: u64) -> Result<Scann
         witness_at,
         witness,
     });
-    Ok(Scanned { records, damage })
+    Ok(Scanned {
+        records,
+        damage,
+        continues_at: None,
+        expected,
+        broke_at: Some((at, at_zeros)),
+    })
+}
+
+/// Returns the offset a record's payload says the chain goes on at, if it does (WAL-8).
+fn continues_at(payload: &[u8]) -> Option<u64> {
+    let op = payload.get(..CONTINUE_AT_BYTES as usize)?;
+    (op[0] == OP_CONTINUE_AT).then(|| {
+        let mut offset = [0u8; 8];
+        offset.copy_from_slice(&op[1..]);
+        u64::from_be_bytes(offset)
+    })
 }
 
 /// Looks in `log` past `at` for a record of `epoch` whose durable mark is at least `missing`:
 /// one written after the record of batch `missing` had been made durable (WAL-7). Returns its
 /// offset, sequence number and mark.
 fn witness_after(log: &[u8], at: usize, missing: u64, epoch: u64) -> Option<(usize, (u64, u64))> {
+    witness_from(log, at.checked_add(1)?, missing, epoch)
+}
+
+/// [`witness_after`] from `from` on, `from` included.
+fn witness_from(
+    log: &[u8],
+    mut from: usize,
+    missing: u64,
+    epoch: u64,
+) -> Option<(usize, (u64, u64))> {
     let magic = RECORD_MAGIC.to_be_bytes();
-    let mut from = at.checked_add(1)?;
     while let Some(found) = log.get(from..)?.windows(4).position(|w| w == magic) {
         let candidate = from + found;
         if let Some(header) = header_at(log, candidate)
@@ -826,15 +975,17 @@ fn witness_after(log: &[u8], at: usize, missing: u64, epoch: u64) -> Option<(usi
 /// follow on from `last_seq` (WAL-2, WAL-5): the part of the log redb's durable state does
 /// not hold. Damage the scan found (WAL-7) is left to [`damage_after`].
 pub fn records_after(log: &[u8], offset: u64, last_seq: u64, epoch: u64) -> Vec<(u64, &[u8])> {
-    let Some(mut from) = usize::try_from(offset).ok().and_then(|at| log.get(at..)) else {
-        return Vec::new();
-    };
-    let Ok(found) = scan(&mut from, last_seq, epoch);
-    found
-        .records
-        .into_iter()
-        .map(|(seq, range)| (seq, &from[range]))
-        .collect()
+    let mut records = Vec::new();
+    let (mut offset, mut last_seq) = (offset, last_seq);
+    while let Some(mut from) = usize::try_from(offset).ok().and_then(|at| log.get(at..)) {
+        let Ok(found) = scan(&mut from, last_seq, epoch);
+        records.extend((found.records.into_iter()).map(|(seq, range)| (seq, &from[range])));
+        match found.continues_at {
+            Some(next) => (offset, last_seq) = (next, found.expected.wrapping_sub(1)),
+            None => break,
+        }
+    }
+    records
 }
 
 /// The damage a replay of `log` from `offset` would stop at (WAL-7), offsets from `offset`.
@@ -1079,29 +1230,62 @@ mod tests {
         }
     }
 
-    #[test]
-    fn checkpoint_when_the_record_would_not_fit() {
-        let at = |next_offset| LogPosition {
+    /// A position in a log of 4 KiB regions in a 16 KiB file, the chain starting at
+    /// `chain_start`.
+    fn position(chain_start: u64, next_offset: u64) -> LogPosition {
+        LogPosition {
             next_seq: 1,
             next_offset,
+            chain_start,
             checkpoint_bytes: 4096,
             file_bytes: 4 * 4096,
-        };
+        }
+    }
+
+    #[test]
+    fn checkpoint_when_the_record_would_pass_the_room_kept_for_a_checkpoint() {
+        // An eighth of the region, 512 bytes, is kept for the checkpoint's own record.
+        let at = |next_offset| position(0, next_offset);
         assert!(!at(0).needs_checkpoint(100, false));
-        assert!(!at(3996).needs_checkpoint(100, false), "fits exactly");
-        assert!(at(4000).needs_checkpoint(200, false), "past the end");
+        assert!(!at(3484).needs_checkpoint(100, false), "fits exactly");
+        assert!(at(3500).needs_checkpoint(100, false), "into the room");
         assert!(at(0).needs_checkpoint(5000, false), "larger than the log");
+        // In the second region, its end counts.
+        assert!(!position(4096, 4096 + 3484).needs_checkpoint(100, false));
+        assert!(position(4096, 4096 + 3500).needs_checkpoint(100, false));
         // While a defrag copies, the whole file is the log.
         assert!(!at(4000).needs_checkpoint(200, true), "in the defrag room");
         assert!(!at(0).needs_checkpoint(5000, true));
-        assert!(
-            !at(4 * 4096 - 100).needs_checkpoint(100, true),
-            "fits exactly"
+        let last = 4 * 4096 - 512;
+        assert!(!at(last - 100).needs_checkpoint(100, true), "fits exactly");
+        assert!(at(last - 100).needs_checkpoint(200, true), "past the file");
+    }
+
+    #[test]
+    fn a_checkpoint_restarts_the_log_in_the_region_its_chain_leaves_clear() {
+        // WAL-8: from the first region to the second, and back.
+        assert_eq!(position(0, 3600).deferred_restart(400, false), Some(4096));
+        assert_eq!(position(4096, 7700).deferred_restart(400, false), Some(0));
+        // The record must fit before the region's end.
+        assert_eq!(position(0, 3600).deferred_restart(497, false), None);
+        assert_eq!(position(0, 0).deferred_restart(5000, false), None);
+        // After a defrag ran the chain from the first region into the second, no region is
+        // clear: the checkpoint is synchronous.
+        assert_eq!(position(0, 9000).deferred_restart(100, true), None);
+        // From the second region the chain may run to the file's end and leave the first
+        // clear.
+        assert_eq!(position(4096, 12000).deferred_restart(100, true), Some(0));
+        assert_eq!(
+            position(4096, 4 * 4096 - 50).deferred_restart(100, true),
+            None
         );
-        assert!(
-            at(4 * 4096 - 100).needs_checkpoint(200, true),
-            "past the file"
-        );
+        // A file without its defrag room still has both regions; one with a single region
+        // has no second to go to.
+        let single = LogPosition {
+            file_bytes: 4096,
+            ..position(0, 3600)
+        };
+        assert_eq!(single.deferred_restart(100, false), None);
     }
 
     #[test]
@@ -1374,6 +1558,89 @@ mod tests {
                 "{message}"
             );
         }
+    }
+
+    /// The log of [`a_log_across_both_regions`]: 8 KiB regions in a 64 KiB file.
+    const REGION: u64 = 8 << 10;
+
+    /// A checkpoint's record (WAL-8) of `len` bytes: batch `seq` at `offset`, the chain going
+    /// on at `next`.
+    fn checkpoint(seq: u64, offset: u64, len: usize, next: u64) -> LogRecord {
+        let mut ops = OpLog::default();
+        ops.put_history(&[2; 16], &vec![9; len - RECORD_HEADER_BYTES - 21 - 9]);
+        ops.continue_at(next);
+        let record = ops.frame(EPOCH, seq, offset);
+        assert_eq!(record.bytes.len(), len);
+        assert!(record.is_checkpoint());
+        record
+    }
+
+    /// Batches 1 to 7, each written and synced alone: 1 and 2 in the first region, 3 a
+    /// checkpoint going on in the second, 4 there, 5 a checkpoint going back to the first,
+    /// 6 and 7 over 1 and 2.
+    fn a_log_across_both_regions(dir: &Path) -> Vec<LogRecord> {
+        let (log, usable) = open(dir, REGION, FILE, true, None).expect("open");
+        assert_eq!(usable, FILE);
+        let mut records = run_of(1, 0, &[500, 700]);
+        records.push(checkpoint(3, 1200, 600, REGION));
+        records.extend(run_of(4, REGION, &[800]));
+        records.push(checkpoint(5, REGION + 800, 400, 0));
+        records.extend(run_of(6, 0, &[300, 900]));
+        write_each_synced(&log, &records);
+        records
+    }
+
+    #[test]
+    fn replay_follows_a_checkpoint_record_into_the_other_region_and_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let records = a_log_across_both_regions(dir.path());
+        let payload = &records[2].bytes[RECORD_HEADER_BYTES..];
+        assert_eq!(decode_ops(payload).expect("ops")[0], Op::ContinueAt(REGION));
+        // From checkpoint 3, once durable, and from 5.
+        assert_eq!(replayed_from(dir.path(), REGION, 3), vec![4, 5, 6, 7]);
+        assert_eq!(replayed_from(dir.path(), 0, 5), vec![6, 7]);
+        // From the durable commit before checkpoint 3, as after a power cut before 3's sync,
+        // while 1 and 2 were still there: 3's record leads into the second region, and 5's
+        // back into the first.
+        let lap = tempfile::tempdir().expect("tempdir");
+        let (log, _) = open(lap.path(), REGION, FILE, true, None).expect("open");
+        write_each_synced(&log, &records[..5]);
+        assert_eq!(replayed_from(lap.path(), 0, 0), vec![1, 2, 3, 4, 5]);
+        // A "continue at" anywhere but first is refused as damage inside a valid record.
+        let mut ops = OpLog::default();
+        ops.put_meta(MetaKey::CurrentRevision, 1);
+        ops.payload
+            .extend_from_slice(&[OP_CONTINUE_AT, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert!(matches!(
+            decode_ops(&ops.payload),
+            Err(StorageError::Corrupted(_))
+        ));
+    }
+
+    #[test]
+    fn damage_before_the_log_goes_back_to_the_first_region_refuses_replay() {
+        // WAL-7 across WAL-8's regions: checkpoint 5's record is damaged, and 6 and 7, in the
+        // first region before the replay's start, were written once 5 was durable.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let records = a_log_across_both_regions(dir.path());
+        damage(dir.path(), &records[4]);
+        let error = read_records_after(dir.path(), REGION, 3, EPOCH).expect_err("refused");
+        let StorageError::Corrupted(message) = error else {
+            panic!("{error:?}");
+        };
+        assert!(
+            message.contains(&format!("record of batch 5 at offset {}", REGION + 800)),
+            "{message}"
+        );
+        assert!(
+            message.contains("record of batch 6 at offset 0"),
+            "{message}"
+        );
+        // Damage with nothing after it in either region is the log's end.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let records = a_log_across_both_regions(dir.path());
+        damage(dir.path(), &records[6]);
+        assert_eq!(replayed_from(dir.path(), 0, 5), vec![6]);
     }
 
     #[test]
