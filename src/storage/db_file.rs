@@ -202,10 +202,11 @@ impl Syncs {
         }
     }
 
-    /// Hands the sync to the thread if it was asked to be deferred; returns true if it was.
+    /// Hands the sync to the thread if it was asked to be deferred and the thread still
+    /// runs; returns true if it was handed over.
     fn defer(&self) -> bool {
         let mut state = lock(&self.state);
-        if !std::mem::take(&mut state.defer_next) {
+        if !std::mem::take(&mut state.defer_next) || state.stopped {
             return false;
         }
         state.asked += 1;
