@@ -389,6 +389,17 @@ mod tests {
         txn.commit().expect("commit");
     }
 
+    /// Commits one key in a transaction of the default durability; returns the commit's
+    /// outcome.
+    fn commit_one(db: &Database, key: &str) -> Result<(), redb::CommitError> {
+        let txn = db.begin_write().expect("begin");
+        txn.open_table(TABLE)
+            .expect("table")
+            .insert(key, 1)
+            .expect("insert");
+        txn.commit()
+    }
+
     fn keys_after_reopen(path: &Path) -> Vec<String> {
         let db = redb::Database::create(path).expect("reopen");
         let txn = db.begin_read().expect("read");
@@ -467,12 +478,7 @@ mod tests {
             insert(&db, "before", Durability::Immediate);
             faults.fail_after(allowed);
             control.defer_next_sync(true);
-            let txn = db.begin_write().expect("begin");
-            txn.open_table(TABLE)
-                .expect("table")
-                .insert("deferred", 1)
-                .expect("insert");
-            if txn.commit().is_err() {
+            if commit_one(&db, "deferred").is_err() {
                 continue;
             }
             let failed = control
@@ -484,12 +490,7 @@ mod tests {
             );
             // Latched: a healed disk does not bring the file back.
             faults.heal();
-            let txn = db.begin_write().expect("begin");
-            txn.open_table(TABLE)
-                .expect("table")
-                .insert("later", 1)
-                .expect("insert");
-            let error = txn.commit().expect_err("every later change fails");
+            let error = commit_one(&db, "later").expect_err("every later change fails");
             assert!(error.to_string().contains("deferred fdatasync"), "{error}");
             return;
         }
@@ -500,7 +501,7 @@ mod tests {
     fn a_close_makes_pending_commits_durable_in_a_file_in_service() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("db");
-        let (db, _retire) = database_with_a_durable_key(&path);
+        let (db, _control) = database_with_a_durable_key(&path);
         insert(&db, "pending", Durability::None);
         drop(db);
         // FILE-1: redb's close wrote the non-durable commit out, and the file kept its blocks.
@@ -579,16 +580,11 @@ mod tests {
     fn injected_faults_fail_the_writes_of_a_file_in_service() {
         let dir = tempfile::tempdir().expect("tempdir");
         let faults = Arc::new(Faults::new());
-        let (db, _retire) =
+        let (db, _control) =
             open(&dir.path().join("db"), 1 << 20, Some(faults.clone())).expect("open");
         insert(&db, "before", Durability::Immediate);
         faults.fail_after(0);
-        let txn = db.begin_write().expect("begin");
-        txn.open_table(TABLE)
-            .expect("table")
-            .insert("after", 1)
-            .expect("insert");
-        let error = txn.commit().expect_err("a faulty file fails the commit");
+        let error = commit_one(&db, "after").expect_err("a faulty file fails the commit");
         assert!(
             error.to_string().contains("injected storage fault"),
             "{error}"

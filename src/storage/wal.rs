@@ -71,8 +71,9 @@
 //!   answered) and is damaged since: replay refuses to open the log instead of dropping every
 //!   acknowledged batch from there on. A torn last write cannot look like that: the records
 //!   of one write carry the mark of the sync before it. The search past the break reads the
-//!   rest of the file when the break is not at zeros (zeros end every write); at zeros it
-//!   covers the bytes replay read already.
+//!   rest of the file, and the file before the chain's segment (a chain that began in the
+//!   second region goes on in the first, WAL-8), when the break is not at zeros (zeros end
+//!   every write); at zeros it covers the bytes replay read already.
 //! - WAL-6: the log is written in whole [`LOG_BLOCK_BYTES`] blocks at block offsets: a
 //!   write rewrites the last, partly filled block with the bytes it already held (kept in
 //!   memory, or read from the file when a write does not follow on from the previous one),
@@ -796,7 +797,11 @@ pub fn read_records_after(
             (scanned.records.into_iter())
                 .map(|(seq, range)| (seq, range.start + shift..range.end + shift)),
         );
-        replayed.bytes.extend_from_slice(&source.bytes);
+        if replayed.bytes.is_empty() {
+            replayed.bytes = source.bytes;
+        } else {
+            replayed.bytes.extend_from_slice(&source.bytes);
+        }
         match scanned.continues_at {
             Some(next) => (start, last_seq) = (next, scanned.expected.wrapping_sub(1)),
             None => return Ok(replayed),
