@@ -10,9 +10,10 @@
 //! - totality (STORE-4, REC-2, WAL-5): bad bytes give `Corrupted`, never a panic;
 //! - round trips (REC-1, REV-2 and the row codecs): what decodes re-encodes to bytes that
 //!   decode to the same value, byte for byte where the layout has one encoding per value;
-//! - the log's replay rule (WAL-2, WAL-5) against an oracle: [`wal_log`] builds a log from
-//!   the input, damages it as the input says, and `records_after` must return exactly the
-//!   records that are whole, of the current epoch and in sequence.
+//! - the log's replay rule (WAL-2, WAL-5, WAL-8) against an oracle: [`wal_log`] builds a log
+//!   from the input, some records naming where the next one starts past a gap, damages it as
+//!   the input says, and `records_after` must return exactly the records that are whole, of
+//!   the current epoch and in sequence.
 //!
 //! Contact points: `mvcc::record`, `mvcc::revision`, `lease`, `alarm`, `accounting::codec`,
 //! `storage` (meta values), `storage::wal` and `bbolt` (etcd snapshots); the targets
@@ -364,6 +365,8 @@ struct Placed {
     start: usize,
     end: usize,
     value: Vec<u8>,
+    /// Where the record says the next one starts (WAL-8), if it says so.
+    continues_at: Option<u64>,
 }
 
 /// How [`wal_log`] damages its log.
@@ -382,9 +385,11 @@ enum Damage {
 /// Input: the damage kind, its position (u16) and the XOR mask (u8); the offset of the first
 /// record (u8, up to 63 zero bytes before it); the last durable sequence number (u64) and the
 /// epoch (u64); then records, each a control byte (bit 0: written in the next epoch; bits 1-2:
-/// the sequence step, `+1`, `+2`, `+0` or `+1`), a value length (u8) and the value, logged as
-/// one put-history operation. The expected replay is the records up to the first one that is
-/// of another epoch, out of sequence, cut off or damaged.
+/// the sequence step, `+1`, `+2`, `+0` or `+1`; bit 3: the record's first operation is a
+/// "continue at" naming where the next record starts, after a gap of 16 times bits 4-7 filler
+/// bytes, WAL-8), a value length (u8) and the value, logged as one put-history operation. The
+/// expected replay is the records up to the first one that is of another epoch, out of
+/// sequence, cut off or damaged: gaps and their damage change nothing.
 pub fn wal_log(data: &[u8]) {
     let mut input = Input { bytes: data };
     let (kind, position, mask) = (input.u8(), usize::from(input.u16()), input.u8().max(1));
@@ -411,6 +416,14 @@ pub fn wal_log(data: &[u8]) {
         let mut ops = OpLog::default();
         ops.put_history(&Revision::new(0, i64::from(control)).to_key(), &value);
         let offset = u64::try_from(log.len()).unwrap_or(u64::MAX);
+        let gap = usize::from(control >> 4) * 16;
+        let continues_at = (control & 8 != 0).then(|| {
+            let len = ops.framed_len() + wal::CONTINUE_AT_BYTES as usize;
+            u64::try_from(log.len() + len + gap).unwrap_or(u64::MAX)
+        });
+        if let Some(next) = continues_at {
+            ops.continue_at(next);
+        }
         let record = ops.frame(record_epoch, seq, offset);
         let start = log.len();
         log.extend_from_slice(&record.bytes);
@@ -420,7 +433,12 @@ pub fn wal_log(data: &[u8]) {
             start,
             end: log.len(),
             value,
+            continues_at,
         });
+        if continues_at.is_some() {
+            // Filler that looks like nothing: replay must jump over it.
+            log.resize(log.len() + gap, 0xa5);
+        }
     }
     log.resize(log.len() + WAL_LOG_TAIL_BYTES, 0);
     let damage = match kind % 3 {
@@ -448,9 +466,16 @@ pub fn wal_log(data: &[u8]) {
     );
     for ((_, payload), placed) in found.iter().zip(&expected) {
         let ops = wal::decode_ops(payload);
+        let holds = match (ops.as_deref(), placed.continues_at) {
+            (Ok([Op::PutHistory(_, value)]), None) => *value == &placed.value[..],
+            (Ok([Op::ContinueAt(next), Op::PutHistory(_, value)]), Some(at)) => {
+                *next == at && *value == &placed.value[..]
+            }
+            _ => false,
+        };
         assert!(
-            matches!(ops.as_deref(), Ok([Op::PutHistory(_, value)]) if *value == &placed.value[..]),
-            "a replayed payload does not hold its one operation: {ops:?}"
+            holds,
+            "a replayed payload does not hold its operations: {ops:?}"
         );
     }
 }
