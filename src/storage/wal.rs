@@ -758,9 +758,11 @@ pub fn read_records_after(
             bytes: Vec::new(),
         };
         let scanned = scan(&mut source, last_seq, epoch)?;
-        let mut damage = scanned.damage.map(|d| (d, start));
-        if damage.is_none()
-            && let Some((at, false)) = scanned.broke_at
+        if let Some(d) = scanned.damage {
+            let (at, witness_at) = (start + d.at as u64, start + d.witness_at as u64);
+            return Err(damaged(&path, d.missing, at, witness_at, d.witness));
+        }
+        if let Some((at, false)) = scanned.broke_at
             && start > 0
         {
             // WAL-7 before the scan's start too: a chain that restarted in the second region
@@ -768,29 +770,16 @@ pub fn read_records_after(
             let mut before = vec![0u8; usize::try_from(start).unwrap_or(usize::MAX)];
             file.read_exact_at(&mut before, 0)
                 .map_err(|e| io_error("read", &path, &e))?;
-            damage =
-                witness_from(&before, 0, scanned.expected, epoch).map(|(witness_at, witness)| {
-                    let damage = Damage {
-                        at: at + usize::try_from(start).unwrap_or(usize::MAX),
-                        missing: scanned.expected,
-                        witness_at,
-                        witness,
-                    };
-                    (damage, 0)
-                });
-        }
-        if let Some((damage, base)) = damage {
-            let (seq, durable) = damage.witness;
-            return Err(StorageError::Corrupted(format!(
-                "{} is damaged: the record of batch {} at offset {} cannot be read, but the \
-                 record of batch {seq} at offset {}, written once every batch up to {durable} \
-                 was durable, comes after it; replaying only what comes before would lose \
-                 acknowledged writes. Restore the data directory from a snapshot or a backup",
-                path.display(),
-                damage.missing,
-                base + damage.at as u64,
-                base + damage.witness_at as u64,
-            )));
+            if let Some((witness_at, witness)) = witness_from(&before, 0, scanned.expected, epoch) {
+                let at = start + at as u64;
+                return Err(damaged(
+                    &path,
+                    scanned.expected,
+                    at,
+                    witness_at as u64,
+                    witness,
+                ));
+            }
         }
         let shift = replayed.bytes.len();
         replayed.records.extend(
@@ -807,6 +796,26 @@ pub fn read_records_after(
             None => return Ok(replayed),
         }
     }
+}
+
+/// The error of a replay that met damage (WAL-7): the record of batch `missing` at file offset
+/// `at` is unreadable, and the record at `witness_at` (its sequence number and durable mark)
+/// proves it was durable.
+fn damaged(
+    path: &Path,
+    missing: u64,
+    at: u64,
+    witness_at: u64,
+    witness: (u64, u64),
+) -> StorageError {
+    let (seq, durable) = witness;
+    StorageError::Corrupted(format!(
+        "{} is damaged: the record of batch {missing} at offset {at} cannot be read, but the \
+         record of batch {seq} at offset {witness_at}, written once every batch up to \
+         {durable} was durable, comes after it; replaying only what comes before would lose \
+         acknowledged writes. Restore the data directory from a snapshot or a backup",
+        path.display(),
+    ))
 }
 
 /// Where a scan of the log takes its bytes from: all of them at once, or read on demand.
