@@ -47,6 +47,15 @@ pub enum StorageError {
         /// The schema version found in the file.
         found: u64,
     },
+    /// The file's schema is older than this build's, and the caller asked that it not be
+    /// raised (`kvd check` without `--upgrade`): an open would raise it, after which older
+    /// builds refuse the file.
+    OlderSchema {
+        /// The schema version found in the file.
+        found: u64,
+        /// The schema version this build writes.
+        current: u64,
+    },
 }
 
 impl fmt::Display for StorageError {
@@ -68,6 +77,13 @@ impl fmt::Display for StorageError {
                 write!(
                     f,
                     "kvd: database schema version {found} is newer than this build"
+                )
+            }
+            StorageError::OlderSchema { found, current } => {
+                write!(
+                    f,
+                    "kvd: database schema version {found} is older than this build's \
+                     {current}: an open raises it, after which older builds refuse the directory"
                 )
             }
         }

@@ -53,7 +53,7 @@ pub use clock::{Clock, MANUAL_CLOCK_EPOCH, ManualClock, SystemClock};
 pub use engine::{
     AGENT_REREGISTER_TIMEOUT_DEFAULT, AllocationPrepareQueueReplaced, ApplyStats, AutoCompaction,
     CheckReport, CommitFailpoint, CommitStep, Completion, Config, DefragFailpoint, Engine,
-    EtcdMember, EtcdRestoreSummary, EtcdSnapshotStream, OfflineDefrag, PreparedRange,
+    EtcdMember, EtcdRestoreSummary, EtcdSnapshotStream, OfflineDefrag, OlderSchema, PreparedRange,
     RoleDurations, RoleQueue, ScrubReport, SnapshotStream, WAL_DEFRAG_ROOM_BYTES_DEFAULT,
     WAL_FILE_BYTES_DEFAULT, WAL_FILE_BYTES_MAX, WAL_FILE_BYTES_MIN, WRITE_DURATION_BOUNDS_MICROS,
     WriteOptions, WriteRequest, burst_hinted, check_data_dir, defrag_data_dir,

@@ -223,9 +223,9 @@ fn http_code(err: &Error) -> StatusCode {
             StorageError::Locked { .. } | StorageError::Io(_) | StorageError::Poisoned(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            StorageError::Corrupted(_) | StorageError::UnsupportedSchema { .. } => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            StorageError::Corrupted(_)
+            | StorageError::UnsupportedSchema { .. }
+            | StorageError::OlderSchema { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         },
     }
 }

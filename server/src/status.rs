@@ -118,7 +118,9 @@ fn storage_code(err: &StorageError) -> Code {
         // An I/O error or the poisoned state after one: the request may succeed after the
         // operator fixes the disk and restarts, so the client should retry elsewhere or later.
         StorageError::Io(_) | StorageError::Poisoned(_) => Code::Unavailable,
-        StorageError::UnsupportedSchema { .. } => Code::FailedPrecondition,
+        StorageError::UnsupportedSchema { .. } | StorageError::OlderSchema { .. } => {
+            Code::FailedPrecondition
+        }
     }
 }
 

@@ -100,7 +100,7 @@ pub use etcd_snapshot::{
 };
 use lanes::Queued;
 use mailbox::Mailbox;
-pub use offline::{CheckReport, OfflineDefrag, check_data_dir, defrag_data_dir};
+pub use offline::{CheckReport, OfflineDefrag, OlderSchema, check_data_dir, defrag_data_dir};
 use prepare::PrepareQueue;
 pub use prepare::{RoleDurations, RoleQueue, WRITE_DURATION_BOUNDS_MICROS};
 pub use proposal::{Completion, WriteRequest, write_cost};

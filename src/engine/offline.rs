@@ -9,6 +9,8 @@
 //!   the row tables' loaders at open, HashKV over every record up to the current revision,
 //!   a range that decodes every live key-value, the consumption recount, and a count of the
 //!   history records that carry no checksum (REC-4), every other record's checksum checked.
+//! - OFFLINE-3: [`check_data_dir`] refuses a file of an older schema before it opens the
+//!   engine, unless told to raise it (CHECK-3).
 //!
 //! Contact points: `kvd check`, `kvd defrag --data-dir` (`server/src/bin/kvd.rs`).
 
@@ -17,6 +19,7 @@ use std::path::Path;
 use super::{Config, Engine};
 use crate::api::RangeRequest;
 use crate::error::Result;
+pub use crate::storage::check::OlderSchema;
 use crate::storage::check::{self, Integrity};
 
 /// What [`check_data_dir`] found; `ok()` says whether it found nothing wrong.
@@ -49,9 +52,11 @@ impl CheckReport {
 }
 
 /// Checks the stopped data directory `dir` (OFFLINE-1, OFFLINE-2). A damage found by a
-/// decoder or by redb gives an error that `is_corrupted()`.
-pub fn check_data_dir(dir: &Path, config: Config) -> Result<CheckReport> {
-    let integrity = check::check_integrity(dir)?;
+/// decoder or by redb gives an error that `is_corrupted()`; a file of an older schema gives
+/// `StorageError::OlderSchema` and is left as it was, unless `older` is
+/// [`OlderSchema::Raise`] (OFFLINE-3).
+pub fn check_data_dir(dir: &Path, config: Config, older: OlderSchema) -> Result<CheckReport> {
+    let integrity = check::check_integrity(dir, older)?;
     let engine = Engine::open(dir, config)?;
     let status = engine.status()?;
     let all = engine.range(&RangeRequest {
@@ -119,7 +124,7 @@ mod tests {
             engine.put(PutRequest::new(format!("k{i}"), "v")).unwrap();
         }
         engine.close().unwrap();
-        let fresh = check_data_dir(dir.path(), Config::default()).unwrap();
+        let fresh = check_data_dir(dir.path(), Config::default(), OlderSchema::Refuse).unwrap();
         assert_eq!(fresh.unchecked_records, 0);
         assert!(fresh.checked_rows > 0, "ROW-1: at least the meta values");
         let engine = Engine::open(dir.path(), Config::default()).unwrap();
@@ -127,7 +132,7 @@ mod tests {
             .lease_grant(crate::api::LeaseGrantRequest { ttl: 60, id: 7 })
             .unwrap();
         engine.close().unwrap();
-        let leased = check_data_dir(dir.path(), Config::default()).unwrap();
+        let leased = check_data_dir(dir.path(), Config::default(), OlderSchema::Refuse).unwrap();
         assert_eq!(
             leased.checked_rows,
             fresh.checked_rows + 1,
@@ -157,10 +162,44 @@ mod tests {
             })
             .unwrap();
         store.close().unwrap();
-        let report = check_data_dir(dir.path(), Config::default()).unwrap();
+        let report = check_data_dir(dir.path(), Config::default(), OlderSchema::Refuse).unwrap();
         assert_eq!(report.unchecked_records, 2);
         assert!(report.ok());
         assert_eq!(report.keys, fresh.keys);
         assert_eq!(report.hash_kv, fresh.hash_kv, "the hash sees no format");
+    }
+
+    #[test]
+    fn check_leaves_a_directory_of_an_older_schema_as_it_was_unless_told_to_raise_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(dir.path(), Config::default()).unwrap();
+        for i in 0..5 {
+            engine.put(PutRequest::new(format!("k{i}"), "v")).unwrap();
+        }
+        engine
+            .lease_grant(crate::api::LeaseGrantRequest { ttl: 60, id: 7 })
+            .unwrap();
+        engine.close().unwrap();
+        let current = check_data_dir(dir.path(), Config::default(), OlderSchema::Refuse).unwrap();
+        crate::storage::tests::rewrite_as_schema(dir.path(), 2);
+        for _ in 0..2 {
+            let refused = check_data_dir(dir.path(), Config::default(), OlderSchema::Refuse);
+            assert_eq!(
+                refused.unwrap_err(),
+                crate::Error::Storage(crate::StorageError::OlderSchema {
+                    found: 2,
+                    current: 3
+                }),
+                "OFFLINE-3, and the refusal raised nothing"
+            );
+        }
+        let raised = check_data_dir(dir.path(), Config::default(), OlderSchema::Raise).unwrap();
+        assert_eq!(
+            (raised.keys, raised.hash_kv, raised.checked_rows),
+            (current.keys, current.hash_kv, current.checked_rows),
+            "the raised file holds what it held, every row sealed again"
+        );
+        let again = check_data_dir(dir.path(), Config::default(), OlderSchema::Refuse).unwrap();
+        assert_eq!(again.hash_kv, current.hash_kv);
     }
 }

@@ -5,13 +5,30 @@
 //!   runs beside a kvd or an `Engine` on the same directory: it fails with `Locked`.
 //! - CHECK-2: a missing database file is an error, never created: the check does not make
 //!   a database where there was none.
+//! - CHECK-3: a file of an older schema is refused with `OlderSchema`, before anything but
+//!   redb's own repair has touched it, unless the caller asked for [`OlderSchema::Raise`]:
+//!   the engine's open raises the version (ROW-2), after which the build that wrote the file
+//!   refuses it, and a check must not take a directory from the build that serves it.
 //!
 //! Contact points: `Engine::check_data_dir` runs it before the engine-level checks.
 
 use std::path::Path;
 
-use super::{DB_FILE_NAME, lock_directory, open_error};
+use redb::{ReadableDatabase, TableError};
+
+use super::{
+    DB_FILE_NAME, META, MetaKey, SCHEMA_VERSION, lock_directory, open_error, seal, storage_error,
+};
 use crate::error::StorageError;
+
+/// What a check does with a database file of an older schema than this build's (CHECK-3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OlderSchema {
+    /// Refuse it with `StorageError::OlderSchema`, changing nothing.
+    Refuse,
+    /// Let the engine's open raise it, as a start of kvd would.
+    Raise,
+}
 
 /// What redb found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,8 +40,9 @@ pub enum Integrity {
 }
 
 /// Runs redb's integrity check on `dir`'s database file (CHECK-1, CHECK-2); a file redb
-/// cannot repair gives `Corrupted`.
-pub fn check_integrity(dir: &Path) -> Result<Integrity, StorageError> {
+/// cannot repair gives `Corrupted`, and one of an older schema `OlderSchema` unless `older`
+/// lets it be raised (CHECK-3).
+pub fn check_integrity(dir: &Path, older: OlderSchema) -> Result<Integrity, StorageError> {
     let path = dir.join(DB_FILE_NAME);
     if !path.is_file() {
         return Err(StorageError::Io(format!(
@@ -37,9 +55,74 @@ pub fn check_integrity(dir: &Path) -> Result<Integrity, StorageError> {
     let clean = db
         .check_integrity()
         .map_err(|e| StorageError::Corrupted(format!("{}: {e}", path.display())))?;
+    if older == OlderSchema::Refuse
+        && let Some(found) = schema_version(&db)?.filter(|&found| found < SCHEMA_VERSION)
+    {
+        return Err(StorageError::OlderSchema {
+            found,
+            current: SCHEMA_VERSION,
+        });
+    }
     Ok(if clean {
         Integrity::Clean
     } else {
         Integrity::Repaired
     })
+}
+
+/// Reads the schema version of `db`, `None` in a file that has none yet.
+fn schema_version(db: &redb::Database) -> Result<Option<u64>, StorageError> {
+    let txn = db.begin_read().map_err(storage_error)?;
+    let meta = match txn.open_table(META) {
+        Ok(meta) => meta,
+        Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(storage_error(e)),
+    };
+    let name = MetaKey::SchemaVersion.name();
+    let stored = meta.get(name).map_err(storage_error)?;
+    stored
+        .map(|bytes| seal::meta_any(name, bytes.value()))
+        .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::Store;
+    use crate::storage::tests::{options, rewrite_as_schema};
+
+    #[test]
+    fn a_file_of_an_older_schema_is_refused_and_left_older_unless_it_may_be_raised() {
+        let dir = tempfile::tempdir().unwrap();
+        Store::open(dir.path(), &options())
+            .unwrap()
+            .close()
+            .unwrap();
+        assert_eq!(
+            check_integrity(dir.path(), OlderSchema::Refuse),
+            Ok(Integrity::Clean),
+            "this build's schema"
+        );
+        rewrite_as_schema(dir.path(), 2);
+        for _ in 0..2 {
+            assert_eq!(
+                check_integrity(dir.path(), OlderSchema::Refuse),
+                Err(StorageError::OlderSchema {
+                    found: 2,
+                    current: SCHEMA_VERSION
+                }),
+                "CHECK-3, and the refusal raised nothing"
+            );
+        }
+        assert!(check_integrity(dir.path(), OlderSchema::Raise).is_ok());
+        Store::open(dir.path(), &options())
+            .unwrap()
+            .close()
+            .unwrap();
+        assert_eq!(
+            check_integrity(dir.path(), OlderSchema::Refuse),
+            Ok(Integrity::Clean),
+            "raised by the open"
+        );
+    }
 }

@@ -1170,7 +1170,7 @@ fn storage_error(e: impl Into<redb::Error>) -> StorageError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(super) const LEASES: RowTable = RowTable::new("test_leases");
@@ -1279,6 +1279,68 @@ mod tests {
             }
         }
         txn.commit().unwrap();
+    }
+
+    /// Rewrites the stopped directory `dir` as a build of schema `version` (2 or later: the
+    /// history records stay as they are) stored it: every row of every table and every meta
+    /// value without its seal (ROW-1).
+    pub(crate) fn rewrite_as_schema(dir: &Path, version: u64) {
+        let store = Store::open(
+            dir,
+            &StoreOptions {
+                row_tables: Vec::new(),
+                ..options()
+            },
+        )
+        .unwrap();
+        let txn = store.database().begin_write().unwrap();
+        let names: Vec<String> = txn
+            .list_tables()
+            .unwrap()
+            .map(|handle| handle.name().to_owned())
+            .filter(|name| name != HISTORY.name() && name != META.name())
+            .collect();
+        for name in &names {
+            let definition: TableDefinition<&[u8], &[u8]> = TableDefinition::new(name);
+            let mut table = txn.open_table(definition).unwrap();
+            let rows: Vec<Row> = table
+                .iter()
+                .unwrap()
+                .map(|entry| {
+                    let (k, v) = entry.unwrap();
+                    (k.value().to_vec(), v.value().to_vec())
+                })
+                .collect();
+            for (key, value) in rows {
+                let value = seal::open(name, &key, &value).unwrap().to_vec();
+                table.insert(key.as_slice(), value.as_slice()).unwrap();
+            }
+        }
+        {
+            let mut meta = txn.open_table(META).unwrap();
+            let values: Vec<(String, u64)> = meta
+                .iter()
+                .unwrap()
+                .map(|entry| {
+                    let (k, v) = entry.unwrap();
+                    let name = k.value().to_owned();
+                    let value = seal::meta_any(&name, v.value()).unwrap();
+                    (name, value)
+                })
+                .collect();
+            for (name, value) in values {
+                let value = if name == MetaKey::SchemaVersion.name() {
+                    version
+                } else {
+                    value
+                };
+                meta.insert(name.as_str(), &value.to_be_bytes()[..])
+                    .unwrap();
+            }
+        }
+        txn.commit().unwrap();
+        // Not closed: a close writes the log mark as this build does, sealed.
+        drop(store);
     }
 
     #[test]

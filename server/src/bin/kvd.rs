@@ -84,7 +84,8 @@ mod cli {
         Snapshot(SnapshotCommand),
         /// Checks a stopped data directory: redb's integrity check, every history record,
         /// row and live key decoded, HashKV, the consumption recount. Exits 0 if sound, 2 if
-        /// damage was found, 1 if the check could not run (a running kvd holds the directory).
+        /// damage was found, 1 if the check could not run (a running kvd holds the directory,
+        /// or the database is of an older schema and `--upgrade` was not given).
         Check {
             /// The data directory.
             #[arg(long, value_name = "DIR")]
@@ -94,6 +95,11 @@ mod cli {
             /// then closes it cleanly, so kvd starts on it again.
             #[arg(long)]
             accept_missing_log: bool,
+            /// Raise the database's schema version if it is older than this build's, as a
+            /// start of this kvd would, and check it; the build that wrote it then refuses the
+            /// directory. Without it such a directory is refused (exit 1) and left as it was.
+            #[arg(long)]
+            upgrade: bool,
         },
         /// Defragments a stopped data directory (rewrites its database file to give free
         /// space back), keeping HashKV.
@@ -814,13 +820,18 @@ mod cli {
     }
 
     /// Runs `kvd check` and returns its exit code (BIN-8).
-    fn check_main(data_dir: &std::path::Path, accept_missing_log: bool) -> ExitCode {
+    fn check_main(data_dir: &std::path::Path, accept_missing_log: bool, upgrade: bool) -> ExitCode {
         eprintln!("kvd check: checking {}", data_dir.display());
         let config = kvd::Config {
             accept_missing_log,
             ..kvd::Config::default()
         };
-        let checked = with_progress("kvd check", || kvd::check_data_dir(data_dir, config));
+        let older = if upgrade {
+            kvd::OlderSchema::Raise
+        } else {
+            kvd::OlderSchema::Refuse
+        };
+        let checked = with_progress("kvd check", || kvd::check_data_dir(data_dir, config, older));
         match checked {
             Ok(report) => {
                 println!(
@@ -862,6 +873,14 @@ mod cli {
                 );
                 eprintln!("kvd check: damage found: {err}");
                 ExitCode::from(2)
+            }
+            Err(err @ kvd::Error::Storage(kvd::StorageError::OlderSchema { .. })) => {
+                eprintln!("Error: {err}");
+                eprintln!(
+                    "kvd check: its schema was left as it was; check it with the kvd that wrote it, or \
+                     with --upgrade to raise its schema and check it"
+                );
+                ExitCode::FAILURE
             }
             Err(err) => {
                 eprintln!("Error: {err}");
@@ -974,7 +993,8 @@ mod cli {
             Some(Command::Check {
                 data_dir,
                 accept_missing_log,
-            }) => return check_main(&data_dir, accept_missing_log),
+                upgrade,
+            }) => return check_main(&data_dir, accept_missing_log, upgrade),
             Some(Command::Defrag { data_dir }) => return defrag_main(&data_dir),
             None => {}
         }
