@@ -1244,24 +1244,31 @@ pub(crate) mod tests {
         );
     }
 
+    /// Rewrites every row of the table `name` without its seal (ROW-1), as a build before
+    /// schema version 3 stored it.
+    fn unseal_table(txn: &WriteTransaction, name: &str) {
+        let definition: TableDefinition<&[u8], &[u8]> = TableDefinition::new(name);
+        let mut table = txn.open_table(definition).unwrap();
+        let sealed: Vec<Row> = table
+            .iter()
+            .unwrap()
+            .map(|entry| {
+                let (k, v) = entry.unwrap();
+                (k.value().to_vec(), v.value().to_vec())
+            })
+            .collect();
+        for (key, value) in sealed {
+            let value = seal::open(name, &key, &value).unwrap().to_vec();
+            table.insert(key.as_slice(), value.as_slice()).unwrap();
+        }
+    }
+
     /// Rewrites `store`'s rows and meta values as a build of schema `version` stored them,
     /// without seals, and adds a table this open did not register (ROW-2).
     fn unseal_as_schema(store: &Store, version: u64) {
         let txn = store.database().begin_write().unwrap();
+        unseal_table(&txn, LEASES.name);
         {
-            let mut rows = txn.open_table(LEASES.definition()).unwrap();
-            let sealed: Vec<Row> = rows
-                .iter()
-                .unwrap()
-                .map(|entry| {
-                    let (k, v) = entry.unwrap();
-                    (k.value().to_vec(), v.value().to_vec())
-                })
-                .collect();
-            for (key, value) in sealed {
-                let value = seal::open(LEASES.name, &key, &value).unwrap().to_vec();
-                rows.insert(key.as_slice(), value.as_slice()).unwrap();
-            }
             let unregistered: TableDefinition<&[u8], &[u8]> = TableDefinition::new("other");
             let mut other = txn.open_table(unregistered).unwrap();
             other.insert(&b"k"[..], &b"old row"[..]).unwrap();
@@ -1301,20 +1308,7 @@ pub(crate) mod tests {
             .filter(|name| name != HISTORY.name() && name != META.name())
             .collect();
         for name in &names {
-            let definition: TableDefinition<&[u8], &[u8]> = TableDefinition::new(name);
-            let mut table = txn.open_table(definition).unwrap();
-            let rows: Vec<Row> = table
-                .iter()
-                .unwrap()
-                .map(|entry| {
-                    let (k, v) = entry.unwrap();
-                    (k.value().to_vec(), v.value().to_vec())
-                })
-                .collect();
-            for (key, value) in rows {
-                let value = seal::open(name, &key, &value).unwrap().to_vec();
-                table.insert(key.as_slice(), value.as_slice()).unwrap();
-            }
+            unseal_table(&txn, name);
         }
         {
             let mut meta = txn.open_table(META).unwrap();
