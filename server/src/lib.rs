@@ -300,6 +300,13 @@ pub fn run(config: ServerConfig, on_ready: impl FnOnce(&[String])) -> Result<(),
     let engine =
         Engine::open(&config.data_dir, engine_config.clone()).map_err(ServerError::Engine)?;
     log_prepare_queue(&engine);
+    if let Ok(Some(older)) = engine.schema_raised_from() {
+        tracing::warn!(
+            from = older,
+            "raised the database schema version to this build's: older builds now refuse the \
+             data directory"
+        );
+    }
     // SRV-4: the engine holds the directory's lock from here on.
     let identity = identity::load_or_create(&config.data_dir).map_err(ServerError::Identity)?;
     let recovery = Recovery {

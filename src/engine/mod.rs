@@ -1540,6 +1540,13 @@ impl Engine {
         Ok(crate::sync::lock(&self.shared()?.accounts).allocation_prepare_queue())
     }
 
+    /// Returns the schema version this open raised the database file from (ROW-2), `None`
+    /// if the file was of this build's version or new. Once raised, older builds refuse the
+    /// directory.
+    pub fn schema_raised_from(&self) -> Result<Option<u64>> {
+        Ok(self.shared()?.reads.store.schema_raised_from())
+    }
+
     /// Returns what `Config::allocation_prepare_queue_length` did at open: `None` if it was
     /// not set (the persisted length was kept), else the length it replaced and the new one.
     pub fn allocation_prepare_queue_replaced(

@@ -42,6 +42,9 @@ pub struct CheckReport {
     pub unchecked_records: u64,
     /// Rows of the row tables and meta values whose checksums were checked (ROW-1).
     pub checked_rows: u64,
+    /// The schema version the check raised the file from (only with
+    /// [`OlderSchema::Raise`]), `None` if it raised nothing.
+    pub schema_raised_from: Option<u64>,
 }
 
 impl CheckReport {
@@ -75,6 +78,7 @@ pub fn check_data_dir(dir: &Path, config: Config, older: OlderSchema) -> Result<
         drift_rows,
         unchecked_records: checked.unchecked,
         checked_rows: checked.rows,
+        schema_raised_from: engine.schema_raised_from()?,
     };
     engine.close()?;
     Ok(report)
@@ -194,12 +198,16 @@ mod tests {
             );
         }
         let raised = check_data_dir(dir.path(), Config::default(), OlderSchema::Raise).unwrap();
+        assert_eq!(raised.schema_raised_from, Some(2));
         assert_eq!(
             (raised.keys, raised.hash_kv, raised.checked_rows),
             (current.keys, current.hash_kv, current.checked_rows),
             "the raised file holds what it held, every row sealed again"
         );
         let again = check_data_dir(dir.path(), Config::default(), OlderSchema::Refuse).unwrap();
-        assert_eq!(again.hash_kv, current.hash_kv);
+        assert_eq!(
+            (again.hash_kv, again.schema_raised_from),
+            (current.hash_kv, None)
+        );
     }
 }

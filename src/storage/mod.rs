@@ -235,6 +235,8 @@ pub struct Store {
     state: Mutex<WriteState>,
     log: LogWriter,
     faults: Option<Arc<Faults>>,
+    /// The schema version this open raised the file from, if it was older (ROW-2).
+    schema_raised_from: Option<u64>,
     // Held for the lifetime of the store; dropping it releases the directory (STORE-3).
     _lock: File,
 }
@@ -326,7 +328,7 @@ impl Store {
         let sync = options.sync == CommitSync::Durable;
         let (log, file_bytes) =
             wal::open(dir, checkpoint_bytes, room, sync, options.faults.clone())?;
-        let store = Store {
+        let mut store = Store {
             db: RwLock::new(InService {
                 db: Arc::new(db),
                 control,
@@ -349,9 +351,10 @@ impl Store {
             }),
             log,
             faults: options.faults.clone(),
+            schema_raised_from: None,
             _lock: lock_file,
         };
-        store.initialize(&options.row_tables)?;
+        store.schema_raised_from = store.initialize(&options.row_tables)?;
         store.replay()?;
         Ok(store)
     }
@@ -408,7 +411,8 @@ impl Store {
 
     /// Creates the tables, writes the schema version on a new file and checks it on an
     /// existing one; seals the rows and meta values of a file of an older schema (ROW-2).
-    fn initialize(&self, row_tables: &[RowTable]) -> Result<(), StorageError> {
+    /// Returns the version it raised the file from, if it was older.
+    fn initialize(&self, row_tables: &[RowTable]) -> Result<Option<u64>, StorageError> {
         let txn = self.database().begin_write().map_err(storage_error)?;
         txn.open_table(HISTORY).map_err(storage_error)?;
         let name = MetaKey::SchemaVersion.name();
@@ -434,7 +438,14 @@ impl Store {
         for table in row_tables {
             txn.open_table(table.definition()).map_err(storage_error)?;
         }
-        txn.commit().map_err(storage_error)
+        txn.commit().map_err(storage_error)?;
+        Ok(found.filter(|&version| version < SCHEMA_VERSION))
+    }
+
+    /// Returns the schema version this open raised the file from, `None` if the file was of
+    /// this build's version or new.
+    pub fn schema_raised_from(&self) -> Option<u64> {
+        self.schema_raised_from
     }
 
     /// Returns the data directory.
@@ -1362,6 +1373,7 @@ pub(crate) mod tests {
                 drop(store);
             }
             let reopened = Store::open(dir.path(), &options()).unwrap();
+            assert_eq!(reopened.schema_raised_from(), Some(version));
             let snapshot = reopened.snapshot().unwrap();
             assert_eq!(
                 snapshot.get_meta(MetaKey::SchemaVersion),
@@ -1385,6 +1397,11 @@ pub(crate) mod tests {
                 Ok(sealed_metas + 3),
                 "every meta value but the version, both rows and the unregistered table's row"
             );
+            drop(snapshot);
+            reopened.close().unwrap();
+            let reopened = Store::open(dir.path(), &options()).unwrap();
+            assert_eq!(reopened.schema_raised_from(), None, "raised once");
+            let snapshot = reopened.snapshot().unwrap();
             let txn = reopened.database().begin_write().unwrap();
             {
                 let mut meta = txn.open_table(META).unwrap();

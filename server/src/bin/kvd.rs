@@ -846,8 +846,15 @@ mod cli {
                         "driftRows": report.drift_rows,
                         "uncheckedRecords": report.unchecked_records,
                         "checkedRows": report.checked_rows,
+                        "schemaRaisedFrom": report.schema_raised_from,
                     })
                 );
+                if let Some(older) = report.schema_raised_from {
+                    eprintln!(
+                        "kvd check: raised the database schema version from {older} to this \
+                         build's; older builds now refuse the directory"
+                    );
+                }
                 if report.ok() {
                     eprintln!("kvd check: no damage found");
                     if report.unchecked_records > 0 {
