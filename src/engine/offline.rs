@@ -192,7 +192,7 @@ mod tests {
                 refused.unwrap_err(),
                 crate::Error::Storage(crate::StorageError::OlderSchema {
                     found: 2,
-                    current: 3
+                    current: crate::storage::SCHEMA_VERSION,
                 }),
                 "OFFLINE-3, and the refusal raised nothing"
             );
