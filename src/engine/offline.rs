@@ -95,12 +95,15 @@ pub struct OfflineDefrag {
     pub hash_kv_before: u32,
     /// HashKV after it (equal unless something is wrong).
     pub hash_kv_after: u32,
+    /// The schema version the open raised the file from (ROW-2), `None` if it raised nothing.
+    pub schema_raised_from: Option<u64>,
 }
 
 /// Defragments the stopped data directory `dir` (OFFLINE-1): the engine's defrag, with
 /// HashKV taken before and after.
 pub fn defrag_data_dir(dir: &Path, config: Config) -> Result<OfflineDefrag> {
     let engine = Engine::open(dir, config)?;
+    let schema_raised_from = engine.schema_raised_from()?;
     let before = engine.hash_kv(0)?.hash;
     let defrag = engine.defrag()?;
     let after = engine.hash_kv(0)?.hash;
@@ -110,6 +113,7 @@ pub fn defrag_data_dir(dir: &Path, config: Config) -> Result<OfflineDefrag> {
         size_after: defrag.db_size_after,
         hash_kv_before: before,
         hash_kv_after: after,
+        schema_raised_from,
     })
 }
 
@@ -209,5 +213,19 @@ mod tests {
             (again.hash_kv, again.schema_raised_from),
             (current.hash_kv, None)
         );
+    }
+
+    #[test]
+    fn offline_defrag_reports_the_schema_it_raised() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(dir.path(), Config::default()).unwrap();
+        engine.put(PutRequest::new("k", "v")).unwrap();
+        engine.close().unwrap();
+        crate::storage::tests::rewrite_as_schema(dir.path(), 2);
+        let first = defrag_data_dir(dir.path(), Config::default()).unwrap();
+        assert_eq!(first.schema_raised_from, Some(2));
+        assert_eq!(first.hash_kv_before, first.hash_kv_after);
+        let second = defrag_data_dir(dir.path(), Config::default()).unwrap();
+        assert_eq!(second.schema_raised_from, None, "raised once");
     }
 }

@@ -902,6 +902,16 @@ mod cli {
         let defragmented = with_progress("kvd defrag", || {
             kvd::defrag_data_dir(data_dir, kvd::Config::default())
         });
+        if let Ok(kvd::OfflineDefrag {
+            schema_raised_from: Some(older),
+            ..
+        }) = &defragmented
+        {
+            eprintln!(
+                "kvd defrag: raised the database schema version from {older} to this build's; \
+                 older builds now refuse the directory"
+            );
+        }
         match defragmented {
             Ok(d) if d.hash_kv_before == d.hash_kv_after => {
                 println!(
