@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::sync::{Condvar, Mutex, lock};
+use crate::sync::{self, Condvar, Mutex, lock};
 
 /// A queue with one consumer that sleeps while it is empty.
 #[derive(Debug)]
@@ -144,16 +144,8 @@ impl<T> Mailbox<T> {
             state.waiting = true;
             state.want = want.max(1);
             state = match wait {
-                None => self
-                    .ready
-                    .wait(state)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner()),
-                Some(left) => {
-                    self.ready
-                        .wait_timeout(state, left)
-                        .unwrap_or_else(|poisoned| poisoned.into_inner())
-                        .0
-                }
+                None => sync::wait(&self.ready, state),
+                Some(left) => sync::wait_timeout(&self.ready, state, left),
             };
             state.waiting = false;
             state.want = 1;

@@ -11,7 +11,7 @@
 //! Contact points: `Engine`'s blocking methods (`engine::wait`); `loom-tests/` models
 //! this file.
 
-use crate::sync::{Arc, Condvar, Mutex, lock};
+use crate::sync::{Arc, Condvar, Mutex, lock, wait};
 
 /// What the slot holds.
 enum Slot<T> {
@@ -82,11 +82,7 @@ impl<T> Awaited<T> {
                 Slot::Answered(answer) => return Some(answer),
                 Slot::Abandoned => return None,
             }
-            slot = self
-                .shared
-                .filled
-                .wait(slot)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            slot = wait(&self.shared.filled, slot);
         }
     }
 }

@@ -57,7 +57,7 @@ use redb::{BackendError, Database, StorageBackend};
 use super::faults::Faults;
 use super::{open_error, open_read_write};
 use crate::error::StorageError;
-use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering, lock};
+use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering, lock, wait};
 
 /// Bytes an unlinked file is shrunk by per step (FILE-3).
 pub const SHRINK_STEP_BYTES: u64 = 8 << 20;
@@ -179,10 +179,7 @@ impl Syncs {
             } else if state.stopped {
                 return;
             } else {
-                state = self
-                    .changed
-                    .wait(state)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                state = wait(&self.changed, state);
             }
         }
     }
@@ -191,10 +188,7 @@ impl Syncs {
     fn wait_idle(&self) -> io::Result<()> {
         let mut state = lock(&self.state);
         while state.asked != state.finished {
-            state = self
-                .changed
-                .wait(state)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            state = wait(&self.changed, state);
         }
         match &state.failed {
             Some(cause) => Err(io::Error::other(format!("deferred fdatasync: {cause}"))),

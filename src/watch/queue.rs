@@ -97,11 +97,7 @@ impl<T> DeliveryQueue<T> {
                 return None;
             }
             state.blocked += 1;
-            let (guard, _) = self
-                .ready
-                .wait_timeout(state, left)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            state = guard;
+            state = sync::wait_timeout(&self.ready, state, left);
             state.blocked -= 1;
         }
     }
