@@ -947,12 +947,10 @@ fn scan<S: LogSource>(source: &mut S, last_seq: u64, epoch: u64) -> Result<Scann
 
 /// Returns the offset a record's payload says the chain goes on at, if it does (WAL-8).
 fn continues_at(payload: &[u8]) -> Option<u64> {
-    let op = payload.get(..CONTINUE_AT_BYTES as usize)?;
-    (op[0] == OP_CONTINUE_AT).then(|| {
-        let mut offset = [0u8; 8];
-        offset.copy_from_slice(&op[1..]);
-        u64::from_be_bytes(offset)
-    })
+    let (&code, mut offset) = payload.split_first()?;
+    (code == OP_CONTINUE_AT)
+        .then(|| take_u64(&mut offset).ok())
+        .flatten()
 }
 
 /// Looks in `log` past `at` for a record of `epoch` whose durable mark is at least `missing`:
