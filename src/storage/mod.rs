@@ -1274,6 +1274,31 @@ pub(crate) mod tests {
         }
     }
 
+    /// Rewrites every meta value without its seal (ROW-1), and the schema version as
+    /// `version`, as a build before schema version 3 stored them.
+    fn unseal_meta(txn: &WriteTransaction, version: u64) {
+        let mut meta = txn.open_table(META).unwrap();
+        let values: Vec<(String, u64)> = meta
+            .iter()
+            .unwrap()
+            .map(|entry| {
+                let (k, v) = entry.unwrap();
+                let name = k.value().to_owned();
+                let value = seal::meta_any(&name, v.value()).unwrap();
+                (name, value)
+            })
+            .collect();
+        for (name, value) in values {
+            let value = if name == MetaKey::SchemaVersion.name() {
+                version
+            } else {
+                value
+            };
+            meta.insert(name.as_str(), &value.to_be_bytes()[..])
+                .unwrap();
+        }
+    }
+
     /// Rewrites `store`'s rows and meta values as a build of schema `version` stored them,
     /// without seals, and adds a table this open did not register (ROW-2).
     fn unseal_as_schema(store: &Store, version: u64) {
@@ -1283,19 +1308,8 @@ pub(crate) mod tests {
             let unregistered: TableDefinition<&[u8], &[u8]> = TableDefinition::new("other");
             let mut other = txn.open_table(unregistered).unwrap();
             other.insert(&b"k"[..], &b"old row"[..]).unwrap();
-            let mut meta = txn.open_table(META).unwrap();
-            for key in META_KEYS {
-                let stored = meta.get(key.name()).unwrap().map(|v| v.value().to_vec());
-                if let Some(stored) = stored {
-                    let value = if key == MetaKey::SchemaVersion {
-                        version
-                    } else {
-                        seal::read_meta(key.name(), &stored).unwrap()
-                    };
-                    meta.insert(key.name(), &value.to_be_bytes()[..]).unwrap();
-                }
-            }
         }
+        unseal_meta(&txn, version);
         txn.commit().unwrap();
     }
 
@@ -1321,28 +1335,7 @@ pub(crate) mod tests {
         for name in &names {
             unseal_table(&txn, name);
         }
-        {
-            let mut meta = txn.open_table(META).unwrap();
-            let values: Vec<(String, u64)> = meta
-                .iter()
-                .unwrap()
-                .map(|entry| {
-                    let (k, v) = entry.unwrap();
-                    let name = k.value().to_owned();
-                    let value = seal::meta_any(&name, v.value()).unwrap();
-                    (name, value)
-                })
-                .collect();
-            for (name, value) in values {
-                let value = if name == MetaKey::SchemaVersion.name() {
-                    version
-                } else {
-                    value
-                };
-                meta.insert(name.as_str(), &value.to_be_bytes()[..])
-                    .unwrap();
-            }
-        }
+        unseal_meta(&txn, version);
         txn.commit().unwrap();
         // Not closed: a close writes the log mark as this build does, sealed.
         drop(store);
