@@ -1,7 +1,8 @@
 //! The one import point for locks, atomics and threads, so that loom can model the real
 //! code (`--cfg loom` swaps in loom's types).
 //!
-//! Owns: nothing but re-exports.
+//! Owns: nothing but re-exports, and the helpers that take a lock or wait on a condition
+//! variable recovering from poisoning (`lock`, `read`, `write`, `wait`, `wait_timeout`).
 //!
 //! Invariants:
 //! - SYNC-1: no other module names `std::sync` or `loom` (the tidy test checks it);
